@@ -1,0 +1,146 @@
+"""Jacobians from autodiff: reverse mode (tape) or forward mode (ForwardAccumulator).
+
+All checked inputs are differentiated in the same pass.  Reverse mode costs one
+backward pass per output row, forward mode one forward pass per input column;
+the cheaper one runs.  Both are chunked so that at most ``output_chunk`` rows or
+``chunks[k]`` columns are in flight at once, and both run under the route's
+path (XLA / graph / loop / eager), falling back like the numerical side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from fastcheck._config import CheckConfig
+from fastcheck._paths import EAGER, LOOP, Route, cached, compile_kernel, pad, plan_key
+from fastcheck._plan import Plan
+
+ZERO = tf.UnconnectedGradients.ZERO
+
+
+def use_forward_mode(plan: Plan) -> bool:
+    return plan.n < plan.m
+
+
+def _densify(gradient):
+    return tf.convert_to_tensor(gradient) if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _reverse_kernel(plan: Plan, path: str):
+    checked = [s.position for s in plan.checked]
+
+    def kernel(values, out_idx):
+        values = list(values)
+        sources = [values[p] for p in checked]
+        with tf.GradientTape(persistent=path == LOOP) as tape:
+            tape.watch(sources)
+            for p, source in zip(checked, sources):
+                values[p] = source
+            y = plan.call_flat(values)
+            rows = tf.gather(y, out_idx)
+        jacobians = tape.jacobian(rows, sources, unconnected_gradients=ZERO, experimental_use_pfor=path != LOOP)
+        return [tf.reshape(_densify(j), [-1, s.size]) for j, s in zip(jacobians, plan.checked)]
+
+    return compile_kernel(kernel, path)
+
+
+def _gradient_kernel(plan: Plan, path: str):
+    checked = [s.position for s in plan.checked]
+
+    def kernel(values):
+        values = list(values)
+        sources = [values[p] for p in checked]
+        with tf.GradientTape() as tape:
+            tape.watch(sources)
+            for p, source in zip(checked, sources):
+                values[p] = source
+            y = plan.call_flat(values)
+        grads = tape.gradient(y, sources, unconnected_gradients=ZERO)
+        return [tf.reshape(_densify(g), [1, s.size]) for g, s in zip(grads, plan.checked)]
+
+    return compile_kernel(kernel, path)
+
+
+def _forward_kernel(plan: Plan, position: int, chunk: int, path: str):
+    spec = plan.inputs[position]
+    shape = spec.real_view.shape
+
+    def column(values, tangent):
+        values = list(values)
+        with tf.autodiff.ForwardAccumulator(values[position], tf.reshape(tangent, shape)) as accumulator:
+            y = plan.call_flat(values)
+        return accumulator.jvp(y, unconnected_gradients=ZERO)
+
+    def kernel(values, idx):
+        tangents = tf.one_hot(idx, spec.size, dtype=values[position].dtype)
+        if path == LOOP:
+            return tf.map_fn(lambda t: column(values, t), tangents, fn_output_signature=tf.TensorSpec([plan.m], plan.native_flat_dtype))
+        return tf.vectorized_map(lambda t: column(values, t), tangents)
+
+    return compile_kernel(kernel, path)
+
+
+class AutodiffJacobian:
+    """Computes the autodiff Jacobian of every (output, input) pair at once."""
+
+    def __init__(self, plan: Plan, config: CheckConfig, route: Route):
+        self.plan, self.config, self.route = plan, config, route
+        self.values = tuple(plan.native_values())
+        self.forward = use_forward_mode(plan)
+
+    @property
+    def mode(self) -> str:
+        return "forward" if self.forward else "reverse"
+
+    def __call__(self) -> list[np.ndarray]:
+        """One array [m, n_k] per checked input, in the analytical dtype's precision (as float64)."""
+        while self.route.path != EAGER:
+            try:
+                return self._batched()
+            except Exception as error:
+                if not self.route.fall_back(error, "autodiff"):
+                    raise
+        return self._eager()
+
+    def _key(self, *parts):
+        return plan_key(self.plan, self.config) + ("autodiff", self.route.path) + parts
+
+    def _batched(self):
+        plan, path = self.plan, self.route.path
+        if plan.m == 1:
+            kernel = cached(self._key("gradient"), lambda: _gradient_kernel(plan, path))
+            return [g.numpy().astype(np.float64) for g in kernel(self.values)]
+        if self.forward:
+            result = []
+            for spec in plan.checked:
+                chunk = self.route.chunks[spec.position]
+                kernel = cached(self._key("forward", spec.position, chunk), lambda p=spec.position, c=chunk: _forward_kernel(plan, p, c, path))
+                columns = []
+                for start in range(0, spec.size, chunk):
+                    idx = np.arange(start, min(start + chunk, spec.size))
+                    out = kernel(self.values, tf.constant(pad(idx, chunk), tf.int32))
+                    columns.append(out.numpy()[: len(idx)].astype(np.float64))
+                result.append(np.concatenate(columns).T)
+            return result
+        chunk = self.route.output_chunk
+        kernel = cached(self._key("reverse", chunk), lambda: _reverse_kernel(plan, path))
+        blocks = [[] for _ in plan.checked]
+        for start in range(0, plan.m, chunk):
+            idx = np.arange(start, min(start + chunk, plan.m))
+            for block, rows in zip(blocks, kernel(self.values, tf.constant(pad(idx, chunk), tf.int32))):
+                block.append(rows.numpy()[: len(idx)].astype(np.float64))
+        return [np.concatenate(block) for block in blocks]
+
+    def _eager(self):
+        plan = self.plan
+        values = list(self.values)
+        sources = [values[s.position] for s in plan.checked]
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(sources)
+            y = plan.call_flat(values)
+        if plan.m == 1:
+            grads = tape.gradient(y, sources, unconnected_gradients=ZERO)
+            return [_densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
+        jacobians = tape.jacobian(y, sources, unconnected_gradients=ZERO, experimental_use_pfor=False)
+        return [_densify(j).numpy().reshape(plan.m, -1).astype(np.float64) for j in jacobians]

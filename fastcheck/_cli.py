@@ -1,0 +1,51 @@
+"""The ``fastcheck`` command: ``fastcheck demo`` and ``fastcheck bench``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _quiet_tensorflow() -> None:
+    # Before TensorFlow loads: its C++ start-up and numerics logs would bury the reports.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fastcheck",
+        description="Fast, batched gradient checks for TensorFlow.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo",
+        help="run the built-in examples and print their reports",
+        description="Run built-in gradient checks (correct and deliberately wrong) and print their reports. "
+        "Exits 0 when every example behaves as expected.",
+    )
+    demo.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="dtype of the examples")
+    demo.add_argument("--json", metavar="PATH", help="also write every report as JSON to PATH")
+    bench = commands.add_parser(
+        "bench",
+        help="run the benchmark suite (same as python -m benchmarks)",
+        description="Run the benchmark suite; arguments are passed on to python -m benchmarks.",
+        add_help=False,
+    )
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    _quiet_tensorflow()
+    if args.command == "demo":
+        from fastcheck._demo import run_demo
+
+        return run_demo(args.dtype, args.json)
+    from benchmarks.__main__ import main as bench_main
+
+    return bench_main(args.rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

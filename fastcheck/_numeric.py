@@ -1,0 +1,131 @@
+"""Batched central differences.
+
+For input ``k`` with ``n`` elements, a kernel evaluates ``f`` at ``x + d_j e_j``
+and ``x - d_j e_j`` for a chunk of ``(j, d_j)`` pairs as one batch (one
+``vectorized_map``), and returns ``f(x + d e_j) - f(x - d e_j)`` together with
+the step actually taken, ``(x_j + d_j) - (x_j - d_j)`` in the evaluation dtype
+(the exactly representable span, not the nominal ``2 d_j``).  The same kernel
+serves the first pass over all columns and any later refinement of a few
+columns with other steps, so a check traces it once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from fastcheck._config import CheckConfig
+from fastcheck._paths import EAGER, LOOP, Route, cached, compile_kernel, pad, plan_key
+from fastcheck._plan import Plan
+
+
+class ShapeChangeError(ValueError):
+    pass
+
+
+def _make_kernel(plan: Plan, position: int, chunk: int, path: str):
+    spec = plan.inputs[position]
+    shape = plan.eval_value(spec).shape
+    size, m = spec.size, plan.m
+
+    def evaluate(values, row):
+        values = list(values)
+        values[position] = tf.reshape(row, shape)
+        return tf.ensure_shape(plan.call_flat(values, plan.eval_upcast), [m])
+
+    def kernel(values, idx, delta):
+        flat = tf.reshape(values[position], [-1])
+        perturbation = tf.one_hot(idx, size, dtype=flat.dtype) * delta[:, None]
+        batch = tf.concat([flat[None] + perturbation, flat[None] - perturbation], axis=0)
+        if path == LOOP:
+            outs = tf.map_fn(lambda row: evaluate(values, row), batch, parallel_iterations=32,
+                             fn_output_signature=tf.TensorSpec([m], plan.eval_flat_dtype))
+        else:
+            outs = tf.vectorized_map(lambda row: evaluate(values, row), batch)
+        picked = tf.gather(flat, idx)
+        return outs[:chunk] - outs[chunk:], (picked + delta) - (picked - delta)
+
+    return compile_kernel(kernel, path)
+
+
+class NumericalDifferences:
+    """Evaluates ``f(x + d e_j) - f(x - d e_j)`` for chosen (input, j, d)."""
+
+    def __init__(self, plan: Plan, config: CheckConfig, route: Route):
+        self.plan, self.config, self.route = plan, config, route
+        self.values = tuple(plan.eval_values())
+
+    def __call__(self, position: int, idx: np.ndarray, delta: np.ndarray):
+        """Returns (differences [len(idx), m] float64, spans [len(idx)] float64)."""
+        while self.route.path != EAGER:
+            try:
+                return self._batched(position, idx, delta)
+            except ShapeChangeError:
+                raise
+            except Exception as error:
+                if not self.route.fall_back(error, "numerical differences"):
+                    raise
+        return self._eager(position, idx, delta)
+
+    def _batched(self, position, idx, delta):
+        chunk = self.route.chunks[position]
+        key = plan_key(self.plan, self.config) + ("numeric", position, chunk, self.route.path)
+        kernel = cached(key, lambda: _make_kernel(self.plan, position, chunk, self.route.path))
+        dtype = self.values[position].dtype.as_numpy_dtype
+        diffs, spans = [], []
+        for start in range(0, len(idx), chunk):
+            part = slice(start, start + chunk)
+            count = len(idx[part])
+            try:
+                diff, span = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
+                                    tf.constant(pad(delta[part], chunk).astype(dtype)))
+            except tf.errors.InvalidArgumentError as error:
+                if "ensure_shape" in str(error).lower() or "EnsureShape" in str(error):
+                    raise ShapeChangeError(
+                        f"The output shape of f changed when {self.plan.inputs[position].name} was perturbed; "
+                        "fastcheck needs outputs whose shapes do not depend on input values "
+                        "(avoid tf.boolean_mask/tf.where with one argument on perturbed values)."
+                    ) from None
+                raise
+            diffs.append(diff.numpy()[:count].astype(np.float64))
+            spans.append(span.numpy()[:count].astype(np.float64))
+        return np.concatenate(diffs), np.concatenate(spans)
+
+    def _eager(self, position, idx, delta):
+        plan = self.plan
+        base = self.values[position].numpy()
+        shape, dtype = base.shape, base.dtype
+        flat = base.reshape(-1)
+        m = plan.m
+        diffs = np.empty((len(idx), m))
+        spans = np.empty(len(idx))
+        values = list(self.values)
+        for row, (j, d) in enumerate(zip(idx, delta)):
+            outs = []
+            for sign in (1, -1):
+                moved = flat.copy()
+                moved[j] = flat[j] + dtype.type(sign * d)
+                values[position] = tf.constant(moved.reshape(shape))
+                y = plan.call_flat(values, plan.eval_upcast)
+                if y.shape != (m,):
+                    raise ShapeChangeError(
+                        f"The output shape of f changed when {plan.inputs[position].name} was perturbed at element {j}; "
+                        "fastcheck needs outputs whose shapes do not depend on input values."
+                    )
+                outs.append(y.numpy().astype(np.float64))
+            diffs[row] = outs[0] - outs[1]
+            spans[row] = float(flat[j] + dtype.type(d)) - float(flat[j] - dtype.type(d))
+        return diffs, spans
+
+
+def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
+    """Per-element step ``eps * max(1, |x_j|)`` for one input (real view, flattened)."""
+    x = plan.eval_value(plan.inputs[position]).numpy().reshape(-1).astype(np.float64)
+    return config.step(plan.eval_dtype) * np.maximum(1.0, np.abs(x))
+
+
+def numerical_columns(differences: NumericalDifferences, position: int, columns: np.ndarray, delta: np.ndarray):
+    """Central-difference Jacobian columns: array [m, len(columns)] and the spans used."""
+    diff, span = differences(position, columns, delta)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (diff / span[:, None]).T, span

@@ -1,0 +1,129 @@
+"""Execution paths: which one runs, how kernels are compiled, cached and fallen back from.
+
+Paths, from fastest per element to cheapest to start:
+
+* ``xla``   -- ``tf.function(jit_compile=True)`` around ``tf.vectorized_map``.
+* ``graph`` -- the same without XLA (XLA cannot compile some ops, e.g. the
+  TensorList ops TFP's data-dependent ``while_loop``s produce under pfor).
+* ``loop``  -- ``tf.function`` around ``tf.map_fn``: no pfor conversion, which
+  for functions with ``while_loop``s costs seconds to tens of seconds.
+* ``eager`` -- a Python loop of eager calls, for checks so small that tracing
+  (0.1-0.2 s) would cost more than the whole loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from fastcheck._config import CheckConfig
+from fastcheck._plan import Plan, probe_graph
+
+XLA, GRAPH, LOOP, EAGER = "xla", "graph", "loop", "eager"
+# Each path falls back to the next when it cannot run f: XLA cannot compile
+# some ops, pfor cannot convert some, and a function that calls .numpy() or
+# Python-side effects cannot be traced at all but still runs eagerly.
+FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
+
+# A check whose eager loop is predicted to take less than this runs eagerly.
+EAGER_SECONDS = 0.06
+# Below this many element-evaluations of batched work, XLA's compile time does not pay off.
+XLA_MIN_WORK = 2_000_000
+# Working memory of one perturbed evaluation, relative to its traced tensors.
+MEMORY_SAFETY = 3
+
+_CACHE_SIZE = 64
+_cache: collections.OrderedDict = collections.OrderedDict()
+
+
+@dataclasses.dataclass
+class Route:
+    """The chosen execution path and chunk sizes for one plan."""
+
+    path: str
+    reason: str
+    chunks: dict  # input position -> perturbations per kernel call
+    output_chunk: int  # output rows per reverse-mode kernel call
+    elements_per_eval: int
+    fallbacks: list
+    has_loops: bool = False
+
+    def fall_back(self, error: Exception, what: str) -> bool:
+        """Move to the next path after ``error``; False when there is none to move to."""
+        following = LOOP if self.path == XLA and self.has_loops else FALLBACK.get(self.path)
+        if following is None or not is_compile_failure(error):
+            return False
+        first_line = (str(error).strip().splitlines() or [""])[0][:120]
+        self.fallbacks.append(f"{self.path} failed for {what} ({type(error).__name__}: {first_line}); fell back to {following}")
+        self.path = following
+        return True
+
+
+def plan_key(plan: Plan, config: CheckConfig) -> tuple:
+    """What a compiled kernel depends on: f, signatures, precision, config."""
+    f = plan.f
+    f_key = (id(f.__func__), id(f.__self__)) if hasattr(f, "__func__") and hasattr(f, "__self__") else id(f)
+    signature = tuple((s.position, tuple(s.value.shape), s.dtype.name, s.checked) for s in plan.inputs)
+    outputs = tuple((o.shape, o.dtype.name) for o in plan.outputs) + (tuple(plan.leaf_is_output),)
+    return (f_key, signature, outputs, plan.eval_upcast, config)
+
+
+def cached(key: tuple, make):
+    """LRU cache of compiled kernels; keeps ``f`` alive while its kernels are cached."""
+    if key in _cache:
+        _cache.move_to_end(key)
+        return _cache[key]
+    value = make()
+    _cache[key] = value
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return value
+
+
+def choose_route(plan: Plan, config: CheckConfig) -> Route:
+    n, m = plan.n, plan.m
+    passes = 1 if m == 1 else min(n, m)
+    predicted_eager = (2 * n + passes + 1) * plan.call_seconds
+    if config.jit_compile == "auto" and predicted_eager < EAGER_SECONDS:
+        return Route(EAGER, f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, less than tracing",
+                     {s.position: s.size for s in plan.checked}, m, 0, [])
+    has_loops, elements = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
+    itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
+    per_eval = (elements + plan.n + m) * itemsize * MEMORY_SAFETY
+    chunk_rows = max(1, config.budget // (2 * per_eval))
+    chunks = {s.position: int(min(s.size, chunk_rows)) for s in plan.checked}
+    output_chunk = int(max(1, min(m, config.budget // (2 * per_eval + 8 * plan.n))))
+    work = 2 * n * elements
+    if config.jit_compile is True:
+        path, reason = XLA, "jit_compile=True"
+    elif has_loops:
+        path, reason = LOOP, "f contains while_loops: pfor conversion would cost more than it saves"
+    elif config.jit_compile is False:
+        path, reason = GRAPH, "jit_compile=False"
+    elif work >= XLA_MIN_WORK:
+        path, reason = XLA, f"batched work of {work:.2g} element-evaluations pays for XLA compilation"
+    else:
+        path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
+    return Route(path, reason, chunks, output_chunk, elements, [], has_loops)
+
+
+def compile_kernel(fn, path: str):
+    if path == XLA:
+        return tf.function(fn, jit_compile=True)
+    return tf.function(fn)
+
+
+def is_compile_failure(error: Exception) -> bool:
+    """Errors that mean "this path cannot run f", as opposed to "f is broken"."""
+    return isinstance(error, (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
+                              tf.errors.InternalError, NotImplementedError, ValueError, TypeError))
+
+
+def pad(values: np.ndarray, size: int) -> np.ndarray:
+    """Pad a chunk to the kernel's static size by repeating its last entry."""
+    if len(values) == size:
+        return values
+    return np.concatenate([values, np.repeat(values[-1:], size - len(values), axis=0)])

@@ -1,0 +1,239 @@
+"""The result of a check: per-pair verdicts, a readable table and a JSON summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from fastcheck._compare import ANALYTICAL_NONFINITE, MISMATCH, NUMERICAL_NONFINITE, OK, STATUS_NAMES
+
+RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
+
+
+class GradientCheckError(AssertionError):
+    """Raised by ``assert_gradients_close`` when a check fails; ``.report`` holds the result."""
+
+    def __init__(self, report: GradientReport):
+        super().__init__(str(report))
+        self.report = report
+
+
+@dataclasses.dataclass
+class Element:
+    """One entry of a Jacobian: d output[output_index] / d input[input_index]."""
+
+    output_index: tuple
+    input_index: tuple
+    analytical: float
+    numerical: float
+    abs_error: float
+    band: float
+    status: str
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v if isinstance(v, str) else _num(v)) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclasses.dataclass
+class PairReport:
+    """The Jacobian block of one (output, input) pair and its verdict.
+
+    ``numerical`` and ``analytical`` have shape (output_size, input_size), the
+    convention of ``tf.test.compute_gradient``; complex values count as
+    (real, imag) pairs.
+    """
+
+    output_name: str
+    input_name: str
+    output_shape: tuple
+    input_shape: tuple
+    numerical: np.ndarray
+    analytical: np.ndarray
+    status: np.ndarray
+    band: np.ndarray
+    atol: float
+    rtol: float
+    hint: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(np.all(self.status == OK))
+
+    def count(self, status: int) -> int:
+        return int(np.sum(self.status == status))
+
+    @property
+    def abs_error(self) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return np.abs(self.analytical - self.numerical)
+
+    @property
+    def max_abs_error(self) -> float:
+        err = self.abs_error
+        return float(np.max(err)) if err.size else 0.0
+
+    @property
+    def max_rel_error(self) -> float:
+        """max |a - n| / max(|a|, |n|, atol / rtol) over elements (2 for a sign flip).
+
+        The floor ``atol / rtol`` is where the tolerance rule itself switches from
+        absolute to relative, so noise on entries near zero does not read as 100%.
+        """
+        if not self.abs_error.size:
+            return 0.0
+        floor = self.atol / self.rtol if self.rtol > 0 else 0.0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scale = np.maximum(np.maximum(np.abs(self.analytical), np.abs(self.numerical)), floor)
+            rel = np.where(scale > 0, self.abs_error / scale, 0.0)
+        return float(np.max(rel))
+
+    @property
+    def relative_norm_error(self) -> float:
+        from fastcheck._compare import relative_norm_error
+
+        return relative_norm_error(self.numerical, self.analytical)
+
+    def _element(self, flat_index: int) -> Element:
+        row, col = np.unravel_index(flat_index, self.status.shape)
+        return Element(
+            tuple(int(i) for i in np.unravel_index(row, self.output_shape)) if self.output_shape else (),
+            tuple(int(i) for i in np.unravel_index(col, self.input_shape)) if self.input_shape else (),
+            float(self.analytical[row, col]),
+            float(self.numerical[row, col]),
+            float(abs(self.analytical[row, col] - self.numerical[row, col])),
+            float(self.band[row, col]),
+            STATUS_NAMES[int(self.status[row, col])],
+        )
+
+    def worst(self, count: int = 1) -> list[Element]:
+        """The elements furthest outside (or closest to the edge of) their tolerance band."""
+        if not self.status.size:
+            return []
+        with np.errstate(invalid="ignore", divide="ignore"):
+            score = self.abs_error / self.band
+        score = np.where(self.status >= ANALYTICAL_NONFINITE, np.inf, np.nan_to_num(score, nan=np.inf))
+        order = np.argsort(-score, axis=None, kind="stable")[:count]
+        return [self._element(i) for i in order]
+
+    @property
+    def worst_element(self) -> Element | None:
+        found = self.worst(1)
+        return found[0] if found else None
+
+    def to_dict(self, arrays: bool = False) -> dict:
+        summary = {
+            "output": self.output_name,
+            "input": self.input_name,
+            "ok": self.ok,
+            "shape": [int(self.status.shape[0]), int(self.status.shape[1])],
+            "max_abs_error": _num(self.max_abs_error),
+            "max_rel_error": _num(self.max_rel_error),
+            "relative_norm_error": _num(self.relative_norm_error),
+            "mismatches": self.count(MISMATCH),
+            "analytical_nonfinite": self.count(ANALYTICAL_NONFINITE),
+            "numerical_nonfinite": self.count(NUMERICAL_NONFINITE),
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "worst": [e.to_dict() for e in self.worst(3)],
+            "hint": self.hint,
+        }
+        if arrays:
+            summary["numerical"] = self.numerical.tolist()
+            summary["analytical"] = self.analytical.tolist()
+        return summary
+
+
+def _num(value):
+    value = float(value)
+    return value if math.isfinite(value) else str(value)
+
+
+def _index(name: str, index: tuple) -> str:
+    return f"{name}[{', '.join(map(str, index))}]" if index else name
+
+
+@dataclasses.dataclass
+class GradientReport:
+    """What a check found.  ``bool(report)`` is ``report.ok``."""
+
+    pairs: list[PairReport]
+    path: str
+    mode: str
+    seconds: float
+    notes: list[str] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+    title: str = "gradient check"
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(p.ok for p in self.pairs)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((p.max_abs_error for p in self.pairs), default=0.0)
+
+    @property
+    def max_rel_error(self) -> float:
+        return max((p.max_rel_error for p in self.pairs), default=0.0)
+
+    @property
+    def failures(self) -> list[PairReport]:
+        return [p for p in self.pairs if not p.ok]
+
+    def to_dict(self, arrays: bool = False) -> dict:
+        """JSON-serialisable summary; ``arrays=True`` includes the full Jacobians."""
+        return {
+            "title": self.title,
+            "ok": self.ok,
+            "max_abs_error": _num(self.max_abs_error),
+            "max_rel_error": _num(self.max_rel_error),
+            "path": self.path,
+            "mode": self.mode,
+            "seconds": self.seconds,
+            "rule": RULE,
+            "notes": list(self.notes),
+            "problems": list(self.problems),
+            "pairs": [p.to_dict(arrays) for p in self.pairs],
+        }
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.ok else "FAIL"
+        lines = [
+            f"fastcheck {self.title}: {verdict} -- {len(self.failures)} of {len(self.pairs)} pairs failed, "
+            f"max abs error {self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g} "
+            f"[{self.path}, {self.mode} mode, {self.seconds:.2f} s]"
+        ]
+        for problem in self.problems:
+            lines.append(f"  PROBLEM: {problem}")
+        if self.pairs:
+            width = max(len(f"{p.output_name} / {p.input_name}") for p in self.pairs)
+            lines.append(f"  {'pair'.ljust(width)}  status  {'max abs':>9}  {'max rel':>9}  {'rel norm':>9}  failed")
+            for p in self.pairs:
+                failed = p.status.size - p.count(OK)
+                lines.append(
+                    f"  {f'{p.output_name} / {p.input_name}'.ljust(width)}  {'ok' if p.ok else 'FAIL':6}  "
+                    f"{p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  {p.relative_norm_error:9.3g}  {failed}/{p.status.size}"
+                )
+        for p in self.failures:
+            lines.append(f"  {p.output_name} / {p.input_name}: "
+                         f"{p.count(MISMATCH)} mismatched, {p.count(ANALYTICAL_NONFINITE)} analytical non-finite, "
+                         f"{p.count(NUMERICAL_NONFINITE)} numerical non-finite (atol={p.atol:g}, rtol={p.rtol:g})")
+            for e in p.worst(3):
+                if e.status == "ok":
+                    break
+                lines.append(
+                    f"    d {_index(p.output_name, e.output_index)} / d {_index(p.input_name, e.input_index)}: "
+                    f"analytical={e.analytical:.8g} numerical={e.numerical:.8g} |diff|={e.abs_error:.3g} "
+                    f"allowed={e.band:.3g} ({e.status})"
+                )
+            if p.hint:
+                lines.append(f"    hint: {p.hint}")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        lines.append(f"  rule: {RULE}")
+        return "\n".join(lines)

@@ -1,0 +1,30 @@
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# How the *user's* function is wrapped: the check must work for each.
+VARIANTS = {
+    "eager": lambda f: f,
+    "tf_function": lambda f: tf.function(f),
+    "xla": lambda f: tf.function(f, jit_compile=True),
+}
+DTYPES = {"float32": tf.float32, "float64": tf.float64}
+
+
+@pytest.fixture(params=sorted(VARIANTS))
+def variant(request):
+    return VARIANTS[request.param]
+
+
+@pytest.fixture(params=sorted(DTYPES))
+def dtype(request):
+    return DTYPES[request.param]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)

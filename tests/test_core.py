@@ -1,0 +1,330 @@
+"""Core engine: correct Jacobians pass, planted defects fail, across variants and dtypes."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fastcheck
+
+RNG = np.random.default_rng(1234)
+A = RNG.normal(size=(5, 7))
+B = RNG.normal(size=(7, 4))
+KERNEL = RNG.normal(size=(3, 3, 2, 3))
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+# name -> (f, inputs maker(dtype), closed-form Jacobian maker(numpy inputs) -> list over inputs or None)
+CORRECT = {
+    "linear_map": (
+        lambda x: tf.linalg.matvec(tf.constant(A, x.dtype), x),
+        lambda d: [tf.constant(RNG.normal(size=7), d)],
+        lambda x: [A],
+    ),
+    "elementwise_tanh": (
+        tf.tanh,
+        lambda d: [tf.constant(np.linspace(-2, 2, 9), d)],
+        lambda x: [np.diag(1 - np.tanh(x) ** 2)],
+    ),
+    "elementwise_sigmoid_times_x": (
+        lambda x: x * tf.sigmoid(x),
+        lambda d: [tf.constant(np.linspace(-3, 3, 8), d)],
+        lambda x: [np.diag(_sigmoid(x) + x * _sigmoid(x) * (1 - _sigmoid(x)))],
+    ),
+    "matmul_both_inputs": (
+        tf.matmul,
+        lambda d: [tf.constant(A, d), tf.constant(B, d)],
+        lambda a, b: [np.kron(np.eye(5), b.T), np.kron(a, np.eye(4))],
+    ),
+    "softmax": (
+        tf.nn.softmax,
+        lambda d: [tf.constant(RNG.normal(size=6), d)],
+        lambda x: [np.diag(_softmax(x)) - np.outer(_softmax(x), _softmax(x))],
+    ),
+    "reduce_sum_of_squares": (
+        lambda x: tf.reduce_sum(x**2, axis=1),
+        lambda d: [tf.constant(RNG.normal(size=(3, 4)), d)],
+        lambda x: [np.stack([np.concatenate([2 * x[i] if j == i else np.zeros(4) for j in range(3)]) for i in range(3)])],
+    ),
+    "gather": (
+        lambda x: tf.gather(x, [2, 0, 2]),
+        lambda d: [tf.constant(RNG.normal(size=4), d)],
+        lambda x: [np.eye(4)[[2, 0, 2]]],
+    ),
+    "conv2d": (
+        lambda img: tf.nn.conv2d(img, tf.constant(KERNEL, img.dtype), 1, "SAME"),
+        lambda d: [tf.constant(RNG.normal(size=(1, 5, 5, 2)), d)],
+        None,
+    ),
+    "reduce_logsumexp": (
+        tf.reduce_logsumexp,
+        lambda d: [tf.constant(RNG.normal(size=10), d)],
+        lambda x: [_softmax(x)[None, :]],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_correct_jacobians_pass(name, variant, dtype):
+    f, make, expected = CORRECT[name]
+    inputs = make(dtype)
+    report = fastcheck.check_gradients(variant(f), inputs)
+    assert report.ok, str(report)
+    assert bool(report) is True
+    if expected is not None:
+        want = expected(*[x.numpy().astype(np.float64) for x in inputs])
+        got = fastcheck.numerical_jacobian(variant(f), inputs)[0]
+        tolerance = 1e-7 if dtype == tf.float64 else 2e-4
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, atol=tolerance, rtol=tolerance)
+        for pair, w in zip(report.pairs, want):
+            np.testing.assert_allclose(pair.analytical, w, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+@pytest.mark.parametrize("name", ["linear_map", "matmul_both_inputs", "conv2d", "softmax"])
+def test_batched_paths_agree_with_eager_reference(name, jit_compile):
+    f, make, _ = CORRECT[name]
+    inputs = make(tf.float64)
+    report = fastcheck.check_gradients(f, inputs, jit_compile=jit_compile)
+    assert report.ok, str(report)
+    assert report.path == ("xla" if jit_compile else "graph")
+    reference = [tf.test.compute_gradient(f, inputs, delta=1e-6)]
+    theoretical, numeric = reference[0]
+    for pair, t, n in zip(report.pairs, theoretical, numeric):
+        np.testing.assert_allclose(pair.analytical, t, atol=1e-9)
+        np.testing.assert_allclose(pair.numerical, n, atol=1e-5)
+
+
+def _custom(forward, backward):
+    @tf.custom_gradient
+    def f(x):
+        def grad(upstream):
+            return backward(x, upstream)
+
+        return forward(x), grad
+
+    return f
+
+
+def _one_wrong_element(x, upstream):
+    g = upstream * 2 * x
+    mask = tf.reshape(tf.one_hot(7 * 50 + 13, 2500, dtype=x.dtype), (50, 50))
+    return g + mask * upstream * 0.5
+
+
+# name -> (f, inputs(dtype), (output index, input index) where the defect must be found, or None)
+WRONG = {
+    "sign_flip": (_custom(tf.sin, lambda x, g: -g * tf.cos(x)), lambda d: tf.constant(np.linspace(0.1, 1, 6), d), None),
+    "factor_two": (_custom(tf.square, lambda x, g: g * x), lambda d: tf.constant(np.linspace(0.5, 2, 6), d), None),
+    "missing_chain_term": (
+        _custom(lambda x: tf.sin(x**2), lambda x, g: g * tf.cos(x**2)),
+        lambda d: tf.constant(np.linspace(0.5, 1.5, 5), d),
+        None,
+    ),
+    "transposed_matmul": (
+        _custom(lambda x: tf.linalg.matvec(tf.constant(A[:, :5], x.dtype), x),
+                lambda x, g: tf.linalg.matvec(tf.constant(A[:, :5], x.dtype), g)),
+        lambda d: tf.constant(RNG.normal(size=5), d),
+        None,
+    ),
+    "one_wrong_element_in_50x50": (
+        _custom(lambda x: x**2, _one_wrong_element),
+        lambda d: tf.constant(RNG.uniform(0.5, 1.5, size=(50, 50)), d),
+        ((7, 13), (7, 13)),
+    ),
+    "stop_gradient_misplaced": (
+        lambda x: x * tf.stop_gradient(tf.exp(x)),
+        lambda d: tf.constant(np.linspace(-1, 1, 6), d),
+        None,
+    ),
+    "wrong_only_at_large_values": (
+        _custom(tf.tanh, lambda x, g: g * tf.where(tf.abs(x) > 2, tf.zeros_like(x), 1 - tf.tanh(x) ** 2)),
+        lambda d: tf.constant(np.linspace(-2.5, 2.5, 11), d),
+        ((0,), (0,)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_wrong_gradients_fail(name, variant, dtype):
+    f, make, location = WRONG[name]
+    report = fastcheck.check_gradients(variant(f), make(dtype))
+    assert not report.ok, f"{name} was not flagged:\n{report}"
+    with pytest.raises(fastcheck.GradientCheckError) as raised:
+        fastcheck.assert_gradients_close(variant(f), make(dtype))
+    assert isinstance(raised.value, AssertionError)
+    assert "FAIL" in str(raised.value)
+    if location is not None:
+        worst = report.pairs[0].worst_element
+        assert (worst.output_index, worst.input_index) == location, str(report)
+        assert f"input[{', '.join(map(str, location[1]))}]" in str(report)
+
+
+def test_wrong_gradient_for_second_input_only(dtype):
+    @tf.custom_gradient
+    def f(x, y):
+        def grad(g):
+            return g * y, g * x * 1.01
+
+        return x * y, grad
+
+    report = fastcheck.check_gradients(f, [tf.constant([1.0, 2.0], dtype), tf.constant([3.0, -1.0], dtype)])
+    assert [p.ok for p in report.pairs] == [True, False]
+    assert "constant factor of 1.01" in report.pairs[1].hint
+
+
+def test_diagnosis_hints():
+    sign = fastcheck.check_gradients(WRONG["sign_flip"][0], WRONG["sign_flip"][1](tf.float64))
+    assert "wrong sign" in sign.pairs[0].hint
+    factor = fastcheck.check_gradients(WRONG["factor_two"][0], WRONG["factor_two"][1](tf.float64))
+    assert "constant factor of 0.5" in factor.pairs[0].hint
+    transposed = fastcheck.check_gradients(WRONG["transposed_matmul"][0], WRONG["transposed_matmul"][1](tf.float64))
+    assert "transpose" in transposed.pairs[0].hint
+    stopped = fastcheck.check_gradients(WRONG["stop_gradient_misplaced"][0], tf.constant([0.5, 1.0], tf.float64))
+    assert stopped.pairs[0].hint is None or "missing" in stopped.pairs[0].hint or "factor" in stopped.pairs[0].hint
+
+
+def test_multiple_inputs_nested_outputs_and_integer_passthrough(variant, dtype):
+    def f(x, y, k):
+        return {"prod": x * y[k], "pair": (tf.reduce_sum(x), tf.exp(y)), "count": tf.shape(x)[0]}
+
+    x = tf.constant([1.0, 2.0, 3.0], dtype)
+    y = tf.constant([0.5, -0.25], dtype)
+    report = fastcheck.check_gradients(variant(f), [x, y, tf.constant(1)])
+    assert report.ok, str(report)
+    names = {(p.output_name, p.input_name) for p in report.pairs}
+    assert names == {(o, i) for o in ("output['pair'][0]", "output['pair'][1]", "output['prod']") for i in ("input 0", "input 1")}
+    prod_y = next(p for p in report.pairs if p.output_name == "output['prod']" and p.input_name == "input 1")
+    np.testing.assert_allclose(prod_y.analytical, [[0, 1], [0, 2], [0, 3]], atol=1e-6)
+    jac = fastcheck.autodiff_jacobian(f, [x, y, tf.constant(1)])
+    assert len(jac) == 3 and all(len(row) == 3 and row[2] is None for row in jac)
+
+
+def test_forward_mode_chosen_when_inputs_are_fewer(dtype):
+    f = lambda x: tf.concat([tf.sin(x * k) for k in range(1, 40)], 0)  # noqa: E731
+    x = tf.constant([0.3, 0.7], dtype)
+    for jit in (False, True):
+        report = fastcheck.check_gradients(f, x, jit_compile=jit)
+        assert report.ok and report.mode == "forward", str(report)
+
+
+def test_complex_input_checked_as_real_pairs():
+    z = tf.constant([1 + 2j, -0.5 + 0.25j], tf.complex128)
+    report = fastcheck.check_gradients(lambda z: tf.math.real(z * tf.math.conj(z)) + tf.math.imag(z**2), z)
+    assert report.ok, str(report)
+    assert report.pairs[0].analytical.shape == (2, 4)
+
+
+def test_memory_budget_chunks_give_identical_results():
+    W = tf.constant(RNG.normal(size=(8, 300)))
+    f = lambda x: tf.tanh(tf.linalg.matvec(W, x))  # noqa: E731
+    x = tf.constant(RNG.normal(size=300))
+    whole = fastcheck.check_gradients(f, x, jit_compile=False)
+    tiny = fastcheck.check_gradients(f, x, jit_compile=False, memory_budget=64 * 1024)
+    assert whole.ok and tiny.ok
+    assert not any("chunk" in n for n in whole.notes)
+    assert any("perturbations per call" in n for n in tiny.notes), tiny.notes
+    # Different batch sizes may round differently inside BLAS: equal to rounding.
+    np.testing.assert_allclose(whole.pairs[0].numerical, tiny.pairs[0].numerical, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(whole.pairs[0].analytical, tiny.pairs[0].analytical, rtol=1e-12, atol=1e-14)
+
+
+def test_no_retrace_on_second_check():
+    traces = []
+
+    @tf.function
+    def f(x):
+        traces.append(1)
+        return tf.tanh(x) * 2.0
+
+    x = tf.constant(RNG.normal(size=200))
+    first = fastcheck.check_gradients(f, x, jit_compile=False)
+    count = len(traces)
+    second = fastcheck.check_gradients(f, x + 1.0, jit_compile=False)
+    assert first.ok and second.ok
+    assert len(traces) == count, "the second check with the same shapes retraced f"
+
+
+def test_while_loop_function_takes_loop_path():
+    def f(x):
+        def body(i, acc):
+            return i + 1, acc * tf.cos(x) + x
+
+        return tf.while_loop(lambda i, acc: i < tf.cast(tf.reduce_max(x) * 3, tf.int32) + 2, body, (0, x))[1]
+
+    x = tf.constant(RNG.uniform(0.5, 1.0, size=40))
+    report = fastcheck.check_gradients(f, x)
+    assert report.ok, str(report)
+    assert report.path in ("loop", "eager")
+    forced = fastcheck.check_gradients(f, x, jit_compile=False)
+    assert forced.path == "loop" and forced.ok
+
+
+def test_float16_square_has_no_false_alarm():
+    # tf.test.compute_gradient's fixed step 1/1024 vanishes in float16 at x >= 2.
+    x = tf.constant([2.0, 3.0, 4.5, 7.0], tf.float16)
+    assert fastcheck.check_gradients(tf.square, x, precision="native").ok
+    assert fastcheck.check_gradients(tf.square, x).ok
+
+
+def test_precision_auto_upcasts_and_says_so():
+    report = fastcheck.check_gradients(tf.exp, tf.constant([0.5, 1.5], tf.float32))
+    assert any("float64" in n for n in report.notes)
+    keras_like = lambda x: x * tf.constant(2.0, tf.float32)  # noqa: E731 -- cannot run in float64
+    report = fastcheck.check_gradients(keras_like, tf.constant([0.5], tf.float32))
+    assert report.ok and any("native precision" in n for n in report.notes)
+    with pytest.raises(ValueError, match="precision='float64'"):
+        fastcheck.check_gradients(keras_like, tf.constant([0.5], tf.float32), precision="float64")
+
+
+def test_report_text_and_json():
+    f, make, _ = WRONG["one_wrong_element_in_50x50"]
+    report = fastcheck.check_gradients(f, make(tf.float64))
+    text = str(report)
+    assert "FAIL" in text and "output[7, 13]" in text and "input[7, 13]" in text and "rule:" in text
+    summary = json.loads(json.dumps(report.to_dict()))
+    assert summary["ok"] is False
+    assert summary["pairs"][0]["mismatches"] == 1
+    assert summary["pairs"][0]["worst"][0]["input_index"] == [7, 13]
+    assert "numerical" not in summary["pairs"][0]
+    assert report.pairs[0].relative_norm_error > 0
+    assert report.max_abs_error == pytest.approx(0.5, rel=1e-6)
+
+
+def test_nan_in_function_is_reported_as_undecidable_with_culprit_op():
+    y_true = tf.constant([0.2, 0.3, 0.5], tf.float64)
+    y_pred = tf.constant([0.4, -0.1, 0.7], tf.float64)
+    report = fastcheck.check_gradients(lambda p: -tf.reduce_sum(y_true * tf.math.log(p)), y_pred)
+    assert not report.ok
+    text = str(report)
+    assert "not finite at the point" in text and "Log" in text and "(1,)" in text
+
+
+def test_analytical_nan_trap_is_flagged():
+    f = lambda x: tf.where(x > 0, x * tf.math.log(x), tf.zeros_like(x))  # noqa: E731
+    report = fastcheck.check_gradients(f, tf.constant([0.5, 0.0, -1.0, 2.0], tf.float64))
+    assert not report.ok
+    assert report.pairs[0].count(2) >= 1  # analytical not finite
+    assert "double-where" in report.pairs[0].hint
+
+
+def test_public_api_matches_readme():
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    table = readme.split("### Public API")[1].split("###")[0]
+    documented = set(re.findall(r"^\| `(\w+)", table, re.M))
+    assert documented == set(fastcheck.__all__)
+    for name in fastcheck.__all__:
+        assert getattr(fastcheck, name) is not None
