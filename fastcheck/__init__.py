@@ -18,6 +18,8 @@ _EXPORTS = {
     "assert_gradients_close": "fastcheck._api",
     "autodiff_jacobian": "fastcheck._api",
     "check_gradients": "fastcheck._api",
+    "check_model": "fastcheck._api",
+    "verify_gradients": "fastcheck._api",
     "numerical_jacobian": "fastcheck._api",
 }
 
@@ -28,7 +30,9 @@ if TYPE_CHECKING:
     from fastcheck._api import assert_gradients_close as assert_gradients_close
     from fastcheck._api import autodiff_jacobian as autodiff_jacobian
     from fastcheck._api import check_gradients as check_gradients
+    from fastcheck._api import check_model as check_model
     from fastcheck._api import numerical_jacobian as numerical_jacobian
+    from fastcheck._api import verify_gradients as verify_gradients
     from fastcheck._report import GradientCheckError as GradientCheckError
     from fastcheck._report import GradientReport as GradientReport
 

@@ -12,9 +12,10 @@ import tensorflow as tf
 from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._model import model_loss_function
 from fastcheck._numeric import NumericalDifferences, numerical_columns, steps
 from fastcheck._paths import choose_route
-from fastcheck._plan import Plan, build_plan, describe_nonfinite
+from fastcheck._plan import Plan, _first_line, build_plan, describe_nonfinite, to_real_view
 from fastcheck._report import GradientCheckError, GradientReport, PairReport
 
 # Refinement: failing columns are re-evaluated with the step divided by this.
@@ -73,10 +74,13 @@ class _Jacobians:
         return self.autodiff()
 
 
-def _compute(plan: Plan, config: CheckConfig, refine: bool = True):
-    """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts."""
+def _compute(plan: Plan, config: CheckConfig, supplied=None, refine: bool = True):
+    """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts.
+
+    ``supplied`` replaces autodiff: a callable returning the analytical blocks.
+    """
     jac = _Jacobians(plan, config)
-    analytical = jac.analytical()
+    analytical = supplied(plan) if supplied is not None else jac.analytical()
     atol, rtol = config.tolerances(plan.analytical_dtype)
     results = []
     for spec, a in zip(plan.checked, analytical):
@@ -109,19 +113,29 @@ def _output_view_shape(output) -> tuple:
     return tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
 
 
-def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check") -> GradientReport:
+def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check", *, supplied=None,
+         names=None, protect=(), output_name=None) -> GradientReport:
     start = time.perf_counter()
-    with _on_device(config.device), preserved_variables(_variables_in(inputs)):
-        plan = build_plan(f, inputs, config)
+    with _on_device(config.device), preserved_variables([*_variables_in(inputs), *protect]):
+        plan = build_plan(f, inputs, config, names)
         if plan.nondeterministic:
             return GradientReport([], "none", "-", time.perf_counter() - start, plan.notes, [plan.nondeterministic], title)
-        jac, results, (atol, rtol) = _compute(plan, config)
+        try:
+            jac, results, (atol, rtol) = _compute(plan, config, supplied)
+        except (TypeError, ValueError):
+            raise
+        except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
+            raise ValueError(
+                f"f raised {type(error).__name__} while fastcheck evaluated it in a batched tf.function: "
+                f"{_first_line(error)}\nf ran eagerly at the inputs; check that it can be traced "
+                "(no .numpy() calls or Python side effects on tensors), or pass jit_compile=False."
+            ) from error
         pairs = []
         for spec, a, numerical, status, band in results:
             for output, a_rows, n_rows, s_rows, b_rows in zip(
                 plan.outputs, *(_split_rows(plan, x) for x in (a, numerical, status, band))
             ):
-                pair = PairReport(output.name, spec.name, _output_view_shape(output), _view_shape(spec),
+                pair = PairReport(output_name or output.name, spec.name, _output_view_shape(output), _view_shape(spec),
                                   n_rows, a_rows, s_rows, b_rows, atol, rtol)
                 pair.hint = _compare.diagnose(a_rows, n_rows, s_rows)
                 pairs.append(pair)
@@ -136,7 +150,8 @@ def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check"
         problems = []
         if np.any(np.isfinite(jac.y0) == False):  # noqa: E712 -- elementwise
             problems.append(describe_nonfinite(plan, jac.y0))
-        return GradientReport(pairs, jac.route.path, jac.autodiff.mode, time.perf_counter() - start, notes, problems, title)
+        mode = "supplied" if supplied is not None else jac.autodiff.mode
+        return GradientReport(pairs, jac.route.path, mode, time.perf_counter() - start, notes, problems, title)
 
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
@@ -246,3 +261,104 @@ class GradientChecker:
     def assert_close(self, f: Callable, inputs, **overrides) -> GradientReport:
         return assert_gradients_close(f, inputs, **self._options(overrides))
 
+    def verify_gradients(self, f: Callable, inputs, grads, **overrides) -> GradientReport:
+        return verify_gradients(f, inputs, grads, **self._options(overrides))
+
+    def check_model(self, model, loss_fn: Callable, data, *, variables=None, **overrides) -> GradientReport:
+        return check_model(model, loss_fn, data, variables=variables, **self._options(overrides))
+
+
+
+def _supplied_gradients(inputs, grads):
+    """Analytical blocks [1, n_k] from the user's gradients, with errors naming the input."""
+
+    def blocks(plan: Plan):
+        given = grads(*[s.value for s in plan.inputs]) if callable(grads) else grads
+        several = isinstance(inputs, (list, tuple))
+        if several:
+            if not isinstance(given, (list, tuple)) or len(given) != len(plan.inputs):
+                count = len(given) if isinstance(given, (list, tuple)) else "a single value"
+                raise ValueError(f"grads must have one entry per input ({len(plan.inputs)}), got {count}.")
+            items = list(given)
+        else:
+            items = [given[0] if isinstance(given, (list, tuple)) and len(given) == 1 else given]
+        result = []
+        for spec in plan.checked:
+            item = items[spec.position]
+            if item is None:
+                raise ValueError(f"grads for {spec.name} is None: pass the gradient of the summed output with "
+                                 f"respect to {spec.name}, shape {tuple(spec.value.shape)}.")
+            try:
+                value = tf.convert_to_tensor(item)
+            except (TypeError, ValueError):
+                raise TypeError(f"grads for {spec.name} is a {type(item).__name__}, not a tensor or array.") from None
+            if tuple(value.shape) != tuple(spec.value.shape):
+                raise ValueError(f"grads for {spec.name} has shape {tuple(value.shape)} but {spec.name} has shape "
+                                 f"{tuple(spec.value.shape)}; pass one gradient entry per input element.")
+            if spec.is_complex and not value.dtype.is_complex:
+                value = tf.complex(tf.cast(value, spec.dtype.real_dtype), tf.zeros_like(tf.cast(value, spec.dtype.real_dtype)))
+            real = to_real_view(value) if spec.is_complex else value
+            result.append(real.numpy().astype(np.float64).reshape(1, -1))
+        return result
+
+    return blocks
+
+
+def _summed(f: Callable) -> Callable:
+    def scalar(*args):
+        out = f(*args)
+        if out is None:
+            return None
+        leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(out)]
+        floating = [t for t in leaves if t.dtype.is_floating]
+        if not floating:
+            return out
+        dtype = min((t.dtype for t in floating), key=lambda d: MACHINE_EPSILON[d])
+        return tf.add_n([tf.reduce_sum(tf.cast(t, dtype)) for t in floating])
+
+    return scalar
+
+
+def verify_gradients(f: Callable, inputs, grads, **options) -> GradientReport:
+    """Check gradients computed by hand against batched central differences.
+
+    ``f`` returns a scalar; if it returns a tensor (or a structure of them), the
+    sum of all its elements is the scalar. ``grads`` are the gradients of that
+    scalar with respect to each input -- tensors/arrays with the inputs'
+    structure and shapes -- or a callable taking the inputs and returning them.
+    The rule and report are those of ``check_gradients``.
+
+    Raises:
+      ValueError / TypeError: when ``grads`` does not match the inputs (a wrong
+        shape, a missing entry, a ``None``), naming the input.
+
+    Example:
+      >>> import tensorflow as tf, fastcheck
+      >>> x = tf.constant([1.0, 2.0], tf.float64)
+      >>> fastcheck.verify_gradients(lambda x: tf.reduce_sum(x ** 2), x, 2 * x).ok
+      True
+    """
+    config = CheckConfig(**options)
+    return _run(_summed(f), inputs, config, "verify_gradients", supplied=_supplied_gradients(inputs, grads),
+                output_name="sum(f)")
+
+
+def check_model(model, loss_fn: Callable, data, *, variables=None, **options) -> GradientReport:
+    """Check the gradient of ``loss_fn(y, model(x, training=False))`` w.r.t. the model's variables.
+
+    One report pair per variable (``model.trainable_variables``, or ``variables``),
+    named by the variable's path.  Works for Keras 3 models (via
+    ``stateless_call``), tf_keras models and ``tf.Module``s; perturbations of
+    variable values are batched and no variable is ever assigned: every value is
+    bit-for-bit the same afterwards, even when the check raises.
+
+    Args:
+      model: the model or module.
+      loss_fn: ``loss_fn(y_true, y_pred)`` returning a scalar (or a tensor, summed).
+      data: a pair ``(x, y)``.
+      variables: the variables to check (default: all trainable ones).
+      **options: as for ``check_gradients``.
+    """
+    config = CheckConfig(**options)
+    f, values, names, every = model_loss_function(model, loss_fn, data, variables)
+    return _run(_summed(f), values, config, "check_model", names=names, protect=every, output_name="loss")

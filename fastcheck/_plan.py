@@ -99,12 +99,15 @@ def _leaf_names(structure, prefix: str = "") -> list[str]:
     return [prefix]
 
 
-def normalize_inputs(inputs) -> list[InputSpec]:
+def normalize_inputs(inputs, names=None) -> list[InputSpec]:
     """Turn ``inputs`` (one tensor-like or a list/tuple of them) into specs."""
     items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
     specs = []
     for position, item in enumerate(items):
-        name = f"input {position}" if isinstance(inputs, (list, tuple)) else "input"
+        if names is not None:
+            name = names[position]
+        else:
+            name = f"input {position}" if isinstance(inputs, (list, tuple)) else "input"
         variable = item if isinstance(item, tf.Variable) else None
         if item is None:
             raise TypeError(f"inputs[{position}] is None: pass a tensor, array or number for every positional argument of f.")
@@ -229,9 +232,11 @@ def _call_user(f, args, what: str):
         ) from error
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else repr(error)
+def _first_line(error: Exception, limit: int = 300) -> str:
+    """The gist of an error: its first lines (Keras puts the cause on the second), shortened."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = " ".join(lines[:3]) if lines else repr(error)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _flatten_output(out, what: str):
@@ -252,11 +257,11 @@ def _flatten_output(out, what: str):
     return tensors
 
 
-def build_plan(f: Callable, inputs, config: CheckConfig) -> Plan:
+def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
     """Normalise, probe ``f`` eagerly at the point, and decide the numerical precision."""
     if not callable(f):
         raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
-    specs = normalize_inputs(inputs)
+    specs = normalize_inputs(inputs, names)
     native = [s.value for s in specs]
     out = _call_user(f, native, "the inputs")
     leaves = _flatten_output(out, "at the inputs")

@@ -174,6 +174,14 @@ class GradientReport:
         return self.ok
 
     @property
+    def verdict(self) -> str:
+        """"pass", "fail" (a gradient is wrong), or "undecidable" (f itself is not finite or not deterministic)."""
+        if self.ok:
+            return "pass"
+        wrong = any(p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) for p in self.pairs)
+        return "fail" if wrong else "undecidable"
+
+    @property
     def max_abs_error(self) -> float:
         return max((p.max_abs_error for p in self.pairs), default=0.0)
 
@@ -190,6 +198,7 @@ class GradientReport:
         return {
             "title": self.title,
             "ok": self.ok,
+            "verdict": self.verdict,
             "max_abs_error": _num(self.max_abs_error),
             "max_rel_error": _num(self.max_rel_error),
             "path": self.path,
@@ -202,7 +211,7 @@ class GradientReport:
         }
 
     def __str__(self) -> str:
-        verdict = "ok" if self.ok else "FAIL"
+        verdict = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
         lines = [
             f"fastcheck {self.title}: {verdict} -- {len(self.failures)} of {len(self.pairs)} pairs failed, "
             f"max abs error {self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g} "
@@ -215,8 +224,9 @@ class GradientReport:
             lines.append(f"  {'pair'.ljust(width)}  status  {'max abs':>9}  {'max rel':>9}  {'rel norm':>9}  failed")
             for p in self.pairs:
                 failed = p.status.size - p.count(OK)
+                label = "ok" if p.ok else "FAIL" if p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) else "undec."
                 lines.append(
-                    f"  {f'{p.output_name} / {p.input_name}'.ljust(width)}  {'ok' if p.ok else 'FAIL':6}  "
+                    f"  {f'{p.output_name} / {p.input_name}'.ljust(width)}  {label:6}  "
                     f"{p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  {p.relative_norm_error:9.3g}  {failed}/{p.status.size}"
                 )
         for p in self.failures:
