@@ -9,6 +9,8 @@ path (XLA / graph / loop / eager), falling back like the numerical side.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import tensorflow as tf
 
@@ -17,6 +19,9 @@ from fastcheck._paths import EAGER, LOOP, Route, cached, compile_kernel, pad, pl
 from fastcheck._plan import Plan
 
 ZERO = tf.UnconnectedGradients.ZERO
+# Eager passes run when predicted (from the first pass) to finish within these.
+EAGER_SECONDS = 0.25
+EAGER_LOOP_SECONDS = 30.0
 
 
 def use_forward_mode(plan: Plan) -> bool:
@@ -95,6 +100,13 @@ class AutodiffJacobian:
 
     def __call__(self) -> list[np.ndarray]:
         """One array [m, n_k] per checked input, in the analytical dtype's precision (as float64)."""
+        # Eager VJPs/JVPs cost no tracing: they win for scalar outputs, few rows,
+        # and above all for while-loop functions, whose gradient graphs take
+        # seconds to trace.  The first row's time decides whether to go on.
+        limit = None if self.route.path == EAGER else EAGER_LOOP_SECONDS if self.route.path == LOOP else EAGER_SECONDS
+        result = self._eager(limit)
+        if result is not None:
+            return result
         while self.route.path != EAGER:
             try:
                 return self._batched()
@@ -132,15 +144,45 @@ class AutodiffJacobian:
                 block.append(rows.numpy()[: len(idx)].astype(np.float64))
         return [np.concatenate(block) for block in blocks]
 
-    def _eager(self):
+    def _eager(self, limit: float | None = None):
+        """Row by row (reverse) or column by column (forward), eagerly; None when over ``limit`` seconds."""
         plan = self.plan
         values = list(self.values)
         sources = [values[s.position] for s in plan.checked]
-        with tf.GradientTape(persistent=True) as tape:
+        start = time.perf_counter()
+        if self.forward and plan.m > 1:
+            blocks = []
+            for spec, source in zip(plan.checked, sources):
+                columns = []
+                for j in range(spec.size):
+                    tangent = tf.reshape(tf.one_hot(j, spec.size, dtype=source.dtype), source.shape)
+                    with tf.autodiff.ForwardAccumulator(source, tangent) as accumulator:
+                        moved = list(values)
+                        moved[spec.position] = source
+                        y = plan.call_flat(moved)
+                    columns.append(accumulator.jvp(y, unconnected_gradients=ZERO).numpy().astype(np.float64))
+                    if _over(limit, start, len(columns), plan.n):
+                        return None
+                blocks.append(np.stack(columns, axis=1))
+            return blocks
+        with tf.GradientTape(persistent=plan.m > 1) as tape:
             tape.watch(sources)
             y = plan.call_flat(values)
         if plan.m == 1:
             grads = tape.gradient(y, sources, unconnected_gradients=ZERO)
             return [_densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
-        jacobians = tape.jacobian(y, sources, unconnected_gradients=ZERO, experimental_use_pfor=False)
-        return [_densify(j).numpy().reshape(plan.m, -1).astype(np.float64) for j in jacobians]
+        rows = [[] for _ in sources]
+        for i in range(plan.m):
+            grads = tape.gradient(y, sources, output_gradients=tf.one_hot(i, plan.m, dtype=y.dtype), unconnected_gradients=ZERO)
+            for row, g in zip(rows, grads):
+                row.append(_densify(g).numpy().reshape(-1).astype(np.float64))
+            if _over(limit, start, i + 1, plan.m):
+                return None
+        return [np.stack(row) for row in rows]
+
+
+def _over(limit: float | None, start: float, done: int, total: int) -> bool:
+    """Whether finishing ``total`` passes at the pace so far would exceed ``limit`` seconds."""
+    if limit is None or done >= total:
+        return False
+    return (time.perf_counter() - start) / done * total > limit

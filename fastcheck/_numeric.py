@@ -23,7 +23,7 @@ class ShapeChangeError(ValueError):
     pass
 
 
-def _make_kernel(plan: Plan, position: int, chunk: int, path: str):
+def _make_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None):
     spec = plan.inputs[position]
     shape = plan.eval_value(spec).shape
     size, m = spec.size, plan.m
@@ -31,6 +31,9 @@ def _make_kernel(plan: Plan, position: int, chunk: int, path: str):
     def evaluate(values, row):
         values = list(values)
         values[position] = tf.reshape(row, shape)
+        if path == LOOP and flat_function is not None:
+            # map_fn calls the probe's already-traced function: no second trace of f.
+            return tf.ensure_shape(flat_function(*values), [m])
         return tf.ensure_shape(plan.call_flat(values, plan.eval_upcast), [m])
 
     def kernel(values, idx, delta):
@@ -70,7 +73,7 @@ class NumericalDifferences:
     def _batched(self, position, idx, delta):
         chunk = self.route.chunks[position]
         key = plan_key(self.plan, self.config) + ("numeric", position, chunk, self.route.path)
-        kernel = cached(key, lambda: _make_kernel(self.plan, position, chunk, self.route.path))
+        kernel = cached(key, lambda: _make_kernel(self.plan, position, chunk, self.route.path, self.route.flat_function))
         dtype = self.values[position].dtype.as_numpy_dtype
         diffs, spans = [], []
         for start in range(0, len(idx), chunk):

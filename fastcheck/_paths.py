@@ -50,6 +50,7 @@ class Route:
     elements_per_eval: int
     fallbacks: list
     has_loops: bool = False
+    flat_function: object = None  # the probe's traced tf.function of the flat function
 
     def fall_back(self, error: Exception, what: str) -> bool:
         """Move to the next path after ``error``; False when there is none to move to."""
@@ -90,7 +91,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     if config.jit_compile == "auto" and predicted_eager < EAGER_SECONDS:
         return Route(EAGER, f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, less than tracing",
                      {s.position: s.size for s in plan.checked}, m, 0, [])
-    has_loops, elements = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
+    has_loops, elements, flat_function = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     per_eval = (elements + plan.n + m) * itemsize * MEMORY_SAFETY
     chunk_rows = max(1, config.budget // (2 * per_eval))
@@ -107,7 +108,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         path, reason = XLA, f"batched work of {work:.2g} element-evaluations pays for XLA compilation"
     else:
         path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
-    return Route(path, reason, chunks, output_chunk, elements, [], has_loops)
+    return Route(path, reason, chunks, output_chunk, elements, [], has_loops, flat_function)
 
 
 def compile_kernel(fn, path: str):

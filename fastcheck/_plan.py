@@ -333,11 +333,16 @@ def _choose_precision(plan: Plan, config: CheckConfig) -> None:
     plan.notes.append(f"numerical side evaluated in native precision: {reason}")
 
 
-def probe_graph(plan: Plan) -> tuple[bool, int]:
-    """Trace the flat function once: (has data-dependent loops, elements per evaluation)."""
+def probe_graph(plan: Plan):
+    """Trace the flat function once: (has data-dependent loops, elements per evaluation, the tf.function).
+
+    The returned ``tf.function`` is reused by the loop path, so a function whose
+    tracing is expensive (TFP's while-loop functions: ~1 s) is traced only here.
+    """
     values = plan.eval_values()
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in values]
-    concrete = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast)).get_concrete_function(*signature)
+    function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast))
+    concrete = function.get_concrete_function(*signature)
     graph = concrete.graph
     has_loops = False
     elements = 0
@@ -356,7 +361,7 @@ def probe_graph(plan: Plan) -> tuple[bool, int]:
     for function_def in graph.as_graph_def().library.function:
         if any(node.op in _LOOP_OPS for node in function_def.node_def):
             has_loops = True
-    return has_loops, max(elements, 1)
+    return has_loops, max(elements, 1), function
 
 
 # What a non-finite result of a common op usually means, for the report.
