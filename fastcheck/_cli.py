@@ -33,7 +33,11 @@ def main(argv=None) -> int:
         add_help=False,
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.rest = [*unknown, *args.rest]  # options like --quick belong to the benchmark suite
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2

@@ -46,7 +46,7 @@ def _make_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function
         else:
             outs = tf.vectorized_map(lambda row: evaluate(values, row), batch)
         picked = tf.gather(flat, idx)
-        return outs[:chunk] - outs[chunk:], (picked + delta) - (picked - delta)
+        return outs[:chunk], outs[chunk:], (picked + delta) - (picked - delta)
 
     return compile_kernel(kernel, path)
 
@@ -59,7 +59,7 @@ class NumericalDifferences:
         self.values = tuple(plan.eval_values())
 
     def __call__(self, position: int, idx: np.ndarray, delta: np.ndarray):
-        """Returns (differences [len(idx), m] float64, spans [len(idx)] float64)."""
+        """Returns f(x + d e_j) and f(x - d e_j) as [len(idx), m] float64, and the spans [len(idx)]."""
         while self.route.path != EAGER:
             try:
                 return self._batched(position, idx, delta)
@@ -75,12 +75,12 @@ class NumericalDifferences:
         key = plan_key(self.plan, self.config) + ("numeric", position, chunk, self.route.path)
         kernel = cached(key, lambda: _make_kernel(self.plan, position, chunk, self.route.path, self.route.flat_function))
         dtype = self.values[position].dtype.as_numpy_dtype
-        diffs, spans = [], []
+        pluses, minuses, spans = [], [], []
         for start in range(0, len(idx), chunk):
             part = slice(start, start + chunk)
             count = len(idx[part])
             try:
-                diff, span = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
+                plus, minus, span = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
                                     tf.constant(pad(delta[part], chunk).astype(dtype)))
             except tf.errors.InvalidArgumentError as error:
                 if "ensure_shape" in str(error).lower() or "EnsureShape" in str(error):
@@ -90,9 +90,10 @@ class NumericalDifferences:
                         "(avoid tf.boolean_mask/tf.where with one argument on perturbed values)."
                     ) from None
                 raise
-            diffs.append(diff.numpy()[:count].astype(np.float64))
+            pluses.append(plus.numpy()[:count].astype(np.float64))
+            minuses.append(minus.numpy()[:count].astype(np.float64))
             spans.append(span.numpy()[:count].astype(np.float64))
-        return np.concatenate(diffs), np.concatenate(spans)
+        return np.concatenate(pluses), np.concatenate(minuses), np.concatenate(spans)
 
     def _eager(self, position, idx, delta):
         plan = self.plan
@@ -100,7 +101,7 @@ class NumericalDifferences:
         shape, dtype = base.shape, base.dtype
         flat = base.reshape(-1)
         m = plan.m
-        diffs = np.empty((len(idx), m))
+        pluses, minuses = np.empty((len(idx), m)), np.empty((len(idx), m))
         spans = np.empty(len(idx))
         values = list(self.values)
         for row, (j, d) in enumerate(zip(idx, delta)):
@@ -116,9 +117,9 @@ class NumericalDifferences:
                         "fastcheck needs outputs whose shapes do not depend on input values."
                     )
                 outs.append(y.numpy().astype(np.float64))
-            diffs[row] = outs[0] - outs[1]
+            pluses[row], minuses[row] = outs
             spans[row] = float(flat[j] + dtype.type(d)) - float(flat[j] - dtype.type(d))
-        return diffs, spans
+        return pluses, minuses, spans
 
 
 def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
@@ -128,7 +129,7 @@ def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
 
 
 def numerical_columns(differences: NumericalDifferences, position: int, columns: np.ndarray, delta: np.ndarray):
-    """Central-difference Jacobian columns: array [m, len(columns)] and the spans used."""
-    diff, span = differences(position, columns, delta)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return (diff / span[:, None]).T, span
+    """Central differences for some columns: Jacobian [m, k], and f(x+), f(x-) as [m, k], spans [k]."""
+    plus, minus, span = differences(position, columns, delta)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return ((plus - minus) / span[:, None]).T, plus.T, minus.T, span

@@ -7,7 +7,16 @@ import math
 
 import numpy as np
 
-from fastcheck._compare import ANALYTICAL_NONFINITE, MISMATCH, NUMERICAL_NONFINITE, OK, STATUS_NAMES
+from fastcheck._compare import (
+    ANALYTICAL_NONFINITE,
+    FAILING,
+    MISMATCH,
+    NONDIFFERENTIABLE,
+    NUMERICAL_NONFINITE,
+    OK,
+    STATUS_NAMES,
+    UNRESOLVED,
+)
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
 
@@ -56,18 +65,21 @@ class PairReport:
     atol: float
     rtol: float
     hint: str | None = None
+    # (row, column) -> (left, right) one-sided derivatives, for elements at a kink
+    one_sided: dict = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return bool(np.all(self.status == OK))
+        return not bool(np.any(np.isin(self.status, FAILING)))
 
     def count(self, status: int) -> int:
         return int(np.sum(self.status == status))
 
     @property
     def abs_error(self) -> np.ndarray:
+        """|a - n| per element; 0 at kinks, where the analytical value is a valid one-sided derivative."""
         with np.errstate(invalid="ignore"):
-            return np.abs(self.analytical - self.numerical)
+            return np.where(self.status == NONDIFFERENTIABLE, 0.0, np.abs(self.analytical - self.numerical))
 
     @property
     def max_abs_error(self) -> float:
@@ -113,9 +125,20 @@ class PairReport:
             return []
         with np.errstate(invalid="ignore", divide="ignore"):
             score = self.abs_error / self.band
-        score = np.where(self.status >= ANALYTICAL_NONFINITE, np.inf, np.nan_to_num(score, nan=np.inf))
+        score = np.where(np.isin(self.status, (ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE)), np.inf, np.nan_to_num(score, nan=np.inf))
+        score = np.where(self.status == UNRESOLVED, np.maximum(score, 1.0), score)
+        score = np.where(self.status == NONDIFFERENTIABLE, 0.0, score)  # reported apart, below
         order = np.argsort(-score, axis=None, kind="stable")[:count]
         return [self._element(i) for i in order]
+
+    def kinks(self) -> list[tuple[Element, float, float]]:
+        """Elements at a kink of f: (element, left derivative, right derivative)."""
+        found = []
+        for flat in np.flatnonzero(self.status == NONDIFFERENTIABLE):
+            row, col = np.unravel_index(flat, self.status.shape)
+            left, right = self.one_sided.get((int(row), int(col)), (np.nan, np.nan))
+            found.append((self._element(flat), left, right))
+        return found
 
     @property
     def worst_element(self) -> Element | None:
@@ -134,6 +157,8 @@ class PairReport:
             "mismatches": self.count(MISMATCH),
             "analytical_nonfinite": self.count(ANALYTICAL_NONFINITE),
             "numerical_nonfinite": self.count(NUMERICAL_NONFINITE),
+            "not_differentiable": self.count(NONDIFFERENTIABLE),
+            "unresolved": self.count(UNRESOLVED),
             "atol": self.atol,
             "rtol": self.rtol,
             "worst": [e.to_dict() for e in self.worst(3)],
@@ -223,16 +248,27 @@ class GradientReport:
             width = max(len(f"{p.output_name} / {p.input_name}") for p in self.pairs)
             lines.append(f"  {'pair'.ljust(width)}  status  {'max abs':>9}  {'max rel':>9}  {'rel norm':>9}  failed")
             for p in self.pairs:
-                failed = p.status.size - p.count(OK)
+                failed = int(np.sum(np.isin(p.status, FAILING)))
                 label = "ok" if p.ok else "FAIL" if p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) else "undec."
                 lines.append(
                     f"  {f'{p.output_name} / {p.input_name}'.ljust(width)}  {label:6}  "
                     f"{p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  {p.relative_norm_error:9.3g}  {failed}/{p.status.size}"
                 )
+        for p in self.pairs:
+            kinks = p.kinks()
+            for e, left, right in kinks[:3]:
+                lines.append(
+                    f"  not differentiable at d {_index(p.output_name, e.output_index)} / d {_index(p.input_name, e.input_index)}: "
+                    f"left derivative={left:.8g}, right derivative={right:.8g}, analytical={e.analytical:.8g} "
+                    "(a kink of f at the point; the analytical value is one of its one-sided derivatives)"
+                )
+            if len(kinks) > 3:
+                lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")
         for p in self.failures:
             lines.append(f"  {p.output_name} / {p.input_name}: "
                          f"{p.count(MISMATCH)} mismatched, {p.count(ANALYTICAL_NONFINITE)} analytical non-finite, "
-                         f"{p.count(NUMERICAL_NONFINITE)} numerical non-finite (atol={p.atol:g}, rtol={p.rtol:g})")
+                         f"{p.count(NUMERICAL_NONFINITE)} numerical non-finite, {p.count(UNRESOLVED)} unresolved "
+                         f"(atol={p.atol:g}, rtol={p.rtol:g})")
             for e in p.worst(3):
                 if e.status == "ok":
                     break

@@ -1,0 +1,108 @@
+"""Smoke test of the benchmark suite: a tiny run writes its files, and compare flags regressions.
+
+No timing assertions: only that the machinery runs and its outputs have the documented shape.
+"""
+
+import copy
+import json
+
+from benchmarks import report
+from benchmarks.__main__ import main
+from benchmarks.names import CONTENDERS
+
+
+def test_smoke_run_writes_json_markdown_and_plot(tmp_path, capsys):
+    code = main(["--smoke", "--only", "dense", "--out", str(tmp_path), "--repeats", "1"])
+    assert code == 0, capsys.readouterr().out
+
+    for name in ("latest.json", "latest.md", "latest.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    stamped = [p for p in tmp_path.glob("*.json") if p.name != "latest.json"]
+    assert len(stamped) == 1
+    assert not list(tmp_path.glob("*.tmp"))
+
+    record = json.loads((tmp_path / "latest.json").read_text())
+    for key in ("schema", "timestamp", "settings", "machine", "device", "versions", "git_commit",
+                "memory_method", "results", "wall_seconds"):
+        assert key in record, key
+    for key in ("python", "tensorflow", "tensorflow_probability", "numpy"):
+        assert record["versions"][key], key
+    assert record["settings"]["preset"] == "smoke"
+    assert [r["family"] for r in record["results"]] == ["dense"]
+
+    result = record["results"][0]
+    assert set(result["contenders"]) == set(CONTENDERS)
+    assert result["fastcheck"]["path"] in ("xla", "graph", "loop", "eager")
+    assert "flop_rate" in result and result["flop_rate"]["matmul"]["gflops"] > 0
+    for name, measurement in result["contenders"].items():
+        assert measurement["status"] in ("ok", "over_cap", "skipped", "error", "n/a"), name
+        for key in ("seconds", "samples", "peak_rss_mib", "ratio"):
+            assert key in measurement, (name, key)
+    assert result["contenders"]["fastcheck_cold"]["status"] == "ok"
+    assert result["contenders"]["compute_gradient"]["baseline"] == "fastcheck_cold"
+
+    markdown = (tmp_path / "latest.md").read_text()
+    assert "| dense n=" in markdown and "tf.test.compute_gradient" in markdown
+    assert markdown in capsys.readouterr().out  # the table is printed too
+
+
+def _record(seconds: dict, ok: bool = True) -> dict:
+    """A hand-made result file: one problem, the given seconds per contender."""
+    contenders = {
+        name: {"status": "ok" if name in seconds else "n/a", "seconds": seconds.get(name), "samples": [],
+               "estimate": None, "ratio": None}
+        for name in CONTENDERS
+    }
+    return {
+        "timestamp": "2025-01-01T00:00:00Z",
+        "git_commit": "0" * 40,
+        "settings": {"preset": "quick"},
+        "machine": {"cpu": "test cpu"},
+        "device": {"used": "cpu"},
+        "results": [{"family": "dense", "label": "dense n=256", "size": 256, "expected_ok": True,
+                     "fastcheck": {"ok": ok, "path": "xla"}, "contenders": contenders}],
+    }
+
+
+def test_compare_flags_a_planted_regression_but_not_an_improvement(tmp_path):
+    old = _record({"fastcheck_cold": 1.0, "fastcheck_warm": 0.1, "compute_gradient": 5.0})
+    slower = _record({"fastcheck_cold": 1.0, "fastcheck_warm": 0.2, "compute_gradient": 5.0})
+    faster = _record({"fastcheck_cold": 0.5, "fastcheck_warm": 0.05, "compute_gradient": 5.0})
+
+    text, regressions = report.compare(old, slower, threshold=1.25)
+    assert regressions == 1
+    warm_line = next(line for line in text.splitlines() if "fastcheck warm" in line)
+    assert "REGRESSION" in warm_line and "2.00" in warm_line
+
+    text, regressions = report.compare(old, faster, threshold=1.25)
+    assert regressions == 0
+    assert "REGRESSION" not in text and "improved" in text
+
+    # A verdict regression counts even when the time did not change.
+    text, regressions = report.compare(old, _record({"fastcheck_cold": 1.0, "fastcheck_warm": 0.1,
+                                                     "compute_gradient": 5.0}, ok=False))
+    assert regressions == 1
+
+    # The command line: exit code 1 on a fastcheck regression, 0 otherwise.
+    paths = {}
+    for name, record in (("old", old), ("slower", slower), ("faster", faster)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(record))
+    assert main(["compare", str(paths["old"]), str(paths["slower"]), "--threshold", "1.25"]) == 1
+    assert main(["compare", str(paths["old"]), str(paths["faster"]), "--threshold", "1.25"]) == 0
+    # A slower baseline contender is shown but does not fail the comparison.
+    slow_baseline = copy.deepcopy(old)
+    slow_baseline["results"][0]["contenders"]["compute_gradient"]["seconds"] = 50.0
+    assert report.compare(old, slow_baseline)[1] == 0
+
+
+def test_corpus_problem_is_skipped_with_a_note_when_corpus_is_missing(monkeypatch):
+    import sys
+
+    import benchmarks
+    from benchmarks import problems
+
+    monkeypatch.delattr(benchmarks, "corpus", raising=False)
+    monkeypatch.setitem(sys.modules, "benchmarks.corpus", None)  # import now fails as if the file were absent
+    instance, reason = problems.corpus_instance(None)
+    assert instance is None and "corpus.py" in reason
