@@ -334,7 +334,7 @@ def _choose_precision(plan: Plan, config: CheckConfig) -> None:
 
 
 def probe_graph(plan: Plan):
-    """Trace the flat function once: (has data-dependent loops, elements per evaluation, the tf.function).
+    """Trace the flat function once: (has while-loops, elements per evaluation, the tf.function, op types).
 
     The returned ``tf.function`` is reused by the loop path, so a function whose
     tracing is expensive (TFP's while-loop functions: ~1 s) is traced only here.
@@ -344,24 +344,30 @@ def probe_graph(plan: Plan):
     function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast))
     concrete = function.get_concrete_function(*signature)
     graph = concrete.graph
-    has_loops = False
-    elements = 0
-    for op in graph.get_operations():
-        if op.type in _LOOP_OPS:
-            has_loops = True
-        if op.type == "Const":
-            continue
-        for output in op.outputs:
-            shape = output.shape
-            if shape.rank is None:
+    has_loops = any(op.type in _LOOP_OPS for op in graph.get_operations())
+    # Per-evaluation memory: only tensors that depend on the arguments are
+    # batched by vectorized_map; captured weights and constants are shared.
+    captured = {id(t) for t in concrete.captured_inputs} | {id(t) for _, t in graph.captures}
+    frontier = [t for t in graph.inputs if id(t) not in captured]
+    dependent, elements = set(), 0
+    while frontier:
+        tensor = frontier.pop()
+        for consumer in tensor.consumers():
+            if consumer.name in dependent:
                 continue
-            dims = [d if d is not None else 1 for d in shape.as_list()]
-            elements += int(np.prod(dims, dtype=np.int64))
+            dependent.add(consumer.name)
+            for output in consumer.outputs:
+                frontier.append(output)
+                if output.shape.rank is not None:
+                    elements += int(np.prod([d if d is not None else 1 for d in output.shape.as_list()], dtype=np.int64))
     # Functions called from the graph (e.g. nested tf.functions) may hide loops.
     for function_def in graph.as_graph_def().library.function:
         if any(node.op in _LOOP_OPS for node in function_def.node_def):
             has_loops = True
-    return has_loops, max(elements, 1), function
+    op_types = frozenset(op.type for op in graph.get_operations())
+    for function_def in graph.as_graph_def().library.function:
+        op_types |= {node.op for node in function_def.node_def}
+    return has_loops, max(elements, 1), function, op_types
 
 
 # What a non-finite result of a common op usually means, for the report.

@@ -13,7 +13,6 @@ from fastcheck._compare import (
     MISMATCH,
     NONDIFFERENTIABLE,
     NUMERICAL_NONFINITE,
-    OK,
     STATUS_NAMES,
     UNRESOLVED,
 )
