@@ -12,6 +12,7 @@ import tensorflow as tf
 from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._fast import check_fast
 from fastcheck._model import model_loss_function
 from fastcheck._numeric import NumericalDifferences, numerical_columns, steps
 from fastcheck._paths import choose_route
@@ -59,7 +60,10 @@ class _Jacobians:
         self.differences = NumericalDifferences(plan, config, self.route)
         self.autodiff = AutodiffJacobian(plan, config, self.route)
         self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
-        self.y0 = plan.call_flat(plan.eval_values(), plan.eval_upcast).numpy().astype(np.float64)
+        if plan.eval_upcast or plan.native_output is None:
+            self.y0 = plan.call_flat(plan.eval_values(), plan.eval_upcast).numpy().astype(np.float64)
+        else:
+            self.y0 = plan.native_output  # f at the point, from planning: no extra call
 
     def numerical(self, position: int, columns=None, divide: float = 1.0):
         """Central differences [m, k] for ``columns`` (default all) and their rounding noise."""
@@ -176,6 +180,25 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, toleran
     return status, band, one_sided
 
 
+# mode="auto" runs full Jacobians up to these sizes (elements of one Jacobian
+# block, and elements of one input), random projections beyond.
+FULL_MAX_ENTRIES_PER_GIB = 25_000_000
+FULL_MAX_INPUT = 200_000
+
+
+def choose_mode(plan: Plan, config: CheckConfig, supplied=None) -> tuple[str, str]:
+    """("full" | "fast", why): full Jacobians when they fit the budget and a time estimate."""
+    if config.mode != "auto" or supplied is not None:
+        return ("full" if supplied is not None else config.mode), f"mode={config.mode!r}"
+    entries = plan.m * plan.n
+    limit = FULL_MAX_ENTRIES_PER_GIB * config.budget / (1 << 30)
+    if entries > limit:
+        return "fast", f"the full Jacobian has {entries:.3g} entries, more than {limit:.3g} fit memory_budget"
+    if max((s.size for s in plan.checked), default=0) > FULL_MAX_INPUT:
+        return "fast", f"an input has more than {FULL_MAX_INPUT} elements: 2n evaluations would take too long"
+    return "full", f"the full Jacobian ({entries:.3g} entries) fits memory_budget"
+
+
 def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:
     return [block[o.offset : o.offset + o.size] for o in plan.outputs]
 
@@ -195,6 +218,17 @@ def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check"
         plan = build_plan(f, inputs, config, names)
         if plan.nondeterministic:
             return GradientReport([], "none", "-", time.perf_counter() - start, plan.notes, [plan.nondeterministic], title)
+        mode, why = choose_mode(plan, config, supplied)
+        if mode == "fast":
+            jac = _Jacobians(plan, config)
+            atol, rtol = config.tolerances(plan.analytical_dtype)
+            pairs = check_fast(plan, config, jac.route, jac.y0, atol, rtol)
+            for pair in pairs:
+                pair.hint = None if pair.ok else (
+                    "a directional derivative disagrees: the gradient of the named input is wrong in the region shown; "
+                    "check it there with mode='full' on a slice, or look at the worst element.")
+            notes = [*plan.notes, f"mode: fast ({why})", f"path: {jac.route.path} ({jac.route.reason})", *jac.route.fallbacks]
+            return GradientReport(pairs, jac.route.path, "fast", time.perf_counter() - start, notes, [], title)
         try:
             jac, results, (atol, rtol) = _compute(plan, config, supplied)
         except (TypeError, ValueError):
@@ -217,6 +251,8 @@ def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check"
                 pair.hint = _compare.diagnose(a_rows, n_rows, s_rows)
                 pairs.append(pair)
         notes = list(plan.notes)
+        if config.mode == "auto":
+            notes.append(f"mode: full ({why})")
         notes.append(f"path: {jac.route.path} ({jac.route.reason})")
         notes += jac.route.fallbacks
         for spec in plan.checked:
@@ -232,7 +268,8 @@ def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check"
 
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
-                    memory_budget=None, device=None, precision="auto") -> GradientReport:
+                    memory_budget=None, device=None, precision="auto", mode="auto", probes=4, seed=0,
+                    order=1, progress=None) -> GradientReport:
     """Compare autodiff Jacobians of ``f`` with batched central differences.
 
     Every floating or complex input is checked (complex ones as (real, imag)
@@ -256,6 +293,16 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       device: e.g. "/GPU:0" to pin the check to one device.
       precision: "auto" evaluates the numerical side in float64 when f accepts
         float64 inputs, "native" never, "float64" always (error if f cannot).
+      mode: "full" (whole Jacobians), "fast" (``probes`` random projections
+        u.J.d checked against both a JVP and a VJP, with localisation of a
+        defect), or "auto": full when the Jacobian fits ``memory_budget`` and
+        inputs have at most 200,000 elements; the report says which ran.
+      probes, seed: number of random probe pairs in fast mode, and the seed of
+        their private generator (global RNG state is never touched).
+      order: 1 checks gradients; 2 checks gradients of gradients (Hessian-vector
+        products for scalar f; the gradient of u.f for a fixed seeded u otherwise).
+      progress: a progress bar for long sweeps: None shows one on a terminal when
+        the sweep will take more than 2 s, True always, False never.
 
     Returns:
       A ``GradientReport``; ``bool(report)`` tells whether every element passed.
@@ -270,7 +317,9 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       >>> report.ok
       True
     """
-    config = CheckConfig(eps, atol, rtol, jit_compile, memory_budget, device, precision)
+    config = CheckConfig(eps, atol, rtol, jit_compile, memory_budget, device, precision, mode, probes, seed, order, progress)
+    if order == 2:
+        return _run(gradient_function(f, inputs, seed), inputs, config, "second-order check", output_name=None)
     return _run(f, inputs, config)
 
 
@@ -344,6 +393,36 @@ class GradientChecker:
     def check_model(self, model, loss_fn: Callable, data, *, variables=None, **overrides) -> GradientReport:
         return check_model(model, loss_fn, data, variables=variables, **self._options(overrides))
 
+
+
+def gradient_function(f: Callable, inputs, seed: int = 0) -> Callable:
+    """``g(*inputs)`` = the gradient of ``u . f(*inputs)`` w.r.t. every floating input.
+
+    ``u`` is 1 for a scalar ``f`` (so the check of ``g`` is a check of the
+    Hessian) and a fixed seeded random cotangent otherwise.  Checking ``g``'s
+    Jacobian catches a custom gradient whose own gradient is wrong.
+    """
+    if not callable(f):
+        raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
+    items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    values = [tf.convert_to_tensor(x) if not isinstance(x, tf.Variable) else tf.convert_to_tensor(x) for x in items]
+    leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(f(*values))]
+    rng = np.random.default_rng(seed)
+    weights = [None if not t.dtype.is_floating else (tf.ones_like(t) if t.shape.num_elements() == 1
+               else tf.constant(rng.standard_normal(t.shape.as_list()), t.dtype)) for t in leaves]
+
+    def gradient(*args):
+        args = list(args)
+        floating = [i for i, a in enumerate(args) if tf.as_dtype(a.dtype).is_floating]
+        with tf.GradientTape() as tape:
+            for i in floating:
+                tape.watch(args[i])
+            outs = [tf.convert_to_tensor(t) for t in tf.nest.flatten(f(*args))]
+            total = tf.add_n([tf.reduce_sum(tf.cast(w, o.dtype) * o) for w, o in zip(weights, outs) if w is not None])
+        grads = tape.gradient(total, [args[i] for i in floating], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return tuple(tf.convert_to_tensor(g) for g in grads)
+
+    return gradient
 
 
 def _supplied_gradients(inputs, grads):

@@ -40,7 +40,8 @@ DEFAULT_TOLERANCES = {
 }
 
 PRECISIONS = ("auto", "native", "float64")
-MODES = ("full",)
+MODES = ("auto", "full", "fast")
+DEFAULT_PROBES = 4
 
 
 def real_dtype(dtype: tf.DType) -> tf.DType:
@@ -78,6 +79,11 @@ class CheckConfig:
     memory_budget: int | None = None
     device: str | None = None
     precision: str = "auto"
+    mode: str = "auto"
+    probes: int = DEFAULT_PROBES
+    seed: int = 0
+    order: int = 1
+    progress: bool | None = None
 
     def __post_init__(self):
         for name in ("eps", "atol", "rtol"):
@@ -90,6 +96,14 @@ class CheckConfig:
             raise ValueError(f"memory_budget={self.memory_budget!r} is not valid: pass a positive number of bytes, e.g. 1 << 30.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r} is not valid: pass one of {PRECISIONS}.")
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r} is not valid: pass one of {MODES}.")
+        if not isinstance(self.probes, (int, np.integer)) or self.probes < 1:
+            raise ValueError(f"probes={self.probes!r} is not valid: pass a positive number of random probes, e.g. 4.")
+        if self.order not in (1, 2):
+            raise ValueError(f"order={self.order!r} is not valid: pass 1 (gradients) or 2 (gradients of gradients).")
+        if self.progress not in (None, True, False):
+            raise ValueError(f"progress={self.progress!r} is not valid: pass True, False or None (on a terminal only).")
 
     @property
     def budget(self) -> int:
@@ -106,3 +120,8 @@ class CheckConfig:
 
     def replace(self, **overrides) -> CheckConfig:
         return dataclasses.replace(self, **overrides)
+
+    @property
+    def compiled_key(self) -> CheckConfig:
+        """The fields compiled kernels depend on (progress, probes and seed do not matter)."""
+        return dataclasses.replace(self, progress=None, probes=DEFAULT_PROBES, seed=0, mode="auto")

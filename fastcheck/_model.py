@@ -150,7 +150,7 @@ def model_loss_function(model, loss_fn, data, variables=None):
 def _accepts_training(model) -> bool:
     import inspect
 
-    call = getattr(model, "call", None) or getattr(model, "__call__", None)
+    call = getattr(model, "call", None) or type(model).__call__
     try:
         parameters = inspect.signature(call).parameters
     except (TypeError, ValueError):

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import CheckConfig
-from fastcheck._paths import EAGER, LOOP, Route, cached, compile_kernel, pad, plan_key
+from fastcheck._paths import EAGER, LOOP, Progress, Route, cached, compile_kernel, pad, plan_key
 from fastcheck._plan import Plan
 
 
@@ -70,18 +70,35 @@ class NumericalDifferences:
                     raise
         return self._eager(position, idx, delta)
 
-    def _batched(self, position, idx, delta):
-        chunk = self.route.chunks[position]
+    def _kernel(self, position: int, chunk: int):
         key = plan_key(self.plan, self.config) + ("numeric", position, chunk, self.route.path)
-        kernel = cached(key, lambda: _make_kernel(self.plan, position, chunk, self.route.path, self.route.flat_function))
+        return cached(key, lambda: _make_kernel(self.plan, position, chunk, self.route.path, self.route.flat_function))
+
+    def _batched(self, position, idx, delta):
         dtype = self.values[position].dtype.as_numpy_dtype
         pluses, minuses, spans = [], [], []
-        for start in range(0, len(idx), chunk):
+        start, progress = 0, Progress(self.config.progress, len(idx), "perturbations")
+        while start < len(idx):
+            chunk = self.route.chunks[position]
+            kernel = self._kernel(position, chunk)
             part = slice(start, start + chunk)
             count = len(idx[part])
             try:
                 plus, minus, span = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
-                                    tf.constant(pad(delta[part], chunk).astype(dtype)))
+                                           tf.constant(pad(delta[part], chunk).astype(dtype)))
+            except tf.errors.ResourceExhaustedError:
+                if chunk == 1:
+                    raise MemoryError(
+                        f"f ran out of memory evaluating a single perturbation of {self.plan.inputs[position].name}; "
+                        "pass mode='fast' or a smaller problem."
+                    ) from None
+                # Halve the chunk and retry: the estimate of f's footprint was too low.
+                self.route.chunks[position] = chunk // 2
+                self.route.fallbacks.append(
+                    f"{self.plan.inputs[position].name}: out of memory at {chunk} perturbations per call; "
+                    f"retried with {chunk // 2}"
+                )
+                continue
             except tf.errors.InvalidArgumentError as error:
                 if "ensure_shape" in str(error).lower() or "EnsureShape" in str(error):
                     raise ShapeChangeError(
@@ -93,6 +110,9 @@ class NumericalDifferences:
             pluses.append(plus.numpy()[:count].astype(np.float64))
             minuses.append(minus.numpy()[:count].astype(np.float64))
             spans.append(span.numpy()[:count].astype(np.float64))
+            start += count
+            progress.advance(count)
+        progress.close()
         return np.concatenate(pluses), np.concatenate(minuses), np.concatenate(spans)
 
     def _eager(self, position, idx, delta):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -43,6 +45,7 @@ XLA_SLOW_OPS = frozenset({"Betainc", "Igamma", "Igammac", "IgammaGradA"})
 # (pfor keeps some intermediates of both the plus and minus halves alive).
 MEMORY_SAFETY = 2
 
+PROGRESS_SECONDS = 2.0
 _CACHE_SIZE = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
 
@@ -77,7 +80,7 @@ def plan_key(plan: Plan, config: CheckConfig) -> tuple:
     f_key = (id(f.__func__), id(f.__self__)) if hasattr(f, "__func__") and hasattr(f, "__self__") else id(f)
     signature = tuple((s.position, tuple(s.value.shape), s.dtype.name, s.checked) for s in plan.inputs)
     outputs = tuple((o.shape, o.dtype.name) for o in plan.outputs) + (tuple(plan.leaf_is_output),)
-    return (f_key, signature, outputs, plan.eval_upcast, config)
+    return (f_key, signature, outputs, plan.eval_upcast, config.compiled_key)
 
 
 def cached(key: tuple, make):
@@ -122,6 +125,32 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     else:
         path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
     return Route(path, reason, chunks, output_chunk, elements, [], has_loops, flat_function)
+
+
+class Progress:
+    """A tqdm bar for long batched sweeps: shown when asked, or on a terminal once the
+    sweep is predicted (from its pace so far) to take more than PROGRESS_SECONDS."""
+
+    def __init__(self, enabled: bool | None, total: int, unit: str):
+        self.enabled, self.total, self.unit = enabled, total, unit
+        self.done, self.start, self.bar = 0, time.perf_counter(), None
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        if self.bar is None and self.enabled is not False and self.done < self.total:
+            elapsed = time.perf_counter() - self.start
+            predicted = elapsed / self.done * self.total
+            if self.enabled or (sys.stderr.isatty() and predicted > PROGRESS_SECONDS):
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=self.total, initial=self.done - count, unit=self.unit, desc="fastcheck",
+                                leave=False, disable=False)
+        if self.bar is not None:
+            self.bar.update(count)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def compile_kernel(fn, path: str):

@@ -21,6 +21,8 @@ import tensorflow as tf
 from fastcheck._config import CheckConfig, least_precise, most_precise, real_dtype
 
 _LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
+# precision="auto" upcasts the numerical side to float64 up to this many input elements.
+UPCAST_MAX_ELEMENTS = 1_000_000
 
 
 @dataclasses.dataclass
@@ -153,6 +155,7 @@ class Plan:
     notes: list[str]
     call_seconds: float  # one eager call of f
     nondeterministic: str | None = None
+    native_output: np.ndarray | None = None  # flat outputs at the point, as float64
 
     @property
     def checked(self) -> list[InputSpec]:
@@ -298,6 +301,10 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
             break
 
     plan = Plan(f, specs, outputs, out, leaf_is_output, False, [], call_seconds, nondeterministic)
+    plan.native_output = np.concatenate([
+        np.reshape(to_real_view(leaf).numpy(), [-1]).astype(np.float64)
+        for leaf, keep in zip(leaves, leaf_is_output) if keep
+    ])
     _choose_precision(plan, config)
     return plan
 
@@ -307,6 +314,10 @@ def _choose_precision(plan: Plan, config: CheckConfig) -> None:
         o for o in plan.outputs if real_dtype(o.dtype) != tf.float64
     ]
     if config.precision == "native" or not low:
+        return
+    if config.precision == "auto" and plan.n > UPCAST_MAX_ELEMENTS:
+        plan.notes.append(f"numerical side evaluated in native precision: {plan.n:.3g} input elements in float64 "
+                          "would double the time and memory of the check (pass precision='float64' to insist)")
         return
     # Evaluate the numerical side in float64 when f accepts it: the finite
     # differences then carry ~1e-11 error, so float32 gradients are judged by

@@ -18,6 +18,8 @@ from fastcheck._compare import (
 )
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
+FAST_RULE = ("|JVP_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d; "
+             "reverse: |u.VJP.d - u.numerical| <= ||u * allowed||_2")
 
 
 class GradientCheckError(AssertionError):
@@ -144,6 +146,46 @@ class PairReport:
         found = self.worst(1)
         return found[0] if found else None
 
+    @property
+    def failed_count(self) -> int:
+        return int(np.sum(np.isin(self.status, FAILING)))
+
+    @property
+    def label(self) -> str:
+        if self.ok:
+            return "ok"
+        return "FAIL" if self.count(MISMATCH) or self.count(ANALYTICAL_NONFINITE) else "undec."
+
+    def detail_lines(self) -> list[str]:
+        """Kinks found, and for a failing pair its counts, worst elements and hint."""
+        lines = []
+        kinks = self.kinks()
+        for e, left, right in kinks[:3]:
+            lines.append(
+                f"  not differentiable at d {_index(self.output_name, e.output_index)} / d {_index(self.input_name, e.input_index)}: "
+                f"left derivative={left:.8g}, right derivative={right:.8g}, analytical={e.analytical:.8g} "
+                "(a kink of f at the point; the analytical value is one of its one-sided derivatives)"
+            )
+        if len(kinks) > 3:
+            lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")
+        if self.ok:
+            return lines
+        lines.append(f"  {self.output_name} / {self.input_name}: "
+                     f"{self.count(MISMATCH)} mismatched, {self.count(ANALYTICAL_NONFINITE)} analytical non-finite, "
+                     f"{self.count(NUMERICAL_NONFINITE)} numerical non-finite, {self.count(UNRESOLVED)} unresolved "
+                     f"(atol={self.atol:g}, rtol={self.rtol:g})")
+        for e in self.worst(3):
+            if e.status == "ok":
+                break
+            lines.append(
+                f"    d {_index(self.output_name, e.output_index)} / d {_index(self.input_name, e.input_index)}: "
+                f"analytical={e.analytical:.8g} numerical={e.numerical:.8g} |diff|={e.abs_error:.3g} "
+                f"allowed={e.band:.3g} ({e.status})"
+            )
+        if self.hint:
+            lines.append(f"    hint: {self.hint}")
+        return lines
+
     def to_dict(self, arrays: bool = False) -> dict:
         summary = {
             "output": self.output_name,
@@ -228,7 +270,7 @@ class GradientReport:
             "path": self.path,
             "mode": self.mode,
             "seconds": self.seconds,
-            "rule": RULE,
+            "rule": FAST_RULE if self.mode == "fast" else RULE,
             "notes": list(self.notes),
             "problems": list(self.problems),
             "pairs": [p.to_dict(arrays) for p in self.pairs],
@@ -247,38 +289,14 @@ class GradientReport:
             width = max(len(f"{p.output_name} / {p.input_name}") for p in self.pairs)
             lines.append(f"  {'pair'.ljust(width)}  status  {'max abs':>9}  {'max rel':>9}  {'rel norm':>9}  failed")
             for p in self.pairs:
-                failed = int(np.sum(np.isin(p.status, FAILING)))
-                label = "ok" if p.ok else "FAIL" if p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) else "undec."
                 lines.append(
-                    f"  {f'{p.output_name} / {p.input_name}'.ljust(width)}  {label:6}  "
-                    f"{p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  {p.relative_norm_error:9.3g}  {failed}/{p.status.size}"
+                    f"  {f'{p.output_name} / {p.input_name}'.ljust(width)}  {p.label:6}  "
+                    f"{p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  {p.relative_norm_error:9.3g}  "
+                    f"{p.failed_count}/{p.status.size}"
                 )
         for p in self.pairs:
-            kinks = p.kinks()
-            for e, left, right in kinks[:3]:
-                lines.append(
-                    f"  not differentiable at d {_index(p.output_name, e.output_index)} / d {_index(p.input_name, e.input_index)}: "
-                    f"left derivative={left:.8g}, right derivative={right:.8g}, analytical={e.analytical:.8g} "
-                    "(a kink of f at the point; the analytical value is one of its one-sided derivatives)"
-                )
-            if len(kinks) > 3:
-                lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")
-        for p in self.failures:
-            lines.append(f"  {p.output_name} / {p.input_name}: "
-                         f"{p.count(MISMATCH)} mismatched, {p.count(ANALYTICAL_NONFINITE)} analytical non-finite, "
-                         f"{p.count(NUMERICAL_NONFINITE)} numerical non-finite, {p.count(UNRESOLVED)} unresolved "
-                         f"(atol={p.atol:g}, rtol={p.rtol:g})")
-            for e in p.worst(3):
-                if e.status == "ok":
-                    break
-                lines.append(
-                    f"    d {_index(p.output_name, e.output_index)} / d {_index(p.input_name, e.input_index)}: "
-                    f"analytical={e.analytical:.8g} numerical={e.numerical:.8g} |diff|={e.abs_error:.3g} "
-                    f"allowed={e.band:.3g} ({e.status})"
-                )
-            if p.hint:
-                lines.append(f"    hint: {p.hint}")
+            lines += p.detail_lines()
         for note in self.notes:
             lines.append(f"  note: {note}")
-        lines.append(f"  rule: {RULE}")
+        lines.append(f"  rule: {FAST_RULE if self.mode == 'fast' else RULE}")
         return "\n".join(lines)

@@ -1,0 +1,141 @@
+"""Big tensors: random projections, auto mode, localisation, OOM retry, second order, progress."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fastcheck
+from fastcheck import _numeric
+
+RNG = np.random.default_rng(3)
+
+
+def _layer_norm(x):
+    mu = tf.reduce_mean(x, -1, keepdims=True)
+    var = tf.reduce_mean((x - mu) ** 2, -1, keepdims=True)
+    return (x - mu) * tf.math.rsqrt(var + 1e-5)
+
+
+def _wrong_rows(rows, factor=2.0):
+    """sin with a custom gradient that is off by ``factor`` on the given leading-axis rows."""
+
+    @tf.custom_gradient
+    def f(x):
+        def grad(g):
+            mask = tf.reduce_any(tf.equal(tf.range(tf.shape(x)[0])[:, None], tf.constant(rows)[None, :]), axis=1)
+            scale = tf.where(mask[:, None], tf.cast(factor, x.dtype), tf.cast(1.0, x.dtype))
+            return g * tf.cos(x) * scale
+
+        return tf.sin(x), grad
+
+    return f
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+def test_fast_mode_passes_correct_gradients(dtype_name):
+    x = tf.constant(RNG.normal(size=(200, 50)), dtype_name)
+    report = fastcheck.check_gradients(_layer_norm, x, mode="fast")
+    assert report.ok and report.mode == "fast", str(report)
+    assert report.pairs[0].to_dict()["probes"] == 4
+
+
+def test_fast_mode_catches_and_localises_a_reverse_only_defect():
+    # The tape uses the custom gradient; forward mode differentiates sin itself.
+    x = tf.constant(RNG.normal(size=(1000, 100)))
+    report = fastcheck.check_gradients(_wrong_rows([537]), x, mode="fast")
+    assert not report.ok
+    pair = report.pairs[0]
+    assert np.all(pair.comparison.forward_ratio <= 1) and np.any(pair.comparison.reverse_ratio > 1)
+    assert pair.region[0][0] == 537 and pair.region[1][0] == 537, pair.region
+    assert pair.worst.input_index[0] == 537 and pair.worst.status == "mismatch"
+    assert pair.worst.analytical == pytest.approx(2 * pair.worst.numerical, rel=1e-6)
+    assert "reverse (VJP)" in str(report) and "localised to input[(537" in str(report)
+
+
+def test_fast_mode_catches_a_defect_in_one_percent_of_a_million_elements():
+    x = tf.constant(RNG.normal(size=(10_000, 100)), tf.float32)
+    rows = list(range(4200, 4300))  # 1% of the elements
+    report = fastcheck.check_gradients(_wrong_rows(rows, 1.5), x)
+    assert report.mode == "fast" and not report.ok
+    first, last = report.pairs[0].region
+    assert 4200 <= first[0] and last[0] < 4300, report.pairs[0].region
+
+
+def test_fast_mode_is_reproducible_and_leaves_global_rng_alone():
+    x = tf.constant(RNG.normal(size=(300, 20)))
+    tf.random.set_seed(11)
+    np.random.seed(11)
+    expected_tf, expected_np = tf.random.uniform([3]).numpy(), np.random.uniform(size=3)
+    tf.random.set_seed(11)
+    np.random.seed(11)
+    first = fastcheck.check_gradients(_layer_norm, x, mode="fast", seed=5)
+    np.testing.assert_array_equal(tf.random.uniform([3]).numpy(), expected_tf)
+    np.testing.assert_array_equal(np.random.uniform(size=3), expected_np)
+    second = fastcheck.check_gradients(_layer_norm, x, mode="fast", seed=5)
+    other = fastcheck.check_gradients(_layer_norm, x, mode="fast", seed=6)
+    np.testing.assert_array_equal(first.pairs[0].comparison.reverse, second.pairs[0].comparison.reverse)
+    assert not np.array_equal(first.pairs[0].comparison.reverse, other.pairs[0].comparison.reverse)
+
+
+def test_auto_mode_switches_and_says_why():
+    small = fastcheck.check_gradients(tf.tanh, tf.constant(RNG.normal(size=300)))
+    assert small.mode != "fast" and any("mode: full" in n for n in small.notes)
+    big = fastcheck.check_gradients(tf.tanh, tf.constant(RNG.normal(size=300)), memory_budget=100_000)
+    assert big.mode == "fast" and any("mode: fast" in n and "memory_budget" in n for n in big.notes)
+
+
+def test_out_of_memory_halves_the_chunk_and_retries(monkeypatch):
+    original = _numeric.NumericalDifferences._kernel
+    failures = []
+
+    def flaky(self, position, chunk):
+        kernel = original(self, position, chunk)
+
+        def run(*args):
+            if chunk > 50:
+                failures.append(chunk)
+                raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+            return kernel(*args)
+
+        return run
+
+    monkeypatch.setattr(_numeric.NumericalDifferences, "_kernel", flaky)
+    x = tf.constant(RNG.normal(size=400))
+    report = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, jit_compile=False, mode="full")
+    assert report.ok and failures
+    assert any("out of memory" in n and "retried" in n for n in report.notes), report.notes
+    reference = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, mode="full")
+    np.testing.assert_allclose(report.pairs[0].numerical, reference.pairs[0].numerical, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_second_order_correct_and_wrong(mode):
+    x = tf.constant(RNG.uniform(0.5, 1.5, size=30))
+    assert fastcheck.check_gradients(lambda x: tf.reduce_sum(tf.sin(x) * x**2), x, order=2, mode=mode).ok
+
+    @tf.custom_gradient
+    def cube(x):
+        def grad(g):
+            return g * 3 * tf.stop_gradient(x) ** 2  # right first derivative, but its own gradient is lost
+
+        return x**3, grad
+
+    assert fastcheck.check_gradients(lambda x: tf.reduce_sum(cube(x)), x).ok
+    report = fastcheck.check_gradients(lambda x: tf.reduce_sum(cube(x)), x, order=2, mode=mode)
+    assert not report.ok, str(report)
+
+
+def test_second_order_of_a_vector_function():
+    x = tf.constant(RNG.normal(size=(4, 3)))
+    assert fastcheck.check_gradients(lambda x: tf.nn.softmax(x) * x, x, order=2).ok
+
+
+def test_progress_bar_when_asked(capsys):
+    x = tf.constant(RNG.normal(size=3000))
+    report = fastcheck.check_gradients(lambda x: tf.tanh(x), x, progress=True, memory_budget=8 << 20, mode="full",
+                                       jit_compile=False)
+    assert report.ok
+    assert "fastcheck" in capsys.readouterr().err
+    quiet = fastcheck.check_gradients(lambda x: tf.tanh(x), x, progress=False, memory_budget=8 << 20, mode="full",
+                                      jit_compile=False)
+    assert quiet.ok and capsys.readouterr().err == ""
