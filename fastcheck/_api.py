@@ -16,7 +16,7 @@ from fastcheck._fast import check_fast
 from fastcheck._model import model_loss_function
 from fastcheck._numeric import NumericalDifferences, numerical_columns, steps
 from fastcheck._paths import choose_route
-from fastcheck._plan import Plan, _first_line, build_plan, describe_nonfinite, to_real_view
+from fastcheck._plan import Plan, _first_line, build_plan, describe_nonfinite, normalize_inputs, to_real_view
 from fastcheck._report import GradientCheckError, GradientReport, PairReport
 
 # Refinement: failing columns are re-evaluated with the step divided by this.
@@ -404,8 +404,7 @@ def gradient_function(f: Callable, inputs, seed: int = 0) -> Callable:
     """
     if not callable(f):
         raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
-    items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-    values = [tf.convert_to_tensor(x) if not isinstance(x, tf.Variable) else tf.convert_to_tensor(x) for x in items]
+    values = [spec.value for spec in normalize_inputs(inputs)]  # as the check itself will see them
     leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(f(*values))]
     rng = np.random.default_rng(seed)
     weights = [None if not t.dtype.is_floating else (tf.ones_like(t) if t.shape.num_elements() == 1
