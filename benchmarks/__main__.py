@@ -2,13 +2,17 @@
 
     python -m benchmarks [run] [--quick] [--device /GPU:0] [--out DIR] [--only dense,conv] [--repeats N]
     python -m benchmarks compare OLD.json NEW.json [--threshold 1.25]
+    python -m benchmarks verdicts [--out DIR] [--cases NAME,NAME] [--dtypes float32,float64]
 
 A run writes ``<timestamp>.json``, ``latest.json``, ``latest.md`` and
 ``latest.png`` to ``--out`` (default ``benchmarks/results``) and prints the
 markdown.  It exits 1 when fastcheck raised or judged one of the (correct)
 benchmark gradients wrong, else 0; times never decide the exit code.
 ``compare`` exits 1 when a fastcheck time grew beyond the threshold (or a
-fastcheck measurement broke), else 0.
+fastcheck measurement broke), else 0.  ``verdicts`` runs fastcheck and
+``tf.test.compute_gradient`` (judged with torch's and JAX's tolerances) on every
+case of the corpus and writes ``verdicts.md`` / ``verdicts.json`` (see
+``benchmarks/verdicts.py``); it exits 1 when fastcheck got a case wrong.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Time fastcheck against tf.test.compute_gradient, an element-by-element loop and a "
-        "hand-batched limit on the same functions. Subcommand 'compare OLD.json NEW.json' compares two runs.",
+        "hand-batched limit on the same functions. Subcommand 'compare OLD.json NEW.json' compares two runs; "
+        "'verdicts' tabulates right/wrong verdicts on the corpus.",
     )
     parser.add_argument("command", nargs="?", choices=["run"], help="run the suite (the default)")
     size = parser.add_mutually_exclusive_group()
@@ -122,6 +127,10 @@ def main(argv=None) -> int:
         argv = argv[1:]
     if argv and argv[0] == "compare":
         return compare_main(argv[1:])
+    if argv and argv[0] == "verdicts":
+        from benchmarks import verdicts
+
+        return verdicts.main(argv[1:])
     return run_main(argv)
 
 

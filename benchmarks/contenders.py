@@ -15,6 +15,11 @@
 ``loop``               the loop a user would write: ``tape.jacobian`` for the
                        analytical side, then perturb one element at a time in
                        numpy, evaluate eagerly, restore (central differences).
+``reference``          fast-mode problems only: the irreducible work of a
+                       k-probe projection check done eagerly by hand -- 2k
+                       forward calls, one VJP (``tape.gradient`` with
+                       ``output_gradients``), one JVP (``ForwardAccumulator``),
+                       k = ``names.PROBES`` (fastcheck's default).
 =====================  ======================================================
 
 Each function here does the work of one measurement and returns a dict of
@@ -34,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 import fastcheck
-from benchmarks.names import BASELINE, CONTENDERS, FASTCHECK, TITLES  # noqa: F401 -- re-exported
+from benchmarks.names import BASELINE, CONTENDERS, FASTCHECK, PROBES, TITLES  # noqa: F401 -- re-exported
 from benchmarks.problems import EPS
 
 
@@ -104,14 +109,27 @@ def _first_line(error: BaseException) -> str:
 
 
 def _report_facts(report) -> dict:
-    return {
+    facts = {
         "path": report.path,
         "mode": report.mode,
         "ok": bool(report.ok),
+        "verdict": report.verdict,
         "report_seconds": float(report.seconds),
         "notes": list(report.notes),
         "problems": list(report.problems),
     }
+    # Fast mode: where the defect was localised (each pair's .region, and the report's own line).
+    regions = []
+    for pair in report.pairs:
+        if getattr(pair, "region", None) is None:
+            continue
+        worst = pair.worst_element
+        regions.append({"input": pair.input_name, "first": list(pair.region[0]), "last": list(pair.region[1]),
+                        "worst_element": list(worst.input_index) if worst is not None else None})
+    if regions:
+        facts["regions"] = regions
+        facts["region_text"] = [line.strip() for line in str(report).splitlines() if "localised" in line]
+    return facts
 
 
 def _check_cases(instance, functions, ctx) -> dict:
@@ -148,7 +166,7 @@ def fastcheck_cold(instance, state, ctx) -> dict:
         return _check_cases(instance, state["fresh"], ctx)
     f = instance.f
     state["fresh"] = fresh = lambda *a: f(*a)  # noqa: E731 -- a new function object: nothing cached
-    return _report_facts(fastcheck.check_gradients(fresh, instance.inputs, device=ctx.device))
+    return _report_facts(fastcheck.check_gradients(fresh, instance.inputs, device=ctx.device, **instance.check_options))
 
 
 def fastcheck_warm(instance, state, ctx) -> dict:
@@ -156,7 +174,8 @@ def fastcheck_warm(instance, state, ctx) -> dict:
         raise RuntimeError("no cold call to repeat (the cold check did not complete)")
     if instance.cases is not None:
         return _check_cases(instance, state["fresh"], ctx)
-    return _report_facts(fastcheck.check_gradients(state["fresh"], instance.inputs, device=ctx.device))
+    return _report_facts(fastcheck.check_gradients(state["fresh"], instance.inputs, device=ctx.device,
+                                                   **instance.check_options))
 
 
 # ----------------------------------------------------------------------------- hand-batched
@@ -329,6 +348,31 @@ def loop(instance, state, ctx) -> dict:
         return {"errors": errors}
 
 
+# ----------------------------------------------------------------------------- fast-mode reference
+
+
+def reference(instance, state, ctx) -> dict:
+    """2k eager forward calls, one VJP and one JVP of ``f`` at the problem's input (k = PROBES)."""
+    if instance.reference is None:
+        raise RuntimeError("no reference for this problem")
+    u, d = instance.reference
+    (x,) = instance.inputs
+    f = instance.f
+    with on_device(ctx.device):
+        for _ in range(2 * PROBES):
+            y = f(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = f(x)
+        vjp = tape.gradient(y, x, output_gradients=u)
+        with tf.autodiff.ForwardAccumulator(x, d) as accumulator:
+            y = f(x)
+        jvp = accumulator.jvp(y)
+        # u.J.d both ways: a scalar that forces both results (eager CPU runs ops synchronously anyway).
+        reverse, forward = float(tf.reduce_sum(vjp * d)), float(tf.reduce_sum(jvp * u))
+    return {"forward_calls": 2 * PROBES, "probes": PROBES, "u.J.d (VJP, JVP)": [reverse, forward]}
+
+
 FUNCTIONS = {
     "fastcheck_cold": fastcheck_cold,
     "fastcheck_warm": fastcheck_warm,
@@ -336,4 +380,5 @@ FUNCTIONS = {
     "hand_batched_warm": hand_batched_warm,
     "compute_gradient": compute_gradient,
     "loop": loop,
+    "reference": reference,
 }

@@ -13,7 +13,13 @@ comes in several sizes; each size is an ``Instance``.  Every instance carries
   ``tf.function``.  Each call of the factory builds fresh ``tf.function`` objects,
   so its first run is cold (tracing and compilation included).
 
-All problems are float64 and seeded, so every run sees the same numbers.
+All problems are seeded, so every run sees the same numbers.  They are float64,
+except the two fast-mode problems (``fast_scale``, ``fast_defect``): float32
+inputs of 1e6 to 1e7 elements, where fastcheck's ``mode="auto"`` picks random
+projections.  Their contenders are fastcheck and the ``reference`` (the
+irreducible work of a k-probe projection check, done eagerly by hand: 2k
+forward calls, one VJP, one JVP); compute_gradient, the element loop and a
+hand-batched full Jacobian are out of reach there and recorded as skipped.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ SIZES = {
         "betainc": [300],
         "owens_t": [200],
         "corpus": [None],
+        "fast_scale": [10_000_000],
+        "fast_defect": [1_000_000],
     },
     "quick": {
         "dense": [256, 1024, 4096],
@@ -51,6 +59,8 @@ SIZES = {
         "betainc": [300],
         "owens_t": [200],
         "corpus": [None],
+        "fast_scale": [1_000_000],
+        "fast_defect": [1_000_000],
     },
     "smoke": {
         "dense": [64],
@@ -59,8 +69,13 @@ SIZES = {
         "betainc": [20],
         "owens_t": [20],
         "corpus": [5],
+        "fast_scale": [10_000],
+        "fast_defect": [2_000],
     },
 }
+# mode="auto" runs fastcheck's fast mode only above 200,000 input elements; the
+# smoke sizes of the fast-mode problems ask for it explicitly.
+FAST_AUTO_ABOVE = 200_000
 
 
 @dataclasses.dataclass
@@ -95,6 +110,14 @@ class Instance:
     cases: list | None = None  # corpus only
     correct: bool = True  # the gradient TF computes for f is right
     notes: list = dataclasses.field(default_factory=list)
+    # Extra keyword arguments of fastcheck.check_gradients for this problem (e.g. mode="full").
+    check_options: dict = dataclasses.field(default_factory=dict)
+    # Contenders not run on this problem: name -> why (recorded as "skipped").
+    skip: dict = dataclasses.field(default_factory=dict)
+    # Fast-mode problems: (u, d), the cotangent and tangent of the "reference" contender.
+    reference: tuple | None = None
+    # fast_defect: (first, last) flat indices of the planted defect (inclusive), and its rows.
+    defect: dict | None = None
 
 
 def _constant(array) -> tf.Tensor:
@@ -225,10 +248,15 @@ def mlp(target_params: int) -> Instance:
         return tf.reduce_mean(tf.square(out - targets[None]), axis=[1, 2])[:, None]
 
     per_row = p + 2 * MLP_BATCH * hidden + 2 * MLP_BATCH * MLP_OUT
+    # The largest MLP is the "full check at 1e5 parameters" figure: ask for full
+    # mode explicitly, so that it is measured even if auto's thresholds move.
+    full = target_params >= 100_000
     return Instance(
         "mlp", p, f"mlp p={p}",
         f"MSE of a 2-layer tanh MLP 32->{hidden}->8 on a batch of 32, w.r.t. {p} flattened parameters; Jacobian 1 x {p}",
         f, [theta], p, 1, hand_batched=hand_batched_factory(batched, f, theta, 1, _chunk(p, per_row)),
+        check_options={"mode": "full"} if full else {},
+        notes=["fastcheck runs with mode='full' (the full-check-at-1e5-parameters figure)"] if full else [],
     )
 
 
@@ -281,6 +309,81 @@ def owens_t(n: int) -> Instance:
     )
 
 
+# ----------------------------------------------------------------------------- fast mode at scale
+
+OUT_OF_REACH = ("out of reach at this size: one eager call (compute_gradient) or one backward pass per output "
+                "element and two eager calls per input element")
+
+
+def _fast_common(elements: int, seed: int, shape: tuple):
+    """float32 input of ``shape``, the reference's (u, d), and options/notes for small (smoke) sizes."""
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.normal(size=shape).astype(np.float32))
+    u = tf.constant(rng.normal(size=shape).astype(np.float32))
+    d = tf.constant(rng.normal(size=shape).astype(np.float32))
+    options, notes = {}, []
+    if elements <= FAST_AUTO_ABOVE:
+        options = {"mode": "fast"}
+        notes.append(f"{elements} elements: below auto's fast-mode threshold, so mode='fast' is passed explicitly")
+    skip = {"compute_gradient": OUT_OF_REACH, "loop": OUT_OF_REACH}
+    return x, (u, d), options, notes, skip
+
+
+def fast_scale(elements: int) -> Instance:
+    """A layer-norm-like function (elementwise ops plus row reductions) of one float32 input."""
+    cols = 1000 if elements >= 1_000_000 else 100
+    rows = elements // cols
+    x, probes, options, notes, skip = _fast_common(elements, 7, (rows, cols))
+    rng = np.random.default_rng(8)
+    gamma, beta = rng.uniform(0.5, 1.5, size=cols), 0.1 * rng.normal(size=cols)
+
+    def f(x):  # constants follow x's dtype, so a float64 re-evaluation works
+        mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+        centered = x - mean
+        variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+        normalised = centered * tf.math.rsqrt(variance + tf.constant(1e-5, x.dtype))
+        return normalised * tf.constant(gamma, x.dtype) + tf.constant(beta, x.dtype)
+
+    n = rows * cols
+    notes.append("reference: 2k forward calls + one VJP (tape.gradient with output_gradients) + one JVP "
+                 "(ForwardAccumulator), eager, k = 4 probes (fastcheck's default)")
+    return Instance(
+        "fast_scale", n, f"layer-norm {rows}x{cols}",
+        f"layer-norm-like (row mean/variance, rsqrt, scale and shift) of a float32 {rows} x {cols} input "
+        f"({n:.3g} elements); Jacobian {n:.3g} x {n:.3g}: fastcheck's fast mode",
+        f, [x], n, n, check_options=options, skip=skip, reference=probes, notes=notes,
+    )
+
+
+def fast_defect(elements: int) -> Instance:
+    """sin with a custom gradient off by a factor 1.5 on 1% of the rows (rows 42%..43%)."""
+    cols = 100 if elements >= 100_000 else 10
+    rows = elements // cols
+    first, last = int(round(0.42 * rows)), int(round(0.43 * rows)) - 1  # 10000 rows: 4200..4299
+    x, probes, options, notes, skip = _fast_common(elements, 9, (rows, cols))
+    factor = np.ones((rows, 1))
+    factor[first : last + 1] = 1.5
+
+    @tf.custom_gradient
+    def wrong_sin(x):
+        def grad(g):
+            return g * tf.cos(x) * tf.constant(factor, x.dtype)
+
+        return tf.sin(x), grad
+
+    def f(x):
+        return wrong_sin(x)
+
+    n = rows * cols
+    return Instance(
+        "fast_defect", n, f"1% defect {rows}x{cols}",
+        f"sin of a float32 {rows} x {cols} input with a custom gradient 1.5x too large on rows {first}..{last} "
+        f"(1% of the rows): a wrong gradient fast mode must catch and localise",
+        f, [x], n, n, correct=False, check_options=options, skip=skip, reference=probes, notes=notes,
+        defect={"rows": [first, last], "flat": [first * cols, (last + 1) * cols - 1], "shape": [rows, cols]},
+    )
+
+
 def load_corpus():
     """``benchmarks.corpus.CASES``, or (None, reason) when it is missing or does not import."""
     try:
@@ -328,7 +431,8 @@ def corpus_instance(limit: int | None) -> tuple[Instance | None, str | None]:
     ), None
 
 
-BUILDERS = {"dense": dense, "conv": conv, "mlp": mlp, "betainc": betainc, "owens_t": owens_t}
+BUILDERS = {"dense": dense, "conv": conv, "mlp": mlp, "betainc": betainc, "owens_t": owens_t,
+            "fast_scale": fast_scale, "fast_defect": fast_defect}
 
 
 def instances(preset: str, families):

@@ -37,6 +37,12 @@ the cap is not repeated and is skipped at the larger sizes of that problem, and
 a hard limit of 2 x cap + 5 s stops whatever the estimates missed.  fastcheck
 itself is always measured (never estimated or skipped; a hard limit of 10 x cap
 only catches a hang), but a run over the cap is not repeated.
+``fast`` (fast-mode problems only)
+    ``reference_seconds`` (2k eager forward calls + one VJP + one JVP, k = 4),
+    ``fastcheck_cold_over_reference`` / ``fastcheck_warm_over_reference``,
+    fastcheck's mode, path and verdict; for the planted 1% defect, whether it
+    was caught and the localised ``regions`` (from each pair's ``.region``)
+    with ``region_inside_defect``.
 ``flop_rate`` (dense only)
     The 2n perturbed evaluations cost ``2n * (2 * 64 * n)`` FLOPs.  Divided by the
     *warm* time this is a lower bound on the FLOP rate of the batched evaluation
@@ -227,6 +233,10 @@ def measure_instance(instance, settings: Settings, over_cap: dict, log) -> dict:
     for name, record in records.items():
         if name.startswith("hand_batched") and instance.hand_batched is None:
             record.stop("n/a", how="no hand-batched version of this workload")
+        elif name == "reference" and instance.reference is None:
+            record.stop("n/a", how="only the fast-mode problems have a reference")
+        elif name in instance.skip:
+            record.stop("skipped", how=instance.skip[name], note=instance.skip[name])
         elif (instance.family, name) in over_cap and name not in C.FASTCHECK:
             record.stop("skipped", how=f"over the cap at {over_cap[instance.family, name]}")
     cg = records["compute_gradient"]
@@ -238,6 +248,14 @@ def measure_instance(instance, settings: Settings, over_cap: dict, log) -> dict:
         else:
             if predicted > settings.cap:
                 cg.stop("over_cap", seconds=predicted, estimate="estimate", how=how)
+
+    if instance.reference is not None and not records["reference"].done:
+        # The reference stands for eager work a check cannot avoid: time it warm (the first eager
+        # ForwardAccumulator / tape calls of a new shape pay one-off set-up costs).
+        try:
+            C.reference(instance, {}, ctx)
+        except Exception as error:  # noqa: BLE001
+            records["reference"].stop("error", error=C._first_line(error), traceback=traceback.format_exc(limit=8))
 
     for repeat in range(settings.repeats):
         state: dict = {}
@@ -275,12 +293,46 @@ def measure_instance(instance, settings: Settings, over_cap: dict, log) -> dict:
         "description": instance.description,
         "expected_ok": instance.correct,
         "notes": list(instance.notes),
+        "check_options": dict(instance.check_options),
         "contenders": {name: record.to_dict() for name, record in records.items()},
         "fastcheck": _fastcheck_summary(records),
     }
     if instance.sweep_flops:
         result["flop_rate"] = _flop_rate(instance, records, settings.device)
+    if instance.reference is not None:
+        result["fast"] = _fast_summary(instance, records)
     return result
+
+
+def _fast_summary(instance, records: dict) -> dict:
+    """Fast-mode problems: fastcheck / reference time ratios, and (planted defect) where it was localised."""
+    ref = records["reference"]
+    summary = {"reference_seconds": ref.seconds if ref.status == "ok" else None}
+    for name in C.FASTCHECK:
+        fc = records[name]
+        if fc.status == "ok" and fc.seconds and summary["reference_seconds"]:
+            summary[f"{name}_over_reference"] = fc.seconds / summary["reference_seconds"]
+    facts = records["fastcheck_cold"].facts
+    summary["mode"], summary["path"] = facts.get("mode"), facts.get("path")
+    summary["verdict"] = facts.get("verdict")
+    if instance.defect is not None:
+        summary["defect"] = dict(instance.defect)
+        summary["caught"] = facts.get("ok") is False and facts.get("verdict") == "fail"
+        regions = facts.get("regions", [])
+        summary["regions"] = regions
+        summary["region_text"] = facts.get("region_text", [])
+        low, high = instance.defect["flat"]
+        first_row, last_row = instance.defect["rows"]
+        cols = instance.defect["shape"][1]
+        flat = [(r["first"][0] * cols + r["first"][1], r["last"][0] * cols + r["last"][1]) for r in regions
+                if len(r["first"]) == 2 and len(r["last"]) == 2]
+        # inside: the region lies within the defect rows; overlaps: it meets them (a defect smaller than
+        # fastcheck's final region, as at the smoke size, can only be overlapped).
+        summary["region_inside_defect"] = bool(flat) and all(low <= a <= b <= high for a, b in flat)
+        summary["region_overlaps_defect"] = bool(flat) and all(a <= high and b >= low for a, b in flat)
+        worst = [r["worst_element"] for r in regions if r.get("worst_element")]
+        summary["worst_element_in_defect"] = bool(worst) and all(first_row <= w[0] <= last_row for w in worst)
+    return summary
 
 
 def _brief(record: Measurement) -> str:
@@ -495,4 +547,6 @@ def fastcheck_failures(record: dict) -> list[str]:
         elif summary.get("ok") is False and result["expected_ok"]:
             lines.append(f"{result['label']}: fastcheck reported a correct gradient as wrong "
                          f"(problems: {summary.get('problems')}; notes: {summary.get('notes')})")
+        elif summary.get("ok") is True and not result["expected_ok"]:
+            lines.append(f"{result['label']}: fastcheck passed a deliberately wrong gradient")
     return lines

@@ -84,11 +84,11 @@ class _Jacobians:
         delta = np.concatenate([base / d for d in divisors])
         jacobian, plus, minus, spans = numerical_columns(self.differences, position, idx, delta)
         noise = _compare.rounding_noise(self.y0, spans, self.eps_eval)
-        levels = [(first, first_noise, None, None, None)]
+        stack: list[tuple] = [(first, first_noise, None, None, None)]
         for k in range(len(divisors)):
             part = slice(k * count, (k + 1) * count)
-            levels.append((jacobian[:, part], noise[:, part], plus[:, part], minus[:, part], spans[part]))
-        return _compare.refine(levels, self.y0, REFINE_RATIO)
+            stack.append((jacobian[:, part], noise[:, part], plus[:, part], minus[:, part], spans[part]))
+        return _compare.refine(stack, self.y0, REFINE_RATIO)
 
     def analytical(self) -> list[np.ndarray]:
         if self.plan.n == 0:

@@ -171,7 +171,7 @@ class AutodiffJacobian:
         if plan.m == 1:
             grads = tape.gradient(y, sources, unconnected_gradients=ZERO)
             return [_densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
-        rows = [[] for _ in sources]
+        rows: list[list[np.ndarray]] = [[] for _ in sources]
         for i in range(plan.m):
             grads = tape.gradient(y, sources, output_gradients=tf.one_hot(i, plan.m, dtype=y.dtype), unconnected_gradients=ZERO)
             for row, g in zip(rows, grads):

@@ -36,6 +36,7 @@ from fastcheck import _compare
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._paths import LOOP, Route, cached, compile_kernel, plan_key
 from fastcheck._plan import Plan
+from fastcheck._report import Element
 
 BLOCKS = 8
 REGION_MAX = 64
@@ -192,9 +193,9 @@ class Comparison:
 
     @staticmethod
     def join(parts: list) -> Comparison:
-        return Comparison(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                            ("forward_ratio", "reverse_ratio", "forward_worst", "reverse")),
-                          np.sum([p.squares for p in parts], axis=0))
+        joined = {f: np.concatenate([getattr(p, f) for p in parts])
+                  for f in ("forward_ratio", "reverse_ratio", "forward_worst", "reverse")}
+        return Comparison(**joined, squares=np.sum([p.squares for p in parts], axis=0))
 
 
 @tf.function
@@ -248,7 +249,7 @@ def compare(directional: Directional, directions: tf.Tensor, u: tf.Tensor, gradi
             estimate = estimate.numpy()
             noise_rows = np.broadcast_to(noise.numpy(), estimate.shape).copy()
             for i in failing:
-                levels = [(estimate[i][:, None], noise_rows[i][:, None], None, None, None)]
+                levels: list[tuple] = [(estimate[i][:, None], noise_rows[i][:, None], None, None, None)]
                 for divide in (4.0, 16.0, 64.0):
                     e, _, p, mi, nz = directional.numerical(d[i : i + 1], divide)
                     span = np.array([2 * directional.eps / divide])
@@ -272,7 +273,7 @@ class ProjectionReport:
     atol: float
     rtol: float
     region: tuple | None = None  # (first, last) multi-indices of the localised region
-    worst: object = None  # Element found in the region, if any
+    worst: Element | None = None  # found in the region, if any
     hint: str | None = None
     output_name: str = "u.J.d"
     side: str = "forward"  # which comparison the worst element comes from
@@ -383,8 +384,6 @@ def check_fast(plan: Plan, config: CheckConfig, route: Route, y0: np.ndarray, at
 
 def _localise(report: ProjectionReport, directional: Directional, seed: int, u, gradient, result, atol, rtol) -> None:
     """Bisect the flattened input into blocks, follow the worst, then check its elements one by one."""
-    from fastcheck._report import Element
-
     forward_side = bool(np.any(result.forward_ratio > 1))  # follow only the side(s) that failed
     m, n = directional.plan.m, int(directional.x.shape[0])
     region_max = int(max(1, min(REGION_MAX, directional.config.budget // max(1, 40 * m))))

@@ -44,7 +44,7 @@ def _paths_to(module, wanted: set) -> list[tuple[object, object, object, str]]:
     path through a property that builds a fresh list substitutes nothing (and is
     caught by the reachability check below).
     """
-    found = []
+    found: list[tuple[object, object, object, str]] = []
     flatten = getattr(module, "_flatten", None)
     if flatten is None:
         return found

@@ -101,7 +101,7 @@ def _leaf_names(structure, prefix: str = "") -> list[str]:
         return names
     if isinstance(structure, tuple):  # namedtuple
         names = []
-        for field in structure._fields:
+        for field in getattr(structure, "_fields", ()):
             names += _leaf_names(getattr(structure, field), f"{prefix}.{field}")
         return names
     return [prefix]

@@ -130,7 +130,7 @@ class PairReport:
         score = np.where(self.status == UNRESOLVED, np.maximum(score, 1.0), score)
         score = np.where(self.status == NONDIFFERENTIABLE, 0.0, score)  # reported apart, below
         order = np.argsort(-score, axis=None, kind="stable")[:count]
-        return [self._element(i) for i in order]
+        return [self._element(int(i)) for i in order]
 
     def kinks(self) -> list[tuple[Element, float, float]]:
         """Elements at a kink of f: (element, left derivative, right derivative)."""
@@ -138,7 +138,7 @@ class PairReport:
         for flat in np.flatnonzero(self.status == NONDIFFERENTIABLE):
             row, col = np.unravel_index(flat, self.status.shape)
             left, right = self.one_sided.get((int(row), int(col)), (np.nan, np.nan))
-            found.append((self._element(flat), left, right))
+            found.append((self._element(int(flat)), left, right))
         return found
 
     @property
