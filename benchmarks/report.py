@@ -168,12 +168,13 @@ def markdown(record: dict) -> str:
                 region = (f"{found or 'none'}: {where} the defect rows {rows[0]}..{rows[1]}; worst element {worst or '-'} "
                           f"{'in' if summary.get('worst_element_in_defect') else 'NOT in'} them; "
                           f"{'caught' if summary['caught'] else 'NOT caught'}")
-            ratio = lambda key: f"{summary[key]:.3g}" if summary.get(key) is not None else "-"  # noqa: E731
+            ratio = {key: f"{summary[key]:.3g}" if summary.get(key) is not None else "-"
+                     for key in ("fastcheck_cold_over_reference", "fastcheck_warm_over_reference")}
             lines.append(
                 f"| {result['label']} | {result['n']:.3g} | {summary.get('mode')} · {summary.get('path')} | "
                 f"{summary.get('verdict')} | {_short(contenders['fastcheck_cold'])} | {_short(contenders['fastcheck_warm'])} | "
-                f"{_short(contenders['reference'])} | {ratio('fastcheck_cold_over_reference')} | "
-                f"{ratio('fastcheck_warm_over_reference')} | {region} |"
+                f"{_short(contenders['reference'])} | {ratio['fastcheck_cold_over_reference']} | "
+                f"{ratio['fastcheck_warm_over_reference']} | {region} |"
             )
 
     findings = findings_lines(record)

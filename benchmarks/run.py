@@ -337,7 +337,8 @@ def _fast_summary(instance, records: dict) -> dict:
 
 def _brief(record: Measurement) -> str:
     if record.status == "ok":
-        extra = f"  [{record.facts['path']}{'' if record.facts.get('ok', True) else ', NOT OK'}]" if "path" in record.facts else ""
+        verdict = "" if record.facts.get("ok", True) else f", verdict {record.facts.get('verdict', 'not ok')}"
+        extra = f"  [{record.facts['path']}{verdict}]" if "path" in record.facts else ""
         return f"{record.samples[-1]:9.3f} s{extra}"
     if record.status == "over_cap":
         return f"over cap ({record.estimate} {record.seconds:.3g} s: {record.how})"

@@ -96,14 +96,13 @@ class _Jacobians:
         return self.autodiff()
 
 
-def _compute(plan: Plan, config: CheckConfig, supplied=None, refine: bool = True):
+def _compute(jac: _Jacobians, atol: float, rtol: float, supplied=None, refine: bool = True):
     """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts.
 
     ``supplied`` replaces autodiff: a callable returning the analytical blocks.
     """
-    jac = _Jacobians(plan, config)
+    plan = jac.plan
     analytical = supplied(plan) if supplied is not None else jac.analytical()
-    atol, rtol = config.tolerances(plan.analytical_dtype)
     results = []
     for spec, a in zip(plan.checked, analytical):
         numerical, noise = jac.numerical(spec.position)
@@ -112,7 +111,7 @@ def _compute(plan: Plan, config: CheckConfig, supplied=None, refine: bool = True
         if refine:
             status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, (atol, rtol))
         results.append((spec, a, numerical, status, band, one_sided))
-    return jac, results, (atol, rtol)
+    return results
 
 
 def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, tolerances):
@@ -188,8 +187,10 @@ FULL_MAX_INPUT = 200_000
 
 def choose_mode(plan: Plan, config: CheckConfig, supplied=None) -> tuple[str, str]:
     """("full" | "fast", why): full Jacobians when they fit the budget and a time estimate."""
-    if config.mode != "auto" or supplied is not None:
-        return ("full" if supplied is not None else config.mode), f"mode={config.mode!r}"
+    if supplied is not None:
+        return "full", "supplied gradients are compared element by element"
+    if config.mode != "auto":
+        return config.mode, f"mode={config.mode!r}"
     entries = plan.m * plan.n
     limit = FULL_MAX_ENTRIES_PER_GIB * config.budget / (1 << 30)
     if entries > limit:
@@ -219,52 +220,49 @@ def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check"
         if plan.nondeterministic:
             return GradientReport([], "none", "-", time.perf_counter() - start, plan.notes, [plan.nondeterministic], title)
         mode, why = choose_mode(plan, config, supplied)
+        jac = _Jacobians(plan, config)
+        atol, rtol = config.tolerances(plan.analytical_dtype)
         if mode == "fast":
-            jac = _Jacobians(plan, config)
-            atol, rtol = config.tolerances(plan.analytical_dtype)
-            pairs = check_fast(plan, config, jac.route, jac.y0, atol, rtol)
-            for pair in pairs:
-                pair.hint = None if pair.ok else (
-                    "a directional derivative disagrees: the gradient of the named input is wrong in the region shown; "
-                    "check it there with mode='full' on a slice, or look at the worst element.")
-            notes = [*plan.notes, f"mode: fast ({why})", f"path: {jac.route.path} ({jac.route.reason})", *jac.route.fallbacks]
-            return GradientReport(pairs, jac.route.path, "fast", time.perf_counter() - start, notes, [], title)
-        try:
-            jac, results, (atol, rtol) = _compute(plan, config, supplied)
-        except (TypeError, ValueError):
-            raise
-        except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
-            raise ValueError(
-                f"f raised {type(error).__name__} while fastcheck evaluated it in a batched tf.function: "
-                f"{_first_line(error)}\nf ran eagerly at the inputs; check that it can be traced "
-                "(no .numpy() calls or Python side effects on tensors), or pass jit_compile=False."
-            ) from error
-        pairs = []
-        for spec, a, numerical, status, band, one_sided in results:
-            for output, a_rows, n_rows, s_rows, b_rows in zip(
-                plan.outputs, *(_split_rows(plan, x) for x in (a, numerical, status, band))
-            ):
-                pair = PairReport(output_name or output.name, spec.name, _output_view_shape(output), _view_shape(spec),
-                                  n_rows, a_rows, s_rows, b_rows, atol, rtol)
-                pair.one_sided = {(r - output.offset, c): v for (r, c), v in one_sided.items()
-                                  if output.offset <= r < output.offset + output.size}
-                pair.hint = _compare.diagnose(a_rows, n_rows, s_rows)
-                pairs.append(pair)
-        notes = list(plan.notes)
-        if config.mode == "auto":
-            notes.append(f"mode: full ({why})")
-        notes.append(f"path: {jac.route.path} ({jac.route.reason})")
-        notes += jac.route.fallbacks
+            pairs: list = check_fast(plan, config, jac.route, jac.y0, atol, rtol)
+            kind = "fast"
+        else:
+            pairs = _full_pairs(jac, atol, rtol, supplied, output_name)
+            kind = "supplied" if supplied is not None else jac.autodiff.mode
+        notes = [*plan.notes, f"mode: {mode} ({why})", f"path: {jac.route.path} ({jac.route.reason})", *jac.route.fallbacks]
         for spec in plan.checked:
             chunk = jac.route.chunks.get(spec.position, spec.size)
-            if jac.route.path != "eager" and 0 < chunk < spec.size:
+            if mode == "full" and jac.route.path != "eager" and 0 < chunk < spec.size:
                 notes.append(f"{spec.name}: chunked to {chunk} perturbations per call "
                              f"({-(-spec.size // chunk)} calls) to fit memory_budget")
-        problems = []
-        if np.any(np.isfinite(jac.y0) == False):  # noqa: E712 -- elementwise
-            problems.append(describe_nonfinite(plan, jac.y0))
-        mode = "supplied" if supplied is not None else jac.autodiff.mode
-        return GradientReport(pairs, jac.route.path, mode, time.perf_counter() - start, notes, problems, title)
+        problems = [] if np.all(np.isfinite(jac.y0)) else [describe_nonfinite(plan, jac.y0)]
+        return GradientReport(pairs, jac.route.path, kind, time.perf_counter() - start, notes, problems, title)
+
+
+def _full_pairs(jac: _Jacobians, atol: float, rtol: float, supplied, output_name) -> list[PairReport]:
+    """Full Jacobians, compared and cut into one PairReport per (output, input)."""
+    plan = jac.plan
+    try:
+        results = _compute(jac, atol, rtol, supplied)
+    except (TypeError, ValueError):
+        raise
+    except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
+        raise ValueError(
+            f"f raised {type(error).__name__} while fastcheck evaluated it in a batched tf.function: "
+            f"{_first_line(error)}\nf ran eagerly at the inputs; check that it can be traced "
+            "(no .numpy() calls or Python side effects on tensors), or pass jit_compile=False."
+        ) from error
+    pairs = []
+    for spec, a, numerical, status, band, one_sided in results:
+        for output, a_rows, n_rows, s_rows, b_rows in zip(
+            plan.outputs, *(_split_rows(plan, x) for x in (a, numerical, status, band))
+        ):
+            pair = PairReport(output_name or output.name, spec.name, _output_view_shape(output), _view_shape(spec),
+                              n_rows, a_rows, s_rows, b_rows, atol, rtol)
+            pair.one_sided = {(r - output.offset, c): v for (r, c), v in one_sided.items()
+                              if output.offset <= r < output.offset + output.size}
+            pair.hint = _compare.diagnose(a_rows, n_rows, s_rows)
+            pairs.append(pair)
+    return pairs
 
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",

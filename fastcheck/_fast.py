@@ -377,6 +377,8 @@ def check_fast(plan: Plan, config: CheckConfig, route: Route, y0: np.ndarray, at
         result = compare(directional, directions, u, gradient, atol, rtol)
         report = ProjectionReport(spec.name, tuple(spec.real_view.shape), result, atol, rtol)
         if not report.ok:
+            report.hint = ("a directional derivative disagrees: the gradient of the named input is wrong in the region "
+                           "shown; check that region with mode='full' on a slice, starting at the worst element.")
             _localise(report, directional, config.seed, u, gradient, result, atol, rtol)
         reports.append(report)
     return reports

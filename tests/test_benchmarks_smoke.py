@@ -106,3 +106,64 @@ def test_corpus_problem_is_skipped_with_a_note_when_corpus_is_missing(monkeypatc
     monkeypatch.setitem(sys.modules, "benchmarks.corpus", None)  # import now fails as if the file were absent
     instance, reason = problems.corpus_instance(None)
     assert instance is None and "corpus.py" in reason
+
+
+def test_fast_mode_problems_record_reference_ratio_and_region(tmp_path, capsys):
+    code = main(["--smoke", "--only", "fast_scale,fast_defect", "--out", str(tmp_path), "--repeats", "1", "--no-plot"])
+    assert code == 0, capsys.readouterr().out
+    record = json.loads((tmp_path / "latest.json").read_text())
+    results = {r["family"]: r for r in record["results"]}
+    assert set(results) == {"fast_scale", "fast_defect"}
+    for family, result in results.items():
+        contenders = result["contenders"]
+        assert contenders["fastcheck_cold"]["status"] == "ok", family
+        assert contenders["reference"]["status"] == "ok", family
+        for name in ("compute_gradient", "loop"):
+            assert contenders[name]["status"] == "skipped" and "out of reach" in contenders[name]["how"]
+        fast = result["fast"]
+        assert fast["mode"] == "fast" and fast["reference_seconds"] > 0
+        assert fast["fastcheck_cold_over_reference"] > 0
+    assert results["fast_scale"]["expected_ok"] and results["fast_scale"]["fast"]["verdict"] == "pass"
+    defect = results["fast_defect"]["fast"]
+    assert not results["fast_defect"]["expected_ok"]
+    assert defect["caught"] and defect["regions"] and defect["region_overlaps_defect"]
+    markdown = (tmp_path / "latest.md").read_text()
+    assert "## Fast mode at scale" in markdown
+
+
+def test_verdict_table_on_a_few_cases_writes_markdown_and_json(tmp_path, capsys):
+    from fastcheck._cli import main as cli_main  # `fastcheck bench verdicts` passes its arguments on
+
+    cases = ["sign_sin", "erf", "tfp_dawsn"]
+    code = cli_main(["bench", "verdicts", "--cases", ",".join(cases), "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for name in ("verdicts.json", "verdicts.md"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert not list(tmp_path.glob("*.tmp"))
+
+    record = json.loads((tmp_path / "verdicts.json").read_text())
+    for key in ("schema", "timestamp", "settings", "rules", "versions", "summary", "wrong", "cases", "wall_seconds"):
+        assert key in record, key
+    assert sorted(record["case_names"]) == sorted(cases)
+    assert set(record["summary"]) == {"float32", "float64"}
+    contenders = ("fastcheck", "torch", "jax")
+    for dtype, by_name in record["summary"].items():
+        assert set(by_name) == set(contenders), dtype
+        for name, counts in by_name.items():
+            assert counts["wrong"] == 1 and counts["correct"] == 2, (dtype, name)
+            for key in ("caught", "false_alarms", "misses", "errors"):
+                assert key in counts, key
+            assert counts["caught"] + counts["misses"] == counts["wrong"]
+    assert set(record["wrong"]) == set(contenders)
+    assert len(record["cases"]) == 2 * len(cases)
+    for entry in record["cases"]:
+        assert {"case", "dtype", "correct", "category", "compute_gradient", *contenders} <= set(entry)
+        for name in contenders:
+            assert entry[name]["outcome"] in ("pass", "caught", "false alarm", "miss")
+    sign = [e for e in record["cases"] if e["case"] == "sign_sin"]
+    assert all(e["fastcheck"]["outcome"] == "caught" for e in sign)  # a sign flip: every checker sees it
+
+    markdown = (tmp_path / "verdicts.md").read_text()
+    assert "wrong caught / total wrong" in markdown and "false alarms / total correct" in markdown
+    assert "wrong caught / total wrong" in out  # the summary is printed too
