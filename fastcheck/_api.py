@@ -109,12 +109,12 @@ def _compute(jac: _Jacobians, atol: float, rtol: float, supplied=None, refine: b
         status, band = _compare.verdicts(a, numerical, noise, atol, rtol)
         one_sided = {}
         if refine:
-            status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, (atol, rtol))
+            status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
         results.append((spec, a, numerical, status, band, one_sided))
     return results
 
 
-def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, tolerances):
+def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances):
     """Re-examine suspicious columns in place; returns the new (status, band, one-sided values).
 
     Only columns with a mismatch or a non-finite difference are re-evaluated, so
@@ -133,10 +133,9 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, toleran
        not a wrong gradient.
     """
     atol, rtol = tolerances
-    band = None
     suspicious = np.flatnonzero(np.any((status == _compare.MISMATCH) | (status == _compare.NUMERICAL_NONFINITE), axis=0))
     if not len(suspicious):
-        return status, _compare.verdicts(a, numerical, noise, atol, rtol)[1], {}
+        return status, band, {}
     first, first_noise = numerical[:, suspicious], noise[:, suspicious]
     delta = steps(jac.plan, jac.config, position)[suspicious] / REFINE_RATIO
     quarter, plus, minus, spans = numerical_columns(jac.differences, position, suspicious, delta)
@@ -150,7 +149,7 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, toleran
     doubtful = np.any((status[:, suspicious] != _compare.OK) & ~conclusive, axis=0)
     suspicious, first, first_noise = suspicious[doubtful], first[:, doubtful], first_noise[:, doubtful]
     if not len(suspicious):
-        return status, _compare.verdicts(a, numerical, noise, atol, rtol)[1], {}
+        return status, band, {}
 
     estimate, error, settled, kink, right, left = jac.refined(position, suspicious, first, first_noise, REFINE_LEVELS)
     numerical[:, suspicious], noise[:, suspicious] = estimate, error
