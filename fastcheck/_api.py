@@ -189,7 +189,7 @@ def choose_mode(plan: Plan, config: CheckConfig, supplied=None) -> tuple[str, st
     if supplied is not None:
         return "full", "supplied gradients are compared element by element"
     if config.mode != "auto":
-        return config.mode, f"mode={config.mode!r}"
+        return config.mode, "as requested"
     entries = plan.m * plan.n
     limit = FULL_MAX_ENTRIES_PER_GIB * config.budget / (1 << 30)
     if entries > limit:
