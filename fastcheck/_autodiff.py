@@ -67,21 +67,26 @@ def _gradient_kernel(plan: Plan, path: str):
     return compile_kernel(kernel, path)
 
 
-def _forward_kernel(plan: Plan, position: int, chunk: int, path: str):
-    spec = plan.inputs[position]
-    shape = spec.real_view.shape
+def jvp_rows(plan: Plan, position: int, path: str, values, tangents):
+    """J t for each row t of ``tangents`` (directions in input ``position``): [rows, m], traced."""
+    shape = plan.inputs[position].real_view.shape
 
-    def column(values, tangent):
-        values = list(values)
-        with tf.autodiff.ForwardAccumulator(values[position], tf.reshape(tangent, shape)) as accumulator:
-            y = plan.call_flat(values)
+    def column(tangent):
+        moved = list(values)
+        with tf.autodiff.ForwardAccumulator(moved[position], tf.reshape(tangent, shape)) as accumulator:
+            y = plan.call_flat(moved)
         return accumulator.jvp(y, unconnected_gradients=ZERO)
 
+    if path == LOOP:
+        return tf.map_fn(column, tangents, fn_output_signature=tf.TensorSpec([plan.m], plan.native_flat_dtype))
+    return tf.vectorized_map(column, tangents)
+
+
+def _forward_kernel(plan: Plan, position: int, chunk: int, path: str):
+    size = plan.inputs[position].size
+
     def kernel(values, idx):
-        tangents = tf.one_hot(idx, spec.size, dtype=values[position].dtype)
-        if path == LOOP:
-            return tf.map_fn(lambda t: column(values, t), tangents, fn_output_signature=tf.TensorSpec([plan.m], plan.native_flat_dtype))
-        return tf.vectorized_map(lambda t: column(values, t), tangents)
+        return jvp_rows(plan, position, path, values, tf.one_hot(idx, size, dtype=values[position].dtype))
 
     return compile_kernel(kernel, path)
 

@@ -33,8 +33,10 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _compare
+from fastcheck._autodiff import jvp_rows
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
-from fastcheck._paths import LOOP, Route, cached, compile_kernel, plan_key
+from fastcheck._numeric import evaluate_rows
+from fastcheck._paths import GRAPH, Route, cached, compile_kernel, plan_key
 from fastcheck._plan import Plan
 from fastcheck._report import Element
 
@@ -44,35 +46,14 @@ FAST_ROWS = 16
 ZERO = tf.UnconnectedGradients.ZERO
 
 
-def _batch_kernel(plan: Plan, position: int, rows: int, path: str):
+def _batch_kernel(plan: Plan, position: int, path: str, flat_function=None):
     """f at each row of a [rows, n_k] batch of values for one input; flat outputs [rows, m]."""
-    spec = plan.inputs[position]
-    shape, m = plan.eval_value(spec).shape, plan.m
-
-    def evaluate(values, row):
-        values = list(values)
-        values[position] = tf.reshape(row, shape)
-        return tf.ensure_shape(plan.call_flat(values, plan.eval_upcast), [m])
-
-    def kernel(values, batch):
-        if path == LOOP:
-            return tf.map_fn(lambda r: evaluate(values, r), batch, fn_output_signature=tf.TensorSpec([m], plan.eval_flat_dtype))
-        return tf.vectorized_map(lambda r: evaluate(values, r), batch)
-
-    return compile_kernel(kernel, path)
+    return compile_kernel(lambda values, batch: evaluate_rows(plan, position, path, values, batch, flat_function), path)
 
 
 def _jvp_kernel(plan: Plan, position: int):
     """J d for a batch of tangents [k, n] of one input, as one vectorized ForwardAccumulator pass."""
-    shape = plan.inputs[position].real_view.shape
-
-    def column(values, tangent):
-        values = list(values)
-        with tf.autodiff.ForwardAccumulator(values[position], tf.reshape(tangent, shape)) as accumulator:
-            y = plan.call_flat(values)
-        return accumulator.jvp(y, unconnected_gradients=ZERO)
-
-    return tf.function(lambda values, tangents: tf.vectorized_map(lambda t: column(values, t), tangents))
+    return tf.function(lambda values, tangents: jvp_rows(plan, position, GRAPH, values, tangents))
 
 
 class Directional:
@@ -117,7 +98,7 @@ class Directional:
                 part = tf.concat([part, tf.repeat(part[-1:], self.rows - count, axis=0)], 0)
             try:
                 key = plan_key(self.plan, self.config) + ("batch", self.position, self.rows, self.route.path)
-                kernel = cached(key, lambda: _batch_kernel(self.plan, self.position, self.rows, self.route.path))
+                kernel = cached(key, lambda: _batch_kernel(self.plan, self.position, self.route.path, self.route.flat_function))
                 out = kernel(self.values, part)
             except tf.errors.ResourceExhaustedError:
                 if self.rows <= 1:

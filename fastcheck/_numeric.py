@@ -23,28 +23,34 @@ class ShapeChangeError(ValueError):
     pass
 
 
-def _make_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None):
-    spec = plan.inputs[position]
-    shape = plan.eval_value(spec).shape
-    size, m = spec.size, plan.m
+def evaluate_rows(plan: Plan, position: int, path: str, values, batch, flat_function=None):
+    """f at each row of ``batch`` (values of input ``position``, flattened): flat outputs [rows, m].
 
-    def evaluate(values, row):
-        values = list(values)
-        values[position] = tf.reshape(row, shape)
+    Traced code: one ``vectorized_map`` over the rows, or ``map_fn`` on the loop
+    path, where it calls the probe's already-traced function so f is not traced twice.
+    """
+    shape, m = plan.eval_value(plan.inputs[position]).shape, plan.m
+
+    def evaluate(row):
+        moved = list(values)
+        moved[position] = tf.reshape(row, shape)
         if path == LOOP and flat_function is not None:
-            # map_fn calls the probe's already-traced function: no second trace of f.
-            return tf.ensure_shape(flat_function(*values), [m])
-        return tf.ensure_shape(plan.call_flat(values, plan.eval_upcast), [m])
+            return tf.ensure_shape(flat_function(*moved), [m])
+        return tf.ensure_shape(plan.call_flat(moved, plan.eval_upcast), [m])
+
+    if path == LOOP:
+        return tf.map_fn(evaluate, batch, parallel_iterations=32, fn_output_signature=tf.TensorSpec([m], plan.eval_flat_dtype))
+    return tf.vectorized_map(evaluate, batch)
+
+
+def _make_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None):
+    size = plan.inputs[position].size
 
     def kernel(values, idx, delta):
         flat = tf.reshape(values[position], [-1])
         perturbation = tf.one_hot(idx, size, dtype=flat.dtype) * delta[:, None]
         batch = tf.concat([flat[None] + perturbation, flat[None] - perturbation], axis=0)
-        if path == LOOP:
-            outs = tf.map_fn(lambda row: evaluate(values, row), batch, parallel_iterations=32,
-                             fn_output_signature=tf.TensorSpec([m], plan.eval_flat_dtype))
-        else:
-            outs = tf.vectorized_map(lambda row: evaluate(values, row), batch)
+        outs = evaluate_rows(plan, position, path, values, batch, flat_function)
         picked = tf.gather(flat, idx)
         return outs[:chunk], outs[chunk:], (picked + delta) - (picked - delta)
 

@@ -368,7 +368,6 @@ def probe_graph(plan: Plan):
     function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast))
     concrete = function.get_concrete_function(*signature)
     graph = concrete.graph
-    has_loops = any(op.type in _LOOP_OPS for op in graph.get_operations())
     # Per-evaluation memory: only tensors that depend on the arguments are
     # batched by vectorized_map; captured weights and constants are shared.
     captured = {id(t) for t in concrete.captured_inputs} | {id(t) for _, t in graph.captures}
@@ -385,13 +384,10 @@ def probe_graph(plan: Plan):
                 if output.shape.rank is not None:
                     elements += int(np.prod([d if d is not None else 1 for d in output.shape.as_list()], dtype=np.int64))
     # Functions called from the graph (e.g. nested tf.functions) may hide loops.
-    for function_def in graph.as_graph_def().library.function:
-        if any(node.op in _LOOP_OPS for node in function_def.node_def):
-            has_loops = True
-    op_types = frozenset(op.type for op in graph.get_operations())
+    op_types = {op.type for op in graph.get_operations()}
     for function_def in graph.as_graph_def().library.function:
         op_types |= {node.op for node in function_def.node_def}
-    return has_loops, max(elements, 1), function, op_types
+    return bool(op_types & _LOOP_OPS), max(elements, 1), function, frozenset(op_types)
 
 
 # What a non-finite result of a common op usually means, for the report.
