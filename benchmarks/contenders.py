@@ -115,6 +115,7 @@ def _report_facts(report) -> dict:
         "ok": bool(report.ok),
         "verdict": report.verdict,
         "report_seconds": float(report.seconds),
+        "timings": {stage: float(t) for stage, t in report.timings.items()},
         "notes": list(report.notes),
         "problems": list(report.problems),
     }

@@ -126,17 +126,21 @@ def markdown(record: dict) -> str:
             "",
             "## Dense: FLOP rate of the batched evaluation",
             "",
-            "2n · (2 · 64 · n) FLOPs of perturbed evaluations / warm time (which also covers the autodiff Jacobian and "
-            "the comparison, so a lower bound), against a plain float64 matmul [min(2n, 4096), n] @ [n, 64] in this run (the faster of XLA and TF's kernel).",
+            "2n · (2 · 64 · n) FLOPs of perturbed evaluations, divided by the time of fastcheck's batched sweep "
+            "(`report.timings[\"numerical\"]`, warm), by fastcheck's whole warm check (which also covers the autodiff "
+            "Jacobian and the comparison) and by the hand-batched warm run, against a plain float64 matmul "
+            "[min(2n, 4096), n] @ [n, 64] in this run (the faster of XLA and TF's kernel).",
             "",
-            "| problem | sweep GFLOP | matmul GFLOP/s | fastcheck warm GFLOP/s | fraction | hand-batched warm GFLOP/s | fraction |",
-            "|---|---|---|---|---|---|---|",
+            "| problem | sweep GFLOP | matmul GFLOP/s | fastcheck sweep GFLOP/s | fraction | fastcheck whole check GFLOP/s | fraction "
+            "| hand-batched warm GFLOP/s | fraction |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for result in dense:
             rate = result["flop_rate"]
-            fc, hb = rate.get("fastcheck_warm"), rate.get("hand_batched_warm")
+            fc, hb, sweep = rate.get("fastcheck_warm"), rate.get("hand_batched_warm"), rate.get("fastcheck_sweep")
             lines.append(
                 f"| {result['label']} | {rate['sweep_gflop']:.3g} | {rate['matmul']['gflops']:.3g} | "
+                + (f"**{sweep['gflops']:.3g}** | **{_percent(sweep['fraction'])}**" if sweep else "- | -") + " | "
                 + (f"{fc['gflops']:.3g} | {_percent(fc['fraction'])}" if fc else "- | -") + " | "
                 + (f"{hb['gflops']:.3g} | {_percent(hb['fraction'])}" if hb else "- | -") + " |"
             )

@@ -46,8 +46,10 @@ only catches a hang), but a run over the cap is not repeated.
 ``flop_rate`` (dense only)
     The 2n perturbed evaluations cost ``2n * (2 * 64 * n)`` FLOPs.  Divided by the
     *warm* time this is a lower bound on the FLOP rate of the batched evaluation
-    (the time also covers the autodiff Jacobian and the comparison); ``fraction``
-    compares it with a plain float64 matmul ``[min(2n, 4096), n] @ [n, 64]``
+    (the time also covers the autodiff Jacobian and the comparison);
+    ``fastcheck_sweep`` divides by the sweep alone, as fastcheck times it
+    (``report.timings["numerical"]``, median over the warm repeats).  ``fraction``
+    compares each with a plain float64 matmul ``[min(2n, 4096), n] @ [n, 64]``
     (warm, median of 5, the faster of XLA and TF's own kernel) timed in the same run.
 """
 
@@ -211,6 +213,8 @@ def _measure_once(name: str, instance, state: dict, settings: Settings, ctx, rec
     record.peak_device_mib = _max(record.peak_device_mib, memory.device_mib)
     if not record.facts:
         record.facts = facts
+    if facts and "timings" in facts:  # fastcheck's own per-stage seconds, one entry per repeat
+        record.facts.setdefault("timings_by_repeat", []).append(facts["timings"])
     if seconds > settings.cap:
         record.done = True
         record.note = f"one run took {seconds:.3g} s, over the {settings.cap:.0f} s cap: not repeated"
@@ -390,6 +394,12 @@ def _flop_rate(instance, records: dict, device: str | None) -> dict:
         if record.status == "ok" and record.seconds:
             gflops = instance.sweep_flops / record.seconds / 1e9
             rate[name] = {"gflops": gflops, "fraction": gflops / reference["gflops"]}
+    # The sweep alone: fastcheck's own timing of its first numerical pass (median over warm repeats).
+    sweeps = [t["numerical"] for t in records["fastcheck_warm"].facts.get("timings_by_repeat", []) if t.get("numerical")]
+    if sweeps:
+        gflops = instance.sweep_flops / statistics.median(sweeps) / 1e9
+        rate["fastcheck_sweep"] = {"seconds": statistics.median(sweeps), "gflops": gflops,
+                                   "fraction": gflops / reference["gflops"]}
     return rate
 
 

@@ -43,6 +43,16 @@ def _variables_in(inputs) -> list:
 
 
 @contextlib.contextmanager
+def _timed(timings: dict, stage: str):
+    """Add the seconds spent inside to ``timings[stage]``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
+
+
+@contextlib.contextmanager
 def _on_device(device):
     if device is None:
         yield
@@ -54,9 +64,10 @@ def _on_device(device):
 class _Jacobians:
     """Both Jacobians of a plan, per checked input, with the numerical noise estimate."""
 
-    def __init__(self, plan: Plan, config: CheckConfig):
-        self.plan, self.config = plan, config
-        self.route = choose_route(plan, config)
+    def __init__(self, plan: Plan, config: CheckConfig, timings: dict | None = None):
+        self.plan, self.config, self.timings = plan, config, {} if timings is None else timings
+        with _timed(self.timings, "route"):
+            self.route = choose_route(plan, config)
         self.differences = NumericalDifferences(plan, config, self.route)
         self.autodiff = AutodiffJacobian(plan, config, self.route)
         self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
@@ -102,14 +113,17 @@ def _compute(jac: _Jacobians, atol: float, rtol: float, supplied=None, refine: b
     ``supplied`` replaces autodiff: a callable returning the analytical blocks.
     """
     plan = jac.plan
-    analytical = supplied(plan) if supplied is not None else jac.analytical()
+    with _timed(jac.timings, "analytical"):
+        analytical = supplied(plan) if supplied is not None else jac.analytical()
     results = []
     for spec, a in zip(plan.checked, analytical):
-        numerical, noise = jac.numerical(spec.position)
+        with _timed(jac.timings, "numerical"):
+            numerical, noise = jac.numerical(spec.position)
         status, band = _compare.verdicts(a, numerical, noise, atol, rtol)
         one_sided = {}
         if refine:
-            status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
+            with _timed(jac.timings, "refine"):
+                status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
         results.append((spec, a, numerical, status, band, one_sided))
     return results
 
@@ -214,15 +228,19 @@ def _output_view_shape(output) -> tuple:
 def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check", *, supplied=None,
          names=None, protect=(), output_name=None) -> GradientReport:
     start = time.perf_counter()
+    timings: dict[str, float] = {}
     with _on_device(config.device), preserved_variables([*_variables_in(inputs), *protect]):
-        plan = build_plan(f, inputs, config, names)
+        with _timed(timings, "plan"):
+            plan = build_plan(f, inputs, config, names)
         if plan.nondeterministic:
-            return GradientReport([], "none", "-", time.perf_counter() - start, plan.notes, [plan.nondeterministic], title)
+            return GradientReport([], "none", "-", time.perf_counter() - start, plan.notes, [plan.nondeterministic], title,
+                                  timings)
         mode, why = choose_mode(plan, config, supplied)
-        jac = _Jacobians(plan, config)
+        jac = _Jacobians(plan, config, timings)
         atol, rtol = config.tolerances(plan.analytical_dtype)
         if mode == "fast":
-            pairs: list = check_fast(plan, config, jac.route, jac.y0, atol, rtol)
+            with _timed(timings, "fast"):
+                pairs: list = check_fast(plan, config, jac.route, jac.y0, atol, rtol)
             kind = "fast"
         else:
             pairs = _full_pairs(jac, atol, rtol, supplied, output_name)
@@ -234,7 +252,7 @@ def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check"
                 notes.append(f"{spec.name}: chunked to {chunk} perturbations per call "
                              f"({-(-spec.size // chunk)} calls) to fit memory_budget")
         problems = [] if np.all(np.isfinite(jac.y0)) else [describe_nonfinite(plan, jac.y0)]
-        return GradientReport(pairs, jac.route.path, kind, time.perf_counter() - start, notes, problems, title)
+        return GradientReport(pairs, jac.route.path, kind, time.perf_counter() - start, notes, problems, title, timings)
 
 
 def _full_pairs(jac: _Jacobians, atol: float, rtol: float, supplied, output_name) -> list[PairReport]:

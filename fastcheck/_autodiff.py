@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import CheckConfig
-from fastcheck._paths import EAGER, LOOP, Route, cached, compile_kernel, pad, plan_key
+from fastcheck._paths import EAGER, LOOP, Route, cached, compile_kernel, is_cached, pad, plan_key
 from fastcheck._plan import Plan
 
 ZERO = tf.UnconnectedGradients.ZERO
@@ -108,8 +108,9 @@ class AutodiffJacobian:
         # Eager VJPs/JVPs cost no tracing: they win for scalar outputs, few rows,
         # and above all for while-loop functions, whose gradient graphs take
         # seconds to trace.  The first row's time decides whether to go on.
+        # A kernel already compiled for this plan (a repeated check) always wins.
         limit = None if self.route.path == EAGER else EAGER_LOOP_SECONDS if self.route.path == LOOP else EAGER_SECONDS
-        result = self._eager(limit)
+        result = None if self._compiled() else self._eager(limit)
         if result is not None:
             return result
         while self.route.path != EAGER:
@@ -123,16 +124,29 @@ class AutodiffJacobian:
     def _key(self, *parts):
         return plan_key(self.plan, self.config) + ("autodiff", self.route.path) + parts
 
+    def _keys(self) -> list[tuple]:
+        """Cache keys of the kernels ``_batched`` would use on the current path."""
+        plan = self.plan
+        if plan.m == 1:
+            return [self._key("gradient")]
+        if self.forward:
+            return [self._key("forward", s.position, self.route.chunks[s.position]) for s in plan.checked]
+        return [self._key("reverse", self.route.output_chunk)]
+
+    def _compiled(self) -> bool:
+        return self.route.path != EAGER and all(is_cached(key) for key in self._keys())
+
     def _batched(self):
         plan, path = self.plan, self.route.path
+        keys = self._keys()
         if plan.m == 1:
-            kernel = cached(self._key("gradient"), lambda: _gradient_kernel(plan, path))
+            kernel = cached(keys[0], lambda: _gradient_kernel(plan, path))
             return [g.numpy().astype(np.float64) for g in kernel(self.values)]
         if self.forward:
             result = []
-            for spec in plan.checked:
+            for spec, key in zip(plan.checked, keys):
                 chunk = self.route.chunks[spec.position]
-                kernel = cached(self._key("forward", spec.position, chunk), lambda p=spec.position, c=chunk: _forward_kernel(plan, p, c, path))
+                kernel = cached(key, lambda p=spec.position, c=chunk: _forward_kernel(plan, p, c, path))
                 columns = []
                 for start in range(0, spec.size, chunk):
                     idx = np.arange(start, min(start + chunk, spec.size))
@@ -141,7 +155,7 @@ class AutodiffJacobian:
                 result.append(np.concatenate(columns).T)
             return result
         chunk = self.route.output_chunk
-        kernel = cached(self._key("reverse", chunk), lambda: _reverse_kernel(plan, path))
+        kernel = cached(keys[0], lambda: _reverse_kernel(plan, path))
         blocks = [[] for _ in plan.checked]
         for start in range(0, plan.m, chunk):
             idx = np.arange(start, min(start + chunk, plan.m))

@@ -36,9 +36,12 @@ FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
 TRACE_SECONDS = 0.1
 TRACE_CALLS = 40
 # Below this many element-evaluations of batched work, XLA's compile time
-# (0.2-1 s on CPU) does not pay off: on the dense tanh(W x) problem graph mode
-# wins cold up to n ~ 4096 and XLA from n ~ 8192 (2.3 s against 6 s at 16384).
-XLA_MIN_WORK = 300_000_000
+# (0.2-0.4 s on CPU) does not pay off.  Measured cold on TF 2.21 CPU: graph mode
+# wins on dense tanh(W x) up to n = 2048 (work 1e7) and on the 3x3 convolution
+# of 16x16x4 (8e6); XLA wins from dense n = 4096 (3.6e7: its sweep runs at
+# 3x graph mode's FLOP rate, since pfor's transposes fuse into the dot) and on
+# the 5,000-parameter MLP (2.3e8).
+XLA_MIN_WORK = 20_000_000
 # Ops whose XLA CPU kernels are far slower than TF's own (betainc: 40x).
 XLA_SLOW_OPS = frozenset({"Betainc", "Igamma", "Igammac", "IgammaGradA"})
 # Working memory of one perturbed evaluation, relative to its traced tensors
@@ -93,6 +96,10 @@ def cached(key: tuple, make):
     while len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
     return value
+
+
+def is_cached(key: tuple) -> bool:
+    return key in _cache
 
 
 def choose_route(plan: Plan, config: CheckConfig) -> Route:

@@ -231,6 +231,9 @@ class GradientReport:
     notes: list[str] = dataclasses.field(default_factory=list)
     problems: list[str] = dataclasses.field(default_factory=list)
     title: str = "gradient check"
+    # Seconds per stage: plan (structure, determinism), route (probe trace),
+    # analytical, numerical (first sweep), refine, fast (projection checks).
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -270,6 +273,7 @@ class GradientReport:
             "path": self.path,
             "mode": self.mode,
             "seconds": self.seconds,
+            "timings": dict(self.timings),
             "rule": FAST_RULE if self.mode == "fast" else RULE,
             "notes": list(self.notes),
             "problems": list(self.problems),

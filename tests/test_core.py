@@ -257,6 +257,39 @@ def test_no_retrace_on_second_check():
     assert len(traces) == count, "the second check with the same shapes retraced f"
 
 
+def test_repeated_check_reuses_the_compiled_autodiff_kernel(monkeypatch):
+    from fastcheck import _autodiff
+
+    w = tf.constant(RNG.normal(size=(8, 300)))
+    f = lambda x: tf.tanh(tf.linalg.matvec(w, x))  # noqa: E731
+    x = tf.constant(RNG.normal(size=300))
+    first = fastcheck.check_gradients(f, x, jit_compile=False)
+    assert first.ok and first.path == "graph"
+    # Make sure the first check compiled its reverse-mode kernel (a fast eager pass may skip it).
+    monkeypatch.setattr(_autodiff, "EAGER_SECONDS", 0.0)
+    assert fastcheck.check_gradients(f, x, jit_compile=False).ok
+    monkeypatch.undo()
+
+    def no_eager(self, limit=None):
+        raise AssertionError("a repeated check ran eager autodiff passes despite a compiled kernel")
+
+    monkeypatch.setattr(_autodiff.AutodiffJacobian, "_eager", no_eager)
+    again = fastcheck.check_gradients(f, x, jit_compile=False)
+    assert again.ok
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_report_times_each_stage(mode):
+    x = tf.constant(RNG.normal(size=(20, 30)))
+    report = fastcheck.check_gradients(tf.sin, x, mode=mode)
+    assert report.ok, str(report)
+    stages = {"plan", "route", "fast"} if mode == "fast" else {"plan", "route", "analytical", "numerical"}
+    assert stages <= set(report.timings), report.timings
+    assert all(t >= 0 for t in report.timings.values())
+    assert sum(report.timings.values()) <= report.seconds + 1e-6
+    assert report.to_dict()["timings"] == report.timings
+
+
 def test_while_loop_function_takes_loop_path():
     def f(x):
         def body(i, acc):
