@@ -250,7 +250,7 @@ def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check"
             chunk = jac.route.chunks.get(spec.position, spec.size)
             if mode == "full" and jac.route.path != "eager" and 0 < chunk < spec.size:
                 notes.append(f"{spec.name}: chunked to {chunk} perturbations per call "
-                             f"({-(-spec.size // chunk)} calls) to fit memory_budget")
+                             f"({-(-spec.size // chunk)} calls) {jac.route.chunk_reason}")
         problems = [] if np.all(np.isfinite(jac.y0)) else [describe_nonfinite(plan, jac.y0)]
         return GradientReport(pairs, jac.route.path, kind, time.perf_counter() - start, notes, problems, title, timings)
 

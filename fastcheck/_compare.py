@@ -28,6 +28,8 @@ STATUS_NAMES = {
 FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED)
 # Statuses that say "the numerics cannot decide here", as opposed to "the gradient is wrong".
 UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED)
+# Elements per block of the element-wise rule (a few arrays of it stay in cache).
+VERDICT_BLOCK = 1 << 14
 # Rounding error of one evaluation of f, in units of eps * |f|.
 NOISE_FACTOR = 4.0
 
@@ -45,13 +47,25 @@ def rounding_noise(y0: np.ndarray, spans: np.ndarray, eps_eval: float) -> np.nda
 def verdicts(analytical: np.ndarray, numerical: np.ndarray, noise: np.ndarray, atol: float, rtol: float):
     """Status per element (OK / MISMATCH / ...NONFINITE) and the band each element had to meet.
 
-    Written in place, a few passes over the arrays: Jacobians of 10^7 entries are common.
+    Jacobians of 10^7 entries are common, so the rule runs over blocks of rows
+    that fit in cache: one trip through memory instead of one per operation.
     """
+    status = np.empty(numerical.shape, np.int8)
+    band = np.empty(numerical.shape, np.float64)
+    columns = numerical.shape[1] if numerical.ndim == 2 else 1
+    rows = max(1, VERDICT_BLOCK // max(1, columns))
+    for start in range(0, numerical.shape[0], rows):
+        part = slice(start, start + rows)
+        status[part], band[part] = _block_verdicts(analytical[part], numerical[part], noise[part], atol, rtol)
+    return status, band
+
+
+def _block_verdicts(analytical, numerical, noise, atol, rtol):
     with np.errstate(invalid="ignore", over="ignore"):
         band = np.abs(numerical)
         band *= rtol
         band += atol
-        band += np.where(np.isfinite(noise), noise, 0.0) if not np.all(np.isfinite(noise)) else noise
+        band += np.where(np.isfinite(noise), noise, 0.0)
         difference = np.abs(analytical - numerical)
         status = (difference > band).astype(np.int8)  # MISMATCH == 1
     numerical_bad = ~np.isfinite(numerical)

@@ -52,7 +52,8 @@ def _make_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function
         batch = tf.concat([flat[None] + perturbation, flat[None] - perturbation], axis=0)
         outs = evaluate_rows(plan, position, path, values, batch, flat_function)
         picked = tf.gather(flat, idx)
-        return outs[:chunk], outs[chunk:], (picked + delta) - (picked - delta)
+        # [m, chunk] each: the Jacobian's own layout, so the host never transposes it.
+        return tf.transpose(outs[:chunk]), tf.transpose(outs[chunk:]), (picked + delta) - (picked - delta)
 
     return compile_kernel(kernel, path)
 
@@ -65,7 +66,7 @@ class NumericalDifferences:
         self.values = tuple(plan.eval_values())
 
     def __call__(self, position: int, idx: np.ndarray, delta: np.ndarray):
-        """Returns f(x + d e_j) and f(x - d e_j) as [len(idx), m] float64, and the spans [len(idx)]."""
+        """Returns f(x + d e_j) and f(x - d e_j) as [m, len(idx)] float64, and the spans [len(idx)]."""
         while self.route.path != EAGER:
             try:
                 return self._batched(position, idx, delta)
@@ -113,13 +114,15 @@ class NumericalDifferences:
                         "(avoid tf.boolean_mask/tf.where with one argument on perturbed values)."
                     ) from None
                 raise
-            pluses.append(plus.numpy()[:count].astype(np.float64))
-            minuses.append(minus.numpy()[:count].astype(np.float64))
-            spans.append(span.numpy()[:count].astype(np.float64))
+            pluses.append(plus.numpy()[:, :count].astype(np.float64, copy=False))
+            minuses.append(minus.numpy()[:, :count].astype(np.float64, copy=False))
+            spans.append(span.numpy()[:count].astype(np.float64, copy=False))
             start += count
             progress.advance(count)
         progress.close()
-        return np.concatenate(pluses), np.concatenate(minuses), np.concatenate(spans)
+        if len(pluses) == 1:
+            return pluses[0], minuses[0], spans[0]
+        return np.concatenate(pluses, axis=1), np.concatenate(minuses, axis=1), np.concatenate(spans)
 
     def _eager(self, position, idx, delta):
         plan = self.plan
@@ -127,7 +130,7 @@ class NumericalDifferences:
         shape, dtype = base.shape, base.dtype
         flat = base.reshape(-1)
         m = plan.m
-        pluses, minuses = np.empty((len(idx), m)), np.empty((len(idx), m))
+        pluses, minuses = np.empty((m, len(idx))), np.empty((m, len(idx)))
         spans = np.empty(len(idx))
         values = list(self.values)
         for row, (j, d) in enumerate(zip(idx, delta)):
@@ -143,7 +146,7 @@ class NumericalDifferences:
                         "fastcheck needs outputs whose shapes do not depend on input values."
                     )
                 outs.append(y.numpy().astype(np.float64))
-            pluses[row], minuses[row] = outs
+            pluses[:, row], minuses[:, row] = outs
             spans[row] = float(flat[j] + dtype.type(d)) - float(flat[j] - dtype.type(d))
         return pluses, minuses, spans
 
@@ -158,4 +161,6 @@ def numerical_columns(differences: NumericalDifferences, position: int, columns:
     """Central differences for some columns: Jacobian [m, k], and f(x+), f(x-) as [m, k], spans [k]."""
     plus, minus, span = differences(position, columns, delta)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return ((plus - minus) / span[:, None]).T, plus.T, minus.T, span
+        jacobian = plus - minus
+        jacobian /= span[None, :]
+        return jacobian, plus, minus, span

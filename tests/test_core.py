@@ -363,3 +363,70 @@ def test_public_api_matches_readme():
     assert documented == set(fastcheck.__all__)
     for name in fastcheck.__all__:
         assert getattr(fastcheck, name) is not None
+
+
+def _route(f, x, **options):
+    from fastcheck import _config, _paths, _plan
+
+    config = _config.CheckConfig(**options)
+    plan = _plan.build_plan(f, [x], config)
+    return _paths.choose_route(plan, config)
+
+
+def test_probe_counts_flops_of_products_and_convolutions():
+    from fastcheck import _config, _paths, _plan
+
+    w = tf.constant(RNG.normal(size=(64, 300)))
+    kernel = tf.constant(RNG.normal(size=(3, 3, 2, 5)))
+    functions = {
+        # 2*64*300 for the product, plus one per element of the product, tanh and sum.
+        "matvec": (lambda x: tf.reduce_sum(tf.tanh(tf.linalg.matvec(w, x))), tf.constant(RNG.normal(size=300)),
+                   2 * 64 * 300),
+        "einsum": (lambda x: tf.einsum("ij,j->i", w, x), tf.constant(RNG.normal(size=300)), 2 * 64 * 300),
+        # 2 * output elements (8*8*5) * 3*3*2 multiply-adds per output.
+        "conv2d": (lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), tf.constant(RNG.normal(size=(1, 8, 8, 2))),
+                   2 * 8 * 8 * 5 * 3 * 3 * 2),
+    }
+    for name, (f, x, product) in functions.items():
+        config = _config.CheckConfig()
+        probe = _paths.cached(("test", name, id(f)), lambda f=f, x=x: _plan.probe_graph(_plan.build_plan(f, [x], config)))
+        assert product <= probe.flops <= product + 8 * probe.elements, (name, probe.flops, probe.elements)
+
+
+def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
+    a = tf.constant(RNG.normal(size=(20, 1)))
+
+    def f(x):  # 3 FLOPs or so per intermediate element: memory-bound
+        return tf.reduce_sum(tf.tanh(a * x[None, :]) ** 2, axis=1)
+
+    x = tf.constant(RNG.normal(size=1000))
+    route = _route(f, x, jit_compile=False)
+    from fastcheck import _paths
+
+    assert route.flops_per_eval < _paths.MEMORY_BOUND_INTENSITY * route.elements_per_eval
+    assert route.chunks[0] < 1000 and "intermediates within" in route.chunk_reason
+    assert 2 * route.chunks[0] * route.elements_per_eval * 8 <= _paths.CACHE_BYTES or route.chunks[0] == _paths.MIN_CACHED_CHUNK
+    report = fastcheck.check_gradients(f, x, jit_compile=False)
+    assert report.ok, str(report)
+    assert any("intermediates within" in note for note in report.notes), report.notes
+    # A compute-bound f of the same size keeps the budget's chunk.
+    w = tf.constant(RNG.normal(size=(256, 1000)))
+    dense = _route(lambda x: tf.tanh(tf.linalg.matvec(w, x)), x, jit_compile=False)
+    assert dense.chunk_reason == "to fit memory_budget"
+
+
+def test_blocked_verdicts_match_the_rule_everywhere(monkeypatch):
+    from fastcheck import _compare
+
+    a = RNG.normal(size=(37, 53))
+    n = a + RNG.normal(size=a.shape) * np.where(RNG.uniform(size=a.shape) < 0.1, 1e-3, 1e-10)
+    noise = np.abs(RNG.normal(size=a.shape)) * 1e-9
+    n[3, 4], a[5, 6], n[7, 8], a[7, 8], noise[9, 10] = np.nan, np.inf, np.inf, np.nan, np.inf
+    expected = np.where(~np.isfinite(n), _compare.NUMERICAL_NONFINITE,
+                        np.where(~np.isfinite(a), _compare.ANALYTICAL_NONFINITE,
+                                 (np.abs(a - n) > 1e-8 + 1e-6 * np.abs(n) + np.where(np.isfinite(noise), noise, 0)).astype(int)))
+    for block in (1, 53, 100, 1 << 20):
+        monkeypatch.setattr(_compare, "VERDICT_BLOCK", block)
+        status, band = _compare.verdicts(a, n, noise, 1e-8, 1e-6)
+        np.testing.assert_array_equal(status, expected)
+        assert status[np.isfinite(a) & np.isfinite(n)].sum() > 0
