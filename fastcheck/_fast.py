@@ -42,6 +42,7 @@ from fastcheck._report import Element
 
 BLOCKS = 8
 REGION_MAX = 64
+LOCALISE_DRAWS = 3  # random draws per bisection level before giving up on it
 FAST_ROWS = 16
 ZERO = tf.UnconnectedGradients.ZERO
 
@@ -54,6 +55,21 @@ def _batch_kernel(plan: Plan, position: int, path: str, flat_function=None):
 def _jvp_kernel(plan: Plan, position: int):
     """J d for a batch of tangents [k, n] of one input, as one vectorized ForwardAccumulator pass."""
     return tf.function(lambda values, tangents: jvp_rows(plan, position, GRAPH, values, tangents))
+
+
+@tf.function(jit_compile=True)
+def _perturb(x, directions, step):
+    """x +- step * d as one [2k, n] batch in x's dtype, and the directions actually realised (float64).
+
+    One fused XLA pass instead of a dozen eager passes over arrays of k * n.
+    """
+    offsets = tf.cast(directions, x.dtype) * step
+    plus_x, minus_x = x[None] + offsets, x[None] - offsets
+    if x.dtype == tf.float64:
+        realised = directions  # float64 rounding of x +- eps d is ~1e-11 of the step: negligible
+    else:  # the step actually taken, so that both sides differentiate along the same direction
+        realised = (tf.cast(plus_x, tf.float64) - tf.cast(minus_x, tf.float64)) / (2 * tf.cast(step, tf.float64))
+    return tf.concat([plus_x, minus_x], 0), realised
 
 
 class Directional:
@@ -116,14 +132,9 @@ class Directional:
     def numerical(self, directions: tf.Tensor, divide: float = 1.0):
         """(J d estimates [k, m], realised directions [k, n], plus, minus, noise [m]) at step eps/divide."""
         step = float(np.asarray(self.eps / divide, self.dtype.as_numpy_dtype))
-        offsets = tf.cast(directions, self.dtype) * tf.constant(step, self.dtype)
-        plus_x, minus_x = self.x[None] + offsets, self.x[None] - offsets
-        if self.dtype == tf.float64:
-            realised = directions  # float64 rounding of x +- eps d is ~1e-11 of the step: negligible
-        else:  # the step actually taken, so that both sides differentiate along the same direction
-            realised = (tf.cast(plus_x, tf.float64) - tf.cast(minus_x, tf.float64)) / (2 * step)
         k = int(directions.shape[0])
-        out = self._evaluate(tf.concat([plus_x, minus_x], 0))
+        batch, realised = _perturb(self.x, directions, tf.constant(step, self.dtype))
+        out = self._evaluate(batch)
         plus, minus = out[:k], out[k:]
         estimate = (plus - minus) / (2 * step)
         noise = _compare.NOISE_FACTOR * self.eps_eval * self.y0_abs / (2 * step)
@@ -344,6 +355,12 @@ class ProjectionReport:
         }
 
 
+def _normal(shape, seed) -> tf.Tensor:
+    """Seeded standard normal draws as float64 (drawn in float32: half the cost, and any
+    random direction serves; the realised direction is computed exactly)."""
+    return tf.cast(tf.random.stateless_normal(shape, seed, dtype=tf.float32), tf.float64)
+
+
 def check_fast(plan: Plan, config: CheckConfig, route: Route, y0: np.ndarray, atol: float, rtol: float) -> list:
     """One ProjectionReport per checked input."""
     reports = []
@@ -351,9 +368,9 @@ def check_fast(plan: Plan, config: CheckConfig, route: Route, y0: np.ndarray, at
         directional = Directional(plan, config, route, spec.position, y0)
         # Stateless draws from (seed, input): reproducible, and no global RNG state is touched.
         seed = [config.seed, spec.position]
-        directions = tf.random.stateless_normal([config.probes, spec.size], seed, dtype=tf.float64) * directional.scale[None, :]
+        directions = _normal([config.probes, spec.size], seed) * directional.scale[None, :]
         # One cotangent u for all probes: a single VJP then checks every u.J.d_i.
-        u = tf.random.stateless_normal([plan.m], [config.seed, spec.position + 1000], dtype=tf.float64)
+        u = _normal([plan.m], [config.seed, spec.position + 1000])
         gradient = directional.vjp(u)
         result = compare(directional, directions, u, gradient, atol, rtol)
         report = ProjectionReport(spec.name, tuple(spec.real_view.shape), result, atol, rtol)
@@ -375,11 +392,16 @@ def _localise(report: ProjectionReport, directional: Directional, seed: int, u, 
     while high - low > region_max:
         edges = np.linspace(low, high, min(BLOCKS, high - low) + 1).astype(int)
         blocks = [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
-        noise = tf.random.stateless_normal([len(blocks), n], [seed, 7919 + level], dtype=tf.float64)
         inside = tf.stack([(index >= a) & (index < b) for a, b in blocks])
-        directions = tf.where(inside, noise * directional.scale[None, :], tf.zeros_like(noise))
-        found = compare(directional, directions, u, gradient, atol, rtol, forward_side=forward_side, refine=False)
-        score = np.maximum(found.forward_ratio, found.reverse_ratio)
+        # A projection catches a defect with a random-sized signal: when no block
+        # shows it, draw again before concluding that it is spread over blocks.
+        for draw in range(LOCALISE_DRAWS):
+            noise = _normal([len(blocks), n], [seed, 7919 + 1000 * draw + level])
+            directions = tf.where(inside, noise * directional.scale[None, :], tf.zeros_like(noise))
+            found = compare(directional, directions, u, gradient, atol, rtol, forward_side=forward_side, refine=False)
+            score = np.maximum(found.forward_ratio, found.reverse_ratio)
+            if np.max(score) > 1:
+                break
         level += 1
         if np.max(score) <= 1:
             break  # the defect no longer shows in any one block: report the region so far
@@ -387,6 +409,10 @@ def _localise(report: ProjectionReport, directional: Directional, seed: int, u, 
     shape = report.input_shape
     at = lambda flat: tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()  # noqa: E731
     report.region = (at(low), at(high - 1))
+    if high - low > region_max:
+        report.hint = (f"{report.hint} The defect did not show in any single block of the region; it may be "
+                       "spread thinly over it or close to the tolerance: rerun with more probes or mode='full' on a slice.")
+        return
     # Element by element inside the region: each column of the numerical
     # Jacobian against the forward column and the reverse entry (J^T u)_j.
     columns = np.arange(low, high)
