@@ -178,26 +178,40 @@ class AutodiffJacobian:
                     with tf.autodiff.ForwardAccumulator(source, tangent) as accumulator:
                         moved = list(values)
                         moved[spec.position] = source
-                        y = plan.call_flat(moved)
-                    columns.append(accumulator.jvp(y, unconnected_gradients=ZERO).numpy().astype(np.float64))
+                        leaves = plan.output_leaves(moved)
+                    columns.append(_flat_numpy(plan, [accumulator.jvp(leaf, unconnected_gradients=ZERO) for leaf in leaves]))
                     if _over(limit, start, len(columns), plan.n):
                         return None
                 blocks.append(np.stack(columns, axis=1))
             return blocks
+        # The tape holds f's own output leaves: no flattening ops to differentiate per row.
         with tf.GradientTape(persistent=plan.m > 1) as tape:
             tape.watch(sources)
-            y = plan.call_flat(values)
+            leaves = plan.output_leaves(values)
         if plan.m == 1:
-            grads = tape.gradient(y, sources, unconnected_gradients=ZERO)
+            grads = tape.gradient(leaves[0], sources, unconnected_gradients=ZERO)
             return [_densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
         rows: list[list[np.ndarray]] = [[] for _ in sources]
-        for i in range(plan.m):
-            grads = tape.gradient(y, sources, output_gradients=tf.one_hot(i, plan.m, dtype=y.dtype), unconnected_gradients=ZERO)
-            for row, g in zip(rows, grads):
-                row.append(_densify(g).numpy().reshape(-1).astype(np.float64))
-            if _over(limit, start, i + 1, plan.m):
-                return None
+        done = 0
+        for leaf in leaves:
+            basis = np.zeros(leaf.shape.num_elements(), leaf.dtype.as_numpy_dtype)
+            for k in range(basis.size):
+                basis[k] = 1
+                cotangent = tf.constant(basis.reshape(leaf.shape))
+                basis[k] = 0
+                grads = tape.gradient(leaf, sources, output_gradients=cotangent, unconnected_gradients=ZERO)
+                for row, g in zip(rows, grads):
+                    row.append(_densify(g).numpy().reshape(-1).astype(np.float64))
+                done += 1
+                if _over(limit, start, done, plan.m):
+                    return None
         return [np.stack(row) for row in rows]
+
+
+def _flat_numpy(plan: Plan, leaves) -> np.ndarray:
+    """Flat float64 vector of per-leaf results, rounded as ``plan.call_flat`` would round them."""
+    target = plan.native_flat_dtype.as_numpy_dtype
+    return np.concatenate([np.asarray(leaf).astype(target, copy=False).reshape(-1) for leaf in leaves]).astype(np.float64)
 
 
 def _over(limit: float | None, start: float, done: int, total: int) -> bool:

@@ -200,41 +200,37 @@ class Plan:
         view = spec.real_view
         return tf.cast(view, tf.float64) if self.eval_upcast else view
 
+    def _call(self, values: list[tf.Tensor]):
+        """f's raw result for one value per input (checked complex inputs given as real views)."""
+        args = []
+        for spec, value in zip(self.inputs, values):
+            if spec.checked and spec.is_complex:
+                complex_dtype = tf.complex128 if value.dtype == tf.float64 else tf.complex64
+                value = from_real_view(value, complex_dtype)
+            args.append(value)
+        return self.f(*args)
+
+    def output_leaves(self, values: list[tf.Tensor]) -> list[tf.Tensor]:
+        """The floating output leaves of f as real views, unreshaped and uncast (for eager tapes)."""
+        leaves = tf.nest.flatten(self._call(values))
+        return [to_real_view(tf.convert_to_tensor(leaf)) for leaf, is_output in zip(leaves, self.leaf_is_output) if is_output]
+
     def call_flat(self, values: list[tf.Tensor], upcast: bool = False) -> tf.Tensor:
         """Call ``f`` with one value per input (checked ones as real views); flat real outputs.
 
         Works eagerly and inside ``tf.function``.  With ``upcast`` the outputs are
         cast to float64 (the values given are then the float64 evaluation values).
         """
-        args = []
-        for spec, value in zip(self.inputs, values):
-            if spec.checked and spec.is_complex:
-                complex_dtype = tf.complex128 if value.dtype == tf.float64 else tf.complex64
-                value = from_real_view(value, complex_dtype)
-            args.append(value)
-        out = self.f(*args)
-        leaves = tf.nest.flatten(out)
         target = tf.float64 if upcast else self.native_flat_dtype
-        pieces = []
-        for leaf, is_output in zip(leaves, self.leaf_is_output):
-            if not is_output:
-                continue
-            leaf = to_real_view(tf.convert_to_tensor(leaf))
-            pieces.append(tf.reshape(tf.cast(leaf, target), [-1]))
+        pieces = [tf.reshape(tf.cast(leaf, target), [-1]) for leaf in self.output_leaves(values)]
         return tf.concat(pieces, axis=0) if len(pieces) > 1 else pieces[0]
 
     def call_flat_numpy(self, values: list[tf.Tensor], upcast: bool = False) -> np.ndarray:
         """``call_flat`` for the eager loop: the same numbers as a numpy vector, with no
         TensorFlow op besides f's own (a reshape or cast op costs as much as a small f)."""
-        args = []
-        for spec, value in zip(self.inputs, values):
-            if spec.checked and spec.is_complex:
-                complex_dtype = tf.complex128 if value.dtype == tf.float64 else tf.complex64
-                value = from_real_view(value, complex_dtype)
-            args.append(value)
         target = np.float64 if upcast else self.native_flat_dtype.as_numpy_dtype
         pieces = []
-        for leaf, is_output in zip(tf.nest.flatten(self.f(*args)), self.leaf_is_output):
+        for leaf, is_output in zip(tf.nest.flatten(self._call(values)), self.leaf_is_output):
             if not is_output:
                 continue
             array = np.asarray(leaf)

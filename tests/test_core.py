@@ -429,3 +429,22 @@ def test_blocked_verdicts_match_the_rule_everywhere(monkeypatch):
         status, band = _compare.verdicts(a, n, noise, 1e-8, 1e-6)
         np.testing.assert_array_equal(status, expected)
         assert status[np.isfinite(a) & np.isfinite(n)].sum() > 0
+
+
+@pytest.mark.parametrize("outputs", [3, 40])  # fewer outputs than inputs: reverse mode; more: forward mode
+def test_eager_path_matches_graph_path_on_mixed_and_complex_outputs(outputs):
+    w = tf.constant(RNG.normal(size=(outputs, 12)))
+
+    def f(x, z):
+        y = tf.tanh(tf.linalg.matvec(w, x))
+        return {"f32": tf.cast(y[:2], tf.float32) * 3.0, "c": tf.complex(y, y * y) * z[0], "f64": tf.reduce_sum(y * y)}
+
+    inputs = [tf.constant(RNG.normal(size=12)), tf.constant(RNG.normal(size=2) + 1j * RNG.normal(size=2))]
+    eager = fastcheck.check_gradients(f, inputs)
+    graph = fastcheck.check_gradients(f, inputs, jit_compile=False)
+    assert eager.path == "eager" and graph.path == "graph"
+    assert eager.mode == graph.mode == ("reverse" if outputs == 3 else "forward")
+    assert eager.ok and graph.ok, str(eager)
+    for a, b in zip(eager.pairs, graph.pairs):
+        np.testing.assert_allclose(a.analytical, b.analytical, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(a.numerical, b.numerical, rtol=1e-9, atol=1e-9)
