@@ -189,7 +189,8 @@ class AutodiffJacobian:
             tape.watch(sources)
             leaves = plan.output_leaves(values)
         if plan.m == 1:
-            grads = tape.gradient(leaves[0], sources, unconnected_gradients=ZERO)
+            (scalar,) = (leaf for leaf in leaves if leaf.shape.num_elements())  # other leaves, if any, are empty
+            grads = tape.gradient(scalar, sources, unconnected_gradients=ZERO)
             return [_densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
         rows: list[list[np.ndarray]] = [[] for _ in sources]
         done = 0

@@ -448,3 +448,13 @@ def test_eager_path_matches_graph_path_on_mixed_and_complex_outputs(outputs):
     for a, b in zip(eager.pairs, graph.pairs):
         np.testing.assert_allclose(a.analytical, b.analytical, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(a.numerical, b.numerical, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("jit_compile", ["auto", False])
+def test_scalar_output_beside_an_empty_output(jit_compile):
+    x = tf.constant([0.3, 0.7], tf.float64)
+    report = fastcheck.check_gradients(lambda x: (tf.zeros([0], tf.float64) * x[0], tf.reduce_sum(tf.sin(x))), x,
+                                       jit_compile=jit_compile)
+    assert report.ok, str(report)
+    assert report.path == ("eager" if jit_compile == "auto" else "graph")
+    np.testing.assert_allclose(report.pairs[-1].analytical, [np.cos(x.numpy())], rtol=1e-12)
