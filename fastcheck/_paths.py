@@ -35,6 +35,11 @@ FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
 # verdict corpus); a check whose eager loop is predicted cheaper runs eagerly.
 TRACE_SECONDS = 0.1
 TRACE_CALLS = 40
+# The first traced check in a process pays TensorFlow's own warm-up of tracing,
+# pfor and graph optimisation: about 0.5 s more (dense n=256: 0.63 s traced
+# against 0.12 s eager as the first check in a process, 0.085 s traced after).
+FIRST_TRACE_SECONDS = 0.5
+_traced = False  # whether this process has already traced a fastcheck kernel
 # Below this many element-evaluations of batched work, XLA's compile time
 # (0.2-0.4 s on CPU) does not pay off.  Measured cold on TF 2.21 CPU: graph mode
 # wins on dense tanh(W x) up to n = 2048 (work 1e7) and on the 3x3 convolution
@@ -110,6 +115,11 @@ def cached(key: tuple, make):
     return value
 
 
+def _mark_traced() -> None:
+    global _traced
+    _traced = True
+
+
 def is_cached(key: tuple) -> bool:
     return key in _cache
 
@@ -118,10 +128,12 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     n, m = plan.n, plan.m
     passes = 1 if m == 1 else min(n, m)
     predicted_eager = (2 * n + passes + 1) * plan.call_seconds
-    predicted_traced = TRACE_SECONDS + TRACE_CALLS * plan.call_seconds
+    predicted_traced = TRACE_SECONDS + TRACE_CALLS * plan.call_seconds + (0.0 if _traced else FIRST_TRACE_SECONDS)
     if config.jit_compile == "auto" and predicted_eager < predicted_traced:
-        return Route(EAGER, f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing {predicted_traced * 1e3:.0f} ms",
+        return Route(EAGER, f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing {predicted_traced * 1e3:.0f} ms"
+                     + ("" if _traced else " (the first trace in this process)"),
                      {s.position: s.size for s in plan.checked}, m, 0, [])
+    _mark_traced()
     probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size

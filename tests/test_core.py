@@ -458,3 +458,16 @@ def test_scalar_output_beside_an_empty_output(jit_compile):
     assert report.ok, str(report)
     assert report.path == ("eager" if jit_compile == "auto" else "graph")
     np.testing.assert_allclose(report.pairs[-1].analytical, [np.cos(x.numpy())], rtol=1e-12)
+
+
+def test_first_trace_in_a_process_counts_tensorflow_warm_up(monkeypatch):
+    from fastcheck import _config, _paths, _plan
+
+    config = _config.CheckConfig()
+    plan = _plan.build_plan(lambda x: tf.reduce_sum(tf.sin(x)), [tf.constant(RNG.normal(size=100))], config)
+    plan.call_seconds = 1e-3  # eager loop: 202 calls = 0.2 s; tracing: 0.14 s, or 0.64 s the first time
+    monkeypatch.setattr(_paths, "_traced", False)
+    first = _paths.choose_route(plan, config)
+    assert first.path == "eager" and "first trace in this process" in first.reason
+    monkeypatch.setattr(_paths, "_traced", True)
+    assert _paths.choose_route(plan, config).path == "graph"
