@@ -594,3 +594,7 @@ WRONG_CASES = [
 ]
 
 CASES: list[Case] = CORRECT_CASES + WRONG_CASES
+
+from benchmarks.corpus_truth import CASES as _TRUTH_CASES  # noqa: E402
+
+CASES += _TRUTH_CASES

@@ -1,10 +1,14 @@
-"""Jacobians from autodiff: reverse mode (tape) or forward mode (ForwardAccumulator).
+"""Jacobians from autodiff: reverse mode (tape VJPs) and forward mode (ForwardAccumulator JVPs).
 
-All checked inputs are differentiated in the same pass.  Reverse mode costs one
-backward pass per output row, forward mode one forward pass per input column;
-the cheaper one runs.  Both are chunked so that at most ``output_chunk`` rows or
-``chunks[k]`` columns are in flight at once, and both run under the route's
-path (XLA / graph / loop / eager), falling back like the numerical side.
+The checked gradient is the reverse-mode one, the one training and
+``tf.test.compute_gradient`` use: forward mode differentiates f's forward ops
+and ignores ``tf.custom_gradient``, and some ops have no forward-mode rule.
+Forward mode is an extra check (``autodiff="auto"``: a few random JVPs;
+``"both"``: the full forward Jacobian too) or, with ``autodiff="forward"``, the
+checked side.  All checked inputs are differentiated in the same pass, chunked so
+that at most ``output_chunk`` rows or ``chunks[k]`` columns are in flight at
+once, under the route's path (XLA / graph / loop / eager), falling back like the
+numerical side.
 """
 
 from __future__ import annotations
@@ -22,10 +26,6 @@ ZERO = tf.UnconnectedGradients.ZERO
 # Eager passes run when predicted (from the first pass) to finish within these.
 EAGER_SECONDS = 0.25
 EAGER_LOOP_SECONDS = 30.0
-
-
-def use_forward_mode(plan: Plan) -> bool:
-    return plan.n < plan.m
 
 
 def _densify(gradient):
@@ -94,10 +94,10 @@ def _forward_kernel(plan: Plan, position: int, chunk: int, path: str):
 class AutodiffJacobian:
     """Computes the autodiff Jacobian of every (output, input) pair at once."""
 
-    def __init__(self, plan: Plan, config: CheckConfig, route: Route):
+    def __init__(self, plan: Plan, config: CheckConfig, route: Route, forward: bool = False):
         self.plan, self.config, self.route = plan, config, route
         self.values = tuple(plan.native_values())
-        self.forward = use_forward_mode(plan)
+        self.forward = forward
 
     @property
     def mode(self) -> str:
@@ -192,15 +192,32 @@ class AutodiffJacobian:
             (scalar,) = (leaf for leaf in leaves if leaf.shape.num_elements())  # other leaves, if any, are empty
             grads = tape.gradient(scalar, sources, unconnected_gradients=ZERO)
             return [_densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
+        try:
+            return self._rows(leaves, sources, limit, start, lambda: (tape, leaves))
+        except Exception:
+            # tf.py_function's gradient runs once per forward call (TensorFlow drops its
+            # Python function after the first backward pass): one forward pass per row.
+            def fresh():
+                with tf.GradientTape() as row_tape:
+                    row_tape.watch(sources)
+                    outputs = plan.output_leaves(values)
+                return row_tape, outputs
+
+            return self._rows(leaves, sources, limit, start, fresh)
+
+    def _rows(self, leaves, sources, limit, start, taped):
+        """Reverse mode one output row at a time; ``taped()`` gives a (tape, leaves) pass to differentiate."""
+        plan = self.plan
         rows: list[list[np.ndarray]] = [[] for _ in sources]
         done = 0
-        for leaf in leaves:
+        for index, leaf in enumerate(leaves):
             basis = np.zeros(leaf.shape.num_elements(), leaf.dtype.as_numpy_dtype)
             for k in range(basis.size):
                 basis[k] = 1
                 cotangent = tf.constant(basis.reshape(leaf.shape))
                 basis[k] = 0
-                grads = tape.gradient(leaf, sources, output_gradients=cotangent, unconnected_gradients=ZERO)
+                tape, outputs = taped()
+                grads = tape.gradient(outputs[index], sources, output_gradients=cotangent, unconnected_gradients=ZERO)
                 for row, g in zip(rows, grads):
                     row.append(_densify(g).numpy().reshape(-1).astype(np.float64))
                 done += 1
@@ -220,3 +237,75 @@ def _over(limit: float | None, start: float, done: int, total: int) -> bool:
     if limit is None or done >= total:
         return False
     return (time.perf_counter() - start) / done * total > limit
+
+
+def forward_probe(plan: Plan, directions: list[np.ndarray]) -> tuple[np.ndarray | None, str | None]:
+    """Forward-mode J v for each probe (all checked inputs move at once), eagerly: ([k, m], None),
+    or (None, why TensorFlow cannot compute it).
+
+    ``directions[i]`` is [k, n_i] for the i-th checked input.  An op with no
+    forward-mode rule shows as an error (ResizeBicubic: no gradient for its
+    gradient op) or as a missing JVP (ResizeBilinear: None); ``IndexedSlices``
+    JVPs (scatter_nd with duplicate indices) are made dense.
+    """
+    values = list(plan.native_values())
+    sources = [values[s.position] for s in plan.checked]
+    rows = []
+    for probe in range(directions[0].shape[0]):
+        tangents = [tf.constant(d[probe].reshape(s.real_view.shape), s.real_view.dtype) for d, s in zip(directions, plan.checked)]
+        try:
+            with tf.autodiff.ForwardAccumulator(sources, tangents) as accumulator:
+                moved = list(values)
+                for spec, source in zip(plan.checked, sources):
+                    moved[spec.position] = source
+                leaves = plan.output_leaves(moved)
+            jvps = [accumulator.jvp(leaf) for leaf in leaves]
+        except Exception as error:  # no forward-mode rule for some op
+            return None, f"{type(error).__name__}: {_first_line(error)}"
+        missing = [i for i, j in enumerate(jvps) if j is None]
+        if missing:
+            return None, (f"TensorFlow returned no JVP for {plan.outputs[missing[0]].name} (an op on its path has no "
+                          "forward-mode rule, e.g. ResizeBilinear)")
+        rows.append(_flat_numpy(plan, [_densify(j) for j in jvps]))
+    return np.stack(rows), None
+
+
+def unconnected_outputs(plan: Plan, analytical: list[np.ndarray]) -> np.ndarray:
+    """[m] mask of output rows that no checked input reaches (their forward JVP is None by right)."""
+    reached = np.zeros(plan.m, bool)
+    for block in analytical:
+        reached |= np.any(block != 0, axis=1)
+    return ~reached
+
+
+def reverse_jvp(plan: Plan, position: int, values, tangents: tf.Tensor) -> tf.Tensor:
+    """J d for each row d of ``tangents`` [k, n] from the reverse-mode gradient: [k, m].
+
+    J d = d/du [(J^T u) . d]: the VJP is linear in u, so differentiating it once
+    more gives the JVP *of the VJP that training uses* (custom gradients
+    included), element by element.  Raises when the VJP itself cannot be
+    differentiated (a gradient op without a gradient, e.g. ResizeBicubicGrad).
+    """
+    source = values[position]
+    u = tf.zeros([plan.m], plan.native_flat_dtype)
+    rows = []
+    with tf.GradientTape(persistent=True) as outer:
+        outer.watch(u)
+        with tf.GradientTape() as inner:
+            inner.watch(source)
+            moved = list(values)
+            moved[position] = source
+            y = plan.call_flat(moved)
+        g = tf.reshape(_densify(inner.gradient(y, source, output_gradients=u, unconnected_gradients=ZERO)), [-1])
+        sums = tf.unstack(tf.linalg.matvec(tf.cast(tangents, g.dtype), g))  # on the tape: one scalar per direction
+    for total in sums:
+        row = outer.gradient(total, u)
+        if row is None:
+            raise LookupError("the reverse-mode gradient of f cannot be differentiated once more")
+        rows.append(tf.cast(_densify(row), tf.float64))
+    return tf.stack(rows)
+
+
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return (lines[0] if lines else repr(error))[:200]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-OK, MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, NONDIFFERENTIABLE, UNRESOLVED = 0, 1, 2, 3, 4, 5
+OK, MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, NONDIFFERENTIABLE, UNRESOLVED, DISCONTINUOUS = 0, 1, 2, 3, 4, 5, 6
 STATUS_NAMES = {
     OK: "ok",
     MISMATCH: "mismatch",
@@ -22,22 +22,34 @@ STATUS_NAMES = {
     NUMERICAL_NONFINITE: "numerical not finite",
     NONDIFFERENTIABLE: "not differentiable here",
     UNRESOLVED: "numerical derivative unresolved",
+    DISCONTINUOUS: "f jumps here",
 }
 # Statuses that make a check fail.  A kink whose analytical value is one of the
 # one-sided derivatives (or between them) is reported but is not a wrong gradient.
-FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED)
+FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS)
 # Statuses that say "the numerics cannot decide here", as opposed to "the gradient is wrong".
-UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED)
+UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS)
 # Elements per block of the element-wise rule (a few arrays of it stay in cache).
 VERDICT_BLOCK = 1 << 14
 # Rounding error of one evaluation of f, in units of eps * |f|.
 NOISE_FACTOR = 4.0
+# The same for measured noise, in units of its standard deviation.
+MEASURED_NOISE_FACTOR = 10.0
 
 
-def rounding_noise(y0: np.ndarray, spans: np.ndarray, eps_eval: float) -> np.ndarray:
-    """[m, n] rounding error estimate of (f(x+) - f(x-)) / span (0 where it is not finite)."""
+def rounding_noise(y0: np.ndarray, spans: np.ndarray, eps_eval: float, sigma: np.ndarray | None = None) -> np.ndarray:
+    """[m, n] rounding error estimate of (f(x+) - f(x-)) / span (0 where it is not finite).
+
+    Each evaluation of output i is off by at most ``NOISE_FACTOR * eps_eval * |f_i|``
+    (rounding), or by ``MEASURED_NOISE_FACTOR * sigma_i`` where ``sigma`` is the
+    measured standard deviation of f's evaluations (see ``_precision``): a band of
+    about 6 standard deviations of the difference quotient, so that a million
+    elements of a correct noisy f raise no false alarm.
+    """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         rows = NOISE_FACTOR * eps_eval * np.abs(y0)
+        if sigma is not None:
+            rows = np.maximum(rows, MEASURED_NOISE_FACTOR * sigma)
         columns = 1.0 / np.abs(spans)
         rows[~np.isfinite(rows)] = 0.0
         columns[~np.isfinite(columns)] = 0.0
@@ -84,41 +96,70 @@ def richardson(coarse: np.ndarray, fine: np.ndarray, ratio: float) -> tuple[np.n
     return extrapolated, np.abs(fine - coarse) / (factor - 1)
 
 
-def refine(levels: list, y0: np.ndarray, ratio: float):
+def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None = None):
     """Best estimate from central differences at shrinking steps, and a kink test.
 
     ``levels`` holds, for steps h, h/ratio, h/ratio^2, ..., tuples
     ``(derivative [m, k], noise [m, k], plus [m, k] or None, minus, span [k])``.
     Each consecutive pair (D_k, D_k+1) is Richardson-extrapolated.  Its error
-    estimate is |D_k - D_k+1| / (ratio^2 - 1) when the next pair confirms the
-    h^2 regime (|D_k+1 - D_k+2| <= |D_k - D_k+1| / 4, up to noise), and the
+    estimate is |D_k - D_k+1| / (ratio^2 - 1) when the next two pairs confirm the
+    h^2 regime (each gap |D_j - D_j+1| at most a quarter of the one before, and the
+    second differences shrinking likewise, up to noise), and the
     whole |D_k - D_k+1| otherwise -- so steps that straddle a kink or a domain
-    edge never look precise.  Per element, the pair with the smallest error
-    (truncation + rounding) wins.
+    edge never look precise.  Per element, the settled pair with the smallest
+    error (truncation + rounding) wins; an unsettled pair only where none settled.
 
     Returns (estimate, error estimate, settled mask, kink mask, right-sided,
-    left-sided): ``settled`` says the estimate came from a pair in the h^2
-    regime; an element is a kink when its one-sided derivatives at the two
-    finest steps differ by about the same amount (a smooth function's gap
-    shrinks with h).
+    left-sided, jump mask, chosen pair k (-1: none)): ``settled`` says the estimate came from a pair in the
+    h^2 regime; an element is a kink when its one-sided derivatives at the two
+    finest steps are each settled and differ by about the same amount (a smooth
+    function's gap shrinks with h); a jump when the gap grows as h shrinks (the
+    quotients grow like 1/h: f itself is discontinuous at the point).
     """
+    if sigma is not None:
+        levels = _below_quantum(levels, y0, sigma)
     best = np.full(levels[0][0].shape, np.nan)
     error = np.full(best.shape, np.inf)
     settled_best = np.zeros(best.shape, bool)
+    chosen = np.full(best.shape, -1)
     factor = ratio**2
     with np.errstate(invalid="ignore", over="ignore"):
         gaps = [np.abs(a[0] - b[0]) for a, b in zip(levels, levels[1:])]
+        # Second differences |f(x+h) + f(x-h) - 2 f(x)| and their noise, per level with
+        # evaluations (the first level's are not kept): ~h^2 f'' in the h^2 regime.
+        unknown = np.full(best.shape, np.nan)
+        curvature = [unknown if level[2] is None else np.abs(level[2] + level[3] - 2 * y0[:, None]) for level in levels]
+        slack = [unknown if level[2] is None else 2 * level[1] * level[4][None, :] for level in levels]
+        # shrinking[j]: the second differences shrink (by 4 or more) at every level from j
+        # to the finest.  A step near a multiple of a period of f makes all coarser ones
+        # resonate too (h^2-like second differences included); the resonance breaks at
+        # some finer level, and every pair above it is then out.
+        shrinking: list = [np.ones(best.shape, bool) for _ in levels]
+        for j in range(len(levels) - 2, 0, -1):
+            step_ok = curvature[j + 1] <= curvature[j] / 4 + slack[j] + slack[j + 1]
+            shrinking[j] = shrinking[j + 1] & (step_ok | ~np.isfinite(curvature[j + 1]))
         for k in range(len(levels) - 1):
             (coarse, coarse_noise, *_), (fine, fine_noise, *_) = levels[k], levels[k + 1]
             estimate, truncation = richardson(coarse, fine, ratio)
             rounding = fine_noise * (factor + 1) / (factor - 1) + coarse_noise / (factor - 1)
-            if k + 1 < len(gaps):
-                settled = gaps[k + 1] <= gaps[k] / 4 + 2 * (fine_noise + levels[k + 2][1])
+            # The h^2 regime is confirmed by the next two gaps shrinking in turn: one
+            # shrinking gap can be a coincidence of a periodic f (cos at 5e7 with a step
+            # of 300 gives two nearly equal quotients before the steps resolve it).
+            # The second differences must shrink too (by 16 in the h^2 regime) at every
+            # finer level: where a step spans periods of f they do not, whatever the gaps do.
+            if k + 2 < len(gaps):
+                settled = ((gaps[k + 1] <= gaps[k] / 4 + 2 * (fine_noise + levels[k + 2][1]))
+                           & (gaps[k + 2] <= gaps[k + 1] / 4 + 2 * (levels[k + 2][1] + levels[k + 3][1]))
+                           & shrinking[k + 1])
             else:
                 settled = np.zeros(best.shape, bool)
             total = np.where(settled, truncation, gaps[k]) + rounding
-            better = np.isfinite(estimate) & np.isfinite(total) & (total < error)
+            # A settled pair beats any unsettled one: two steps that agree without the
+            # h^2 regime confirmed may agree by coincidence (aliasing of a periodic f).
+            better = np.isfinite(estimate) & np.isfinite(total) & (
+                (settled & ~settled_best) | ((settled == settled_best) & (total < error)))
             best[better], error[better], settled_best[better] = estimate[better], total[better], settled[better]
+            chosen[better] = k
     # Where no pair is finite, fall back to the finest finite single estimate.
     for derivative, noise, *_ in reversed(levels):
         missing = ~np.isfinite(best) & np.isfinite(derivative)
@@ -131,11 +172,47 @@ def refine(levels: list, y0: np.ndarray, ratio: float):
             return (plus - y0[:, None]) / half, (y0[:, None] - minus) / half, noise
 
     right_fine, left_fine, noise_fine = one_sided(levels[-1])
-    right_coarse, left_coarse, _ = one_sided(levels[-2])
+    right_coarse, left_coarse, noise_coarse = one_sided(levels[-2])
     with np.errstate(invalid="ignore"):
         gap_fine, gap_coarse = np.abs(right_fine - left_fine), np.abs(right_coarse - left_coarse)
-        kink = (gap_fine > 0.5 * gap_coarse) & (gap_fine > 20 * noise_fine) & np.isfinite(gap_fine)
-    return best, error, settled_best, kink, right_fine, left_fine
+        visible = (gap_fine > 20 * noise_fine) & np.isfinite(gap_fine)
+        # A jump of f itself: one-sided quotients grow like 1/h (4x per level), never settle.
+        jump = visible & (gap_fine > 2 * gap_coarse)
+        # A kink: both one-sided derivatives settled (they move by O(h), far less than their gap).
+        steady = ((np.abs(right_fine - right_coarse) <= 0.25 * gap_fine + 2 * (noise_fine + noise_coarse))
+                  & (np.abs(left_fine - left_coarse) <= 0.25 * gap_fine + 2 * (noise_fine + noise_coarse)))
+        kink = visible & ~jump & (gap_fine > 0.5 * gap_coarse) & steady
+    return best, error, settled_best, kink, right_fine, left_fine, jump, chosen
+
+
+def _below_quantum(levels: list, y0: np.ndarray, sigma: np.ndarray) -> list:
+    """The levels with quotients made NaN where the step fell below f's quantum.
+
+    f(x + h) == f(x - h) == f(x) exactly, where a coarser step moved f by only a
+    few of its measured quanta (rounding to a grid has standard deviation
+    quantum / sqrt(12)), means f rounds to a grid coarser than h there (a float32
+    op inside a float64 f): the zero quotient says nothing, and a ladder of such
+    zeros would look settled.  (A flat region of f, relu below 0, moves by far more
+    than its quanta before it freezes.)
+    """
+    quantum = np.sqrt(12) * sigma[:, None]
+    few = np.zeros(levels[0][0].shape, bool)
+    result = []
+    for derivative, noise, plus, minus, span in levels:
+        if plus is None:
+            result.append((derivative, noise, plus, minus, span))
+            continue
+        frozen = (plus == y0[:, None]) & (minus == y0[:, None])
+        if (frozen & few).any():
+            derivative = np.where(frozen & few, np.nan, derivative)
+        moved = np.maximum(np.abs(plus - y0[:, None]), np.abs(minus - y0[:, None]))
+        few = np.where(frozen, few, (moved > 0) & (moved <= QUANTA * quantum))
+        result.append((derivative, noise, plus, minus, span))
+    return result
+
+
+# A move of at most this many measured quanta, before f freezes, marks a quantised f.
+QUANTA = 64
 
 
 def relative_norm_error(numerical: np.ndarray, analytical: np.ndarray) -> float:
@@ -154,6 +231,9 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
     if np.any(status == NUMERICAL_NONFINITE) and not bad.any():
         return ("f is not finite at or next to the point, so the derivative there cannot be checked numerically; "
                 "move the point inside f's domain.")
+    if np.any(status == DISCONTINUOUS) and not bad.any():
+        return ("f jumps at the point (its difference quotients grow like 1/step): it has no derivative there to "
+                "check; check at a point away from the jump.")
     if np.any(status == UNRESOLVED) and not bad.any():
         return ("the central differences did not converge even at steps 4**12 times smaller: f varies on a scale "
                 "far below the step (or is noisy); pass a smaller eps, or check at a point where f is smoother.")
@@ -178,3 +258,18 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
     if total <= max(1, status.size // 100):
         return f"only {total} of {status.size} elements differ: look at indexing or a special case near the worst element."
     return None
+
+
+def directions_agree(jvp: np.ndarray, directions: list, numerical: list, band: list) -> bool:
+    """Whether JVPs ``J v`` [k, m] match the numerical ``N v`` within the element bands.
+
+    Per probe and output row i: ``|JVP_i - (N v)_i| <= ||band_i * v||_2``
+    (independent element errors add up like 2-norms, never a multiple of n).
+    """
+    def clean(x):  # columns left out of the directions may hold NaN
+        return np.where(np.isfinite(x), x, 0.0)
+
+    predicted = sum(d @ clean(n).T for d, n in zip(directions, numerical))
+    allowed = np.sqrt(sum((d**2) @ (clean(b).T ** 2) for d, b in zip(directions, band)))
+    with np.errstate(invalid="ignore"):
+        return bool(np.all(np.abs(jvp - predicted) <= allowed))

@@ -29,18 +29,34 @@ MACHINE_EPSILON = {
     tf.float64: float(np.finfo(np.float64).eps),
 }
 
-# Default tolerances of the analytical side, by its dtype.  The element-wise
-# rule is |analytical - numerical| <= atol + rtol * |numerical| + noise, where
-# noise is the numerical side's own error estimate (see _compare.py).
+# The precisions f may compute in, by name, with their unit roundoff.  TensorFloat-32
+# (float32 matmuls and convolutions on Ampere/Hopper GPUs) keeps float16's 10-bit
+# mantissa.
+PRECISION_EPSILON = {
+    "float64": MACHINE_EPSILON[tf.float64],
+    "float32": MACHINE_EPSILON[tf.float32],
+    "tensorfloat32": 2.0**-10,
+    "float16": MACHINE_EPSILON[tf.float16],
+    "bfloat16": MACHINE_EPSILON[tf.bfloat16],
+}
+
+# Default tolerances of the analytical side, by the precision it computes in (the
+# lowest on f's path: its dtypes, or what fastcheck measured and found inside f).
+# The element-wise rule is |analytical - numerical| <= atol + rtol * |numerical| +
+# noise, where noise is the numerical side's own error estimate (see _compare.py).
 DEFAULT_TOLERANCES = {
-    tf.float16: {"atol": 1e-2, "rtol": 1e-2},
-    tf.bfloat16: {"atol": 5e-2, "rtol": 5e-2},
-    tf.float32: {"atol": 1e-5, "rtol": 1e-4},
-    tf.float64: {"atol": 1e-8, "rtol": 1e-6},
+    "float64": {"atol": 1e-8, "rtol": 1e-6},
+    "float32": {"atol": 1e-5, "rtol": 1e-4},
+    "tensorfloat32": {"atol": 1e-2, "rtol": 1e-2},
+    "float16": {"atol": 1e-2, "rtol": 1e-2},
+    "bfloat16": {"atol": 5e-2, "rtol": 5e-2},
 }
 
 PRECISIONS = ("auto", "native", "float64")
 MODES = ("auto", "full", "fast")
+# Which autodiff side is checked: reverse mode (VJPs, what training uses) always,
+# forward mode (JVPs) as an extra check where TensorFlow supports it ("auto").
+AUTODIFF = ("auto", "reverse", "forward", "both")
 DEFAULT_PROBES = 4
 
 
@@ -59,6 +75,15 @@ def least_precise(dtypes) -> tf.DType:
 def most_precise(dtypes) -> tf.DType:
     reals = [real_dtype(d) for d in dtypes if tf.as_dtype(d).is_floating or tf.as_dtype(d).is_complex]
     return min(reals, key=lambda d: MACHINE_EPSILON[d])
+
+
+def precision_name(dtype: tf.DType) -> str:
+    return real_dtype(dtype).name
+
+
+def less_precise(names) -> str:
+    """The least precise of the named precisions (see ``PRECISION_EPSILON``)."""
+    return max(names, key=PRECISION_EPSILON.__getitem__)
 
 
 def default_step(dtype: tf.DType) -> float:
@@ -84,10 +109,13 @@ class CheckConfig:
     seed: int = 0
     order: int = 1
     progress: bool | None = None
+    autodiff: str = "auto"
 
     def __post_init__(self):
         for name in ("eps", "atol", "rtol"):
             value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))):
+                raise TypeError(f"{name}={value!r} is not a number: pass a finite positive float, or None for the dtype default.")
             if value is not None and (not np.isfinite(value) or value < 0 or (name == "eps" and value == 0)):
                 raise ValueError(f"{name}={value!r} is not valid: pass a finite positive number, or None for the dtype default.")
         if self.jit_compile not in ("auto", True, False):
@@ -102,6 +130,10 @@ class CheckConfig:
             raise ValueError(f"probes={self.probes!r} is not valid: pass a positive number of random probes, e.g. 4.")
         if self.order not in (1, 2):
             raise ValueError(f"order={self.order!r} is not valid: pass 1 (gradients) or 2 (gradients of gradients).")
+        if self.autodiff not in AUTODIFF:
+            raise ValueError(f"autodiff={self.autodiff!r} is not valid: pass one of {AUTODIFF}.")
+        if self.device is not None and not isinstance(self.device, str):
+            raise TypeError(f"device={self.device!r} is not valid: pass a device name such as '/GPU:0', or None.")
         if self.progress not in (None, True, False):
             raise ValueError(f"progress={self.progress!r} is not valid: pass True, False or None (on a terminal only).")
 
@@ -109,19 +141,23 @@ class CheckConfig:
     def budget(self) -> int:
         return int(self.memory_budget or DEFAULT_MEMORY_BUDGET)
 
-    def tolerances(self, analytical_dtype: tf.DType) -> tuple[float, float]:
-        table = DEFAULT_TOLERANCES[real_dtype(analytical_dtype)]
+    def tolerances(self, precision: str) -> tuple[float, float]:
+        """(atol, rtol): the user's, else the table row of the precision the analytical side computes in."""
+        table = DEFAULT_TOLERANCES[precision]
         atol = table["atol"] if self.atol is None else self.atol
         rtol = table["rtol"] if self.rtol is None else self.rtol
         return float(atol), float(rtol)
 
-    def step(self, eval_dtype: tf.DType) -> float:
-        return float(self.eps) if self.eps is not None else default_step(eval_dtype)
+    def step(self, noise_epsilon: float) -> float:
+        """Relative step: ``eps``, else the cube root of the evaluations' relative noise
+        (the machine epsilon of the evaluation dtype, or the measured noise when larger)."""
+        return float(self.eps) if self.eps is not None else noise_epsilon ** (1.0 / 3.0)
 
     def replace(self, **overrides) -> CheckConfig:
         return dataclasses.replace(self, **overrides)
 
     @property
-    def compiled_key(self) -> CheckConfig:
-        """The fields compiled kernels depend on (progress, probes and seed do not matter)."""
-        return dataclasses.replace(self, progress=None, probes=DEFAULT_PROBES, seed=0, mode="auto")
+    def compiled_key(self) -> tuple:
+        """The fields compiled kernels depend on: steps, tolerances and modes are arguments or
+        host-side, so changing them reuses the kernels (the path and chunk are in each kernel's key)."""
+        return (self.jit_compile, self.device)

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _compare
-from fastcheck._autodiff import jvp_rows
+from fastcheck._autodiff import jvp_rows, reverse_jvp
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._numeric import evaluate_rows
 from fastcheck._paths import GRAPH, Route, cached, compile_kernel, plan_key
@@ -86,9 +86,14 @@ class Directional:
         self.x = tf.reshape(self.values[position], [-1])
         self.dtype = self.x.dtype
         self.scale = tf.cast(tf.maximum(1.0, tf.abs(tf.cast(self.x, tf.float64))), tf.float64)
-        self.eps = config.step(plan.eval_dtype)
+        self.eps = config.step(plan.noise_epsilon)
         self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
-        self.y0_abs = tf.abs(tf.constant(y0, tf.float64))
+        self.y0 = y0
+        self.forward_only = False  # set when the reverse-mode gradient cannot be differentiated twice
+        # Error of one evaluation per output: rounding, or f's measured noise when larger.
+        sigma = plan.noise.sigma if plan.noise is not None else 0.0
+        level = np.maximum(self.eps_eval * np.abs(y0), _compare.MEASURED_NOISE_FACTOR / _compare.NOISE_FACTOR * sigma)
+        self.level = tf.constant(level, tf.float64)
         itemsize = self.dtype.size
         per_row = (int(self.x.shape[0]) + plan.m + 2 * max(route.elements_per_eval, 1)) * itemsize * 2
         # A fixed row count keeps one compiled kernel for probes, blocks and columns alike.
@@ -137,10 +142,35 @@ class Directional:
         out = self._evaluate(batch)
         plus, minus = out[:k], out[k:]
         estimate = (plus - minus) / (2 * step)
-        noise = _compare.NOISE_FACTOR * self.eps_eval * self.y0_abs / (2 * step)
+        noise = _compare.NOISE_FACTOR * self.level / (2 * step)
         return estimate, realised, plus, minus, noise
 
     def jvp(self, tangents: tf.Tensor) -> tf.Tensor:
+        """J d for each direction [k, m] float64, from the reverse-mode gradient training uses.
+
+        J d is the derivative of the VJP (J^T u) . d with respect to u (see
+        ``_autodiff.reverse_jvp``), so every element of it comes from the user's
+        custom gradients.  Where TensorFlow cannot differentiate the VJP once more,
+        forward mode (``ForwardAccumulator``) stands in, and the report says so.
+        """
+        if not self.forward_only:
+            try:
+                tangents_native = tf.cast(tangents, self.native[self.position].dtype)
+                if self.route.path in ("xla", "graph"):
+                    key = plan_key(self.plan, self.config) + ("rjvp", self.position, int(tangents.shape[0]))
+                    kernel = cached(key, lambda: tf.function(
+                        lambda values, t: reverse_jvp(self.plan, self.position, list(values), t)))
+                    return kernel(self.native, tangents_native)
+                return reverse_jvp(self.plan, self.position, list(self.native), tangents_native)
+            except Exception as error:
+                self.forward_only = True
+                self.route.fallbacks.append(
+                    f"fast mode: the reverse-mode gradient cannot be differentiated once more ({type(error).__name__}); "
+                    "the element-wise comparison uses forward-mode JVPs, which do not see tf.custom_gradient "
+                    "(the projection u.J.d still checks the reverse-mode gradient)")
+        return self._forward_jvp(tangents)
+
+    def _forward_jvp(self, tangents: tf.Tensor) -> tf.Tensor:
         """Forward-mode J d for each direction: [k, m] float64 (one batched call when traceable)."""
         if self.route.path in ("xla", "graph"):
             try:
@@ -237,7 +267,7 @@ def compare(directional: Directional, directions: tf.Tensor, u: tf.Tensor, gradi
         if refine and len(failing):
             # Curvature along a long direction is not a gradient bug: refine the
             # failing probes with smaller steps and an error estimate.
-            y0 = directional.y0_abs.numpy()
+            y0 = directional.y0
             estimate = estimate.numpy()
             noise_rows = np.broadcast_to(noise.numpy(), estimate.shape).copy()
             for i in failing:
@@ -280,6 +310,10 @@ class ProjectionReport:
         return not self.status.any()
 
     @property
+    def title(self) -> str:
+        return f"{self.output_name} / {self.input_name}"
+
+    @property
     def failed_count(self) -> int:
         return int(self.status.sum())
 
@@ -320,18 +354,18 @@ class ProjectionReport:
 
     def detail_lines(self) -> list[str]:
         c = self.comparison
-        lines = [f"  {self.input_name}: {len(c.reverse_ratio)} random probes; worst forward |JVP - numerical| / allowed = "
+        lines = [f"  {self.input_name}: {len(c.reverse_ratio)} random probes; worst element-wise |J d - numerical| / allowed = "
                  f"{np.max(c.forward_ratio):.3g}, worst reverse |u.VJP.d - u.numerical| / allowed = {np.max(c.reverse_ratio):.3g}"]
         if self.ok:
             return lines
-        sides = [name for name, bad in (("forward (JVP)", c.forward_ratio > 1), ("reverse (VJP)", c.reverse_ratio > 1)) if bad.any()]
+        sides = [name for name, bad in (("element-wise J d", c.forward_ratio > 1), ("projection u.VJP.d", c.reverse_ratio > 1)) if bad.any()]
         lines.append(f"    failing side(s): {', '.join(sides)}")
         if self.region is not None:
             lines.append(f"    defect localised to {self.input_name}[{self.region[0]} .. {self.region[1]}] (flattened-order slab)")
         if self.worst is not None:
             e = self.worst
             of = f"output[{', '.join(map(str, e.output_index))}]" if self.side == "forward" else "(u . output)"
-            lines.append(f"    worst element found ({self.side} mode): d {of} / d {self.input_name}"
+            lines.append(f"    worst element found ({'element-wise J d' if self.side == 'forward' else 'projection u.J.d'}): d {of} / d {self.input_name}"
                          f"[{', '.join(map(str, e.input_index))}]: analytical={e.analytical:.8g} numerical={e.numerical:.8g} "
                          f"|diff|={e.abs_error:.3g} allowed={e.band:.3g}")
         if self.hint:

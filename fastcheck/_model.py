@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -170,3 +171,34 @@ def _assert_substitution_reaches_loss(loss, chosen, values, names, model, loss_f
                 f"Variable {name!r} is read in a way fastcheck cannot substitute (e.g. through a closure or a "
                 "tuple), so its gradient cannot be checked; keep it as a module attribute."
             )
+
+
+def training_gradients(model, loss_fn, data, variables, loss, values, names) -> list:
+    """``tape.gradient(loss, variables)`` on the real model, as a training step computes it.
+
+    A layer's ``tf.custom_gradient`` that takes the layer's variables
+    (``grad(dy, variables=None)``) is called only when the variables themselves
+    are on the tape, so the analytical side differentiates the real variables;
+    the numerical side evaluates the same loss statelessly, after checking that
+    both losses agree at the point.
+    """
+    x, y = data
+    chosen = list(variables) if variables is not None else list(model.trainable_variables)
+    with tf.GradientTape() as tape:
+        real = loss_fn(y, model(x, training=False) if _accepts_training(model) else model(x))
+    gradients = tape.gradient(real, chosen, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    stateless = loss(*values)
+    real_value, stateless_value = _total(real), _total(stateless)
+    eps = float(np.finfo(np.float32 if real_value.dtype != np.float64 else np.float64).eps)
+    if not np.isclose(real_value, stateless_value, rtol=256 * eps, atol=0) and np.isfinite(real_value):
+        raise ValueError(
+            f"The model's loss is {float(real_value):.9g} when called with its variables but {float(stateless_value):.9g} "
+            "when fastcheck substitutes their values, so the numerical side would differentiate another function; "
+            "check that the model reads every variable through the model (not a copy) and is deterministic."
+        )
+    return [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v) for g, v in zip(gradients, values)]
+
+
+def _total(loss) -> np.float64:
+    leaves = [np.asarray(t, np.float64) for t in tf.nest.flatten(loss)]
+    return np.float64(sum(float(np.sum(leaf)) for leaf in leaves))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._config import CheckConfig
+from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._paths import EAGER, LOOP, Progress, Route, cached, compile_kernel, pad, plan_key
 from fastcheck._plan import Plan
 
@@ -152,9 +152,14 @@ class NumericalDifferences:
 
 
 def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
-    """Per-element step ``eps * max(1, |x_j|)`` for one input (real view, flattened)."""
+    """Per-element step ``eps * max(1, |x_j|)`` for one input (real view, flattened).
+
+    ``eps`` is the evaluation dtype's ``machine_epsilon ** (1/3)``: the steps do not
+    follow f's measured noise (a larger relative step spans periods of cos at 5e7);
+    noise-limited columns are re-estimated over larger steps instead (``_api._coarsen``).
+    """
     x = plan.eval_value(plan.inputs[position]).numpy().reshape(-1).astype(np.float64)
-    return config.step(plan.eval_dtype) * np.maximum(1.0, np.abs(x))
+    return config.step(MACHINE_EPSILON[plan.eval_dtype]) * np.maximum(1.0, np.abs(x))
 
 
 def numerical_columns(differences: NumericalDifferences, position: int, columns: np.ndarray, delta: np.ndarray):

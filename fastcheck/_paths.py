@@ -134,7 +134,14 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
                      + ("" if _traced else " (the first trace in this process)"),
                      {s.position: s.size for s in plan.checked}, m, 0, [])
     _mark_traced()
-    probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
+    try:
+        probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
+    except Exception as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly
+        if config.jit_compile is True:
+            raise
+        first_line = (str(error).strip().splitlines() or [""])[0][:120]
+        return Route(EAGER, f"f cannot be traced ({type(error).__name__}: {first_line}): evaluated eagerly",
+                     {s.position: s.size for s in plan.checked}, m, 0, [])
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.

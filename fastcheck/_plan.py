@@ -18,7 +18,22 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._config import CheckConfig, least_precise, most_precise, real_dtype
+from fastcheck._config import (
+    MACHINE_EPSILON,
+    CheckConfig,
+    least_precise,
+    less_precise,
+    most_precise,
+    precision_name,
+    real_dtype,
+)
+from fastcheck._precision import (
+    NOISY_EPSILONS,
+    Noise,
+    low_precision_op,
+    measure_noise,
+    tensorfloat32_op,
+)
 
 _LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
 # precision="auto" upcasts the numerical side to float64 up to this many input elements.
@@ -78,8 +93,6 @@ def from_real_view(view: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
 
 
 def _epsilon(dtype: tf.DType) -> float:
-    from fastcheck._config import MACHINE_EPSILON
-
     return MACHINE_EPSILON[real_dtype(dtype)]
 
 
@@ -133,6 +146,10 @@ def normalize_inputs(inputs, names=None) -> list[InputSpec]:
                 f"inputs[{position}] of type {type(item).__name__} cannot be converted to a tensor ({error}); "
                 "pass a tf.Tensor, tf.Variable, numpy array or Python number."
             ) from None
+        if tf.is_symbolic_tensor(value):
+            raise TypeError(f"inputs[{position}] is a symbolic graph tensor: fastcheck evaluates f at concrete values; "
+                            "pass a numpy array or an eager tensor (inside tf.Graph().as_default(), build the inputs "
+                            "with numpy).")
         if value.dtype == tf.string or value.dtype == tf.resource or value.dtype == tf.variant:
             raise TypeError(f"inputs[{position}] has dtype {value.dtype.name}, which cannot be perturbed or passed through.")
         checked = _is_differentiable(value.dtype)
@@ -161,7 +178,19 @@ class Plan:
     notes: list[str]
     call_seconds: float  # one eager call of f
     nondeterministic: str | None = None
-    native_output: np.ndarray | None = None  # flat outputs at the point, as float64
+    native_output: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # flat f(x) as float64
+    eval_output: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # the same, numerical side
+    repeat_output: np.ndarray | None = None  # a second native call at the point (call-to-call noise)
+    noise: Noise | None = None  # measured noise of the numerical side's evaluations
+    precision: str = "float64"  # the precision the analytical side computes in (tolerance row)
+    precision_reason: str | None = None  # why it is lower than the dtypes say
+
+    @property
+    def noise_epsilon(self) -> float:
+        """Relative noise of one evaluation on the numerical side: machine epsilon, or the measured noise above it."""
+        eps = MACHINE_EPSILON[self.eval_dtype]
+        measured = self.noise.relative if self.noise is not None else 0.0
+        return measured if measured > NOISY_EPSILONS * eps else eps
 
     @property
     def checked(self) -> list[InputSpec]:
@@ -310,17 +339,20 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
     start = time.perf_counter()
     again = _flatten_output(_call_user(f, native, "the inputs (second call)"), "on the second call")
     call_seconds = time.perf_counter() - start
-    nondeterministic, jitter = None, []
+    nondeterministic, notes = None, []
     for name, first, second in zip(names, leaves, again):
         a, b = first.numpy(), second.numpy()
         if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
             continue
-        diff = float(np.max(np.abs(a.astype(np.complex128) - b.astype(np.complex128)))) if a.shape == b.shape else np.inf
-        # Parallel reductions (GPU, some CPU kernels) may differ in the last bits
-        # between calls: that is rounding, not randomness.
-        rounding = 64 * _epsilon(first.dtype) * float(np.max(np.abs(a))) if a.size and _is_differentiable(first.dtype) else 0.0
-        if diff <= rounding:
-            jitter.append(f"output{name} differs between two calls by {diff:.3g} (rounding-level: not bitwise deterministic)")
+        diff = float(np.max(np.abs(a.astype(np.complex128) - b.astype(np.complex128)))) if a.shape == b.shape else float("inf")
+        # Parallel reductions (GPU, some CPU kernels) differ between calls in the
+        # last bits: that is noise, measured and allowed for, not randomness.  A
+        # difference beyond sqrt(eps) of the output is beyond what any difference
+        # quotient could tolerate: f is random (dropout, random ops).
+        magnitude = float(np.max(np.abs(a))) if a.size and _is_differentiable(first.dtype) else 0.0
+        if diff <= np.sqrt(_epsilon(first.dtype)) * magnitude:
+            notes.append(f"output{name} differs between two calls at the same point by up to {diff:.3g} "
+                         "(not bitwise deterministic): counted as noise of the numerical side")
             continue
         nondeterministic = (
             f"f is not deterministic: two calls at the same inputs gave different output{name} "
@@ -329,30 +361,72 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
         )
         break
 
-    plan = Plan(f, specs, outputs, out, leaf_is_output, False, list(jitter), call_seconds, nondeterministic)
-    plan.native_output = np.concatenate([
-        np.reshape(to_real_view(leaf).numpy(), [-1]).astype(np.float64)
-        for leaf, keep in zip(leaves, leaf_is_output) if keep
-    ])
-    _choose_precision(plan, config)
-    return plan
+    def flat(result_leaves) -> np.ndarray:
+        return np.concatenate([np.reshape(to_real_view(leaf).numpy(), [-1]).astype(np.float64)
+                               for leaf, keep in zip(result_leaves, leaf_is_output) if keep])
+
+    native_output = flat(leaves)
+    if not native_output.size:
+        raise ValueError("f returned only empty outputs (size 0): there is no derivative to check; "
+                         "return at least one element.")
+    plan = Plan(f, specs, outputs, out, leaf_is_output, False, notes, call_seconds, nondeterministic, native_output)
+    upcast, eval_output = _choose_precision(plan, config, flat(again))
+    return dataclasses.replace(plan, eval_upcast=upcast, eval_output=eval_output,
+                               repeat_output=None if upcast else flat(again))
 
 
-def _choose_precision(plan: Plan, config: CheckConfig) -> None:
+def measure_precision(plan: Plan) -> Plan:
+    """The plan with f's measured noise and the precision its analytical side computes in."""
+    eps_eval = MACHINE_EPSILON[plan.eval_dtype]
+    values = plan.eval_values()
+    positions = [s.position for s in plan.checked]
+    noise = measure_noise(lambda moved: plan.call_flat_numpy(moved, plan.eval_upcast), values, positions,
+                          plan.eval_output, eps_eval, plan.repeat_output)
+    precision, reason = precision_name(plan.analytical_dtype), None
+    signature = [tf.TensorSpec(v.shape, v.dtype) for v in plan.native_values()]
+    traced = None
+    if noise.relative > NOISY_EPSILONS * eps_eval:
+        # f loses precision inside: one trace names the op that computes in low precision.
+        traced = tf.function(lambda *vs: plan.call_flat(list(vs)))
+        found = _safely(lambda: low_precision_op(traced, signature, below=precision))
+        if found is not None:
+            precision = less_precise([precision, found[0]])
+            reason = f"f computes in {found[0]} inside (op {found[1]})"
+    if precision == "float32":
+        traced = traced or tf.function(lambda *vs: plan.call_flat(list(vs)))
+        op = _safely(lambda: tensorfloat32_op(traced, signature))
+        if op is not None:
+            precision, reason = "tensorfloat32", (f"f runs float32 op {op} on a GPU with TensorFloat-32 enabled "
+                                                  "(tf.config.experimental.enable_tensor_float_32_execution)")
+    return dataclasses.replace(plan, noise=noise, precision=precision, precision_reason=reason)
+
+
+def _safely(find):
+    """A precision finder's answer, or None when f cannot be traced (it still runs eagerly)."""
+    try:
+        return find()
+    except Exception:  # an untraceable f computes in whatever its eager ops use: nothing more to name
+        return None
+
+
+def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tuple[bool, np.ndarray]:
+    """(evaluate the numerical side in float64?, f at the point in that precision as float64)."""
+    native = plan.native_output
     low = [s for s in plan.checked if real_dtype(s.dtype) != tf.float64] + [
         o for o in plan.outputs if real_dtype(o.dtype) != tf.float64
     ]
     if config.precision == "native" or not low:
-        return
+        return False, native
     if config.precision == "auto" and plan.n > UPCAST_MAX_ELEMENTS:
         plan.notes.append(f"numerical side evaluated in native precision: {plan.n:.3g} input elements in float64 "
                           "would double the time and memory of the check (pass precision='float64' to insist)")
-        return
+        return False, native
     # Evaluate the numerical side in float64 when f accepts it: the finite
     # differences then carry ~1e-11 error, so float32 gradients are judged by
     # float32 tolerances alone instead of by float32 finite-difference noise.
     upcast_args = [tf.cast(s.real_view, tf.float64) if s.checked else s.value for s in plan.inputs]
-    reason = None
+    reason: str | None = None
+    upcast = native
     try:
         out = plan.f(*[from_real_view(v, tf.complex128) if s.checked and s.is_complex else v
                        for s, v in zip(plan.inputs, upcast_args)])
@@ -362,15 +436,45 @@ def _choose_precision(plan: Plan, config: CheckConfig) -> None:
             reason = f"f returned {low_out[0]} for float64 inputs"
         elif [tuple(t.shape) for t in leaves] != [tuple(t.shape) for t in tf.nest.flatten(plan.structure)]:
             reason = "f returned different shapes for float64 inputs"
+        else:
+            upcast = np.concatenate([np.reshape(to_real_view(t).numpy(), [-1]).astype(np.float64)
+                                     for t, o in zip(leaves, plan.leaf_is_output) if o])
+            reason = _differs_in_float64(plan, upcast, repeat)
     except Exception as error:  # any failure means: f does not run in float64
         reason = f"f does not run in float64 ({type(error).__name__}: {_first_line(error)[:120]})"
     if reason is None:
-        plan.eval_upcast = True
         plan.notes.append("numerical side evaluated in float64 (precision='auto')")
-        return
+        return True, upcast
     if config.precision == "float64":
         raise ValueError(f"precision='float64' was requested but {reason}; pass precision='native' or 'auto'.")
     plan.notes.append(f"numerical side evaluated in native precision: {reason}")
+    return False, native
+
+
+def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> str | None:
+    """Why f in float64 is not the native f (a dtype-dependent weight, layer or code path), or None.
+
+    The float64 value must reproduce the native one within the native rounding:
+    64 machine epsilons of the output's scale, or, beyond that, 8 times the
+    native evaluations' measured noise.
+    """
+    native = plan.native_output
+    with np.errstate(invalid="ignore", over="ignore"):
+        difference = np.abs(upcast - native)
+        scale = np.abs(native) + np.sqrt(np.mean(np.square(native[np.isfinite(native)]))) if np.isfinite(native).any() else 0
+        allowed = 64 * MACHINE_EPSILON[plan.analytical_dtype] * scale
+        outside = difference > allowed
+        outside &= np.isfinite(native) & np.isfinite(upcast)
+    if not outside.any():
+        return None
+    noise = measure_noise(lambda moved: plan.call_flat_numpy(moved), plan.native_values(),
+                          [s.position for s in plan.checked], native, MACHINE_EPSILON[plan.analytical_dtype], repeat)
+    outside &= difference > allowed + 8 * noise.sigma
+    if not outside.any():
+        return None
+    row = int(np.argmax(np.where(outside, difference / np.maximum(allowed + 8 * noise.sigma, 1e-300), 0)))
+    return (f"f computes something else in float64 (flat output {row} is {upcast[row]:.8g} in float64 but "
+            f"{native[row]:.8g} natively, beyond native rounding): f chooses weights, layers or code by dtype")
 
 
 def _size(shape) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 
 from fastcheck._compare import (
     ANALYTICAL_NONFINITE,
+    DISCONTINUOUS,
     FAILING,
     MISMATCH,
     NONDIFFERENTIABLE,
@@ -18,8 +19,8 @@ from fastcheck._compare import (
 )
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
-FAST_RULE = ("|JVP_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d; "
-             "reverse: |u.VJP.d - u.numerical| <= ||u * allowed||_2")
+FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
+             "J d from the reverse-mode gradient; projection: |u.VJP.d - u.numerical| <= ||u * allowed||_2")
 
 
 class GradientCheckError(AssertionError):
@@ -68,10 +69,18 @@ class PairReport:
     hint: str | None = None
     # (row, column) -> (left, right) one-sided derivatives, for elements at a kink
     one_sided: dict = dataclasses.field(default_factory=dict)
+    # Which autodiff side ``analytical`` holds: "reverse" (VJPs, what training uses),
+    # "forward" (JVPs), or "supplied" (the user's gradients).
+    side: str = "reverse"
 
     @property
     def ok(self) -> bool:
         return not bool(np.any(np.isin(self.status, FAILING)))
+
+    @property
+    def title(self) -> str:
+        forward = " (forward mode)" if self.side == "forward" else ""
+        return f"{self.output_name} / {self.input_name}{forward}"
 
     def count(self, status: int) -> int:
         return int(np.sum(self.status == status))
@@ -127,7 +136,7 @@ class PairReport:
         with np.errstate(invalid="ignore", divide="ignore"):
             score = self.abs_error / self.band
         score = np.where(np.isin(self.status, (ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE)), np.inf, np.nan_to_num(score, nan=np.inf))
-        score = np.where(self.status == UNRESOLVED, np.maximum(score, 1.0), score)
+        score = np.where(np.isin(self.status, (UNRESOLVED, DISCONTINUOUS)), np.maximum(score, 1.0), score)
         score = np.where(self.status == NONDIFFERENTIABLE, 0.0, score)  # reported apart, below
         order = np.argsort(-score, axis=None, kind="stable")[:count]
         return [self._element(int(i)) for i in order]
@@ -164,7 +173,8 @@ class PairReport:
             lines.append(
                 f"  not differentiable at d {_index(self.output_name, e.output_index)} / d {_index(self.input_name, e.input_index)}: "
                 f"left derivative={left:.8g}, right derivative={right:.8g}, analytical={e.analytical:.8g} "
-                "(a kink of f at the point; the analytical value is one of its one-sided derivatives)"
+                "(a kink of f at the point: both one-sided derivatives settled, and the analytical value lies "
+                "between them)"
             )
         if len(kinks) > 3:
             lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")
@@ -172,7 +182,8 @@ class PairReport:
             return lines
         lines.append(f"  {self.output_name} / {self.input_name}: "
                      f"{self.count(MISMATCH)} mismatched, {self.count(ANALYTICAL_NONFINITE)} analytical non-finite, "
-                     f"{self.count(NUMERICAL_NONFINITE)} numerical non-finite, {self.count(UNRESOLVED)} unresolved "
+                     f"{self.count(NUMERICAL_NONFINITE)} numerical non-finite, {self.count(UNRESOLVED)} unresolved, "
+                     f"{self.count(DISCONTINUOUS)} at a jump of f "
                      f"(atol={self.atol:g}, rtol={self.rtol:g})")
         for e in self.worst(3):
             if e.status == "ok":
@@ -190,6 +201,7 @@ class PairReport:
         summary = {
             "output": self.output_name,
             "input": self.input_name,
+            "side": self.side,
             "ok": self.ok,
             "shape": [int(self.status.shape[0]), int(self.status.shape[1])],
             "max_abs_error": _num(self.max_abs_error),
@@ -200,6 +212,7 @@ class PairReport:
             "numerical_nonfinite": self.count(NUMERICAL_NONFINITE),
             "not_differentiable": self.count(NONDIFFERENTIABLE),
             "unresolved": self.count(UNRESOLVED),
+            "discontinuous": self.count(DISCONTINUOUS),
             "atol": self.atol,
             "rtol": self.rtol,
             "worst": [e.to_dict() for e in self.worst(3)],
@@ -234,6 +247,9 @@ class GradientReport:
     # Seconds per stage: plan (structure, determinism), route (probe trace),
     # analytical, numerical (first sweep), refine, fast (projection checks).
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    # True statements about f that do not change the verdict (a wrong forward-mode JVP
+    # where the checked reverse-mode gradient is right).
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -277,6 +293,7 @@ class GradientReport:
             "rule": FAST_RULE if self.mode == "fast" else RULE,
             "notes": list(self.notes),
             "problems": list(self.problems),
+            "warnings": list(self.warnings),
             "pairs": [p.to_dict(arrays) for p in self.pairs],
         }
 
@@ -289,12 +306,14 @@ class GradientReport:
         ]
         for problem in self.problems:
             lines.append(f"  PROBLEM: {problem}")
+        for warning in self.warnings:
+            lines.append(f"  WARNING: {warning}")
         if self.pairs:
-            width = max(len(f"{p.output_name} / {p.input_name}") for p in self.pairs)
+            width = max(len(p.title) for p in self.pairs)
             lines.append(f"  {'pair'.ljust(width)}  status  {'max abs':>9}  {'max rel':>9}  {'rel norm':>9}  failed")
             for p in self.pairs:
                 lines.append(
-                    f"  {f'{p.output_name} / {p.input_name}'.ljust(width)}  {p.label:6}  "
+                    f"  {p.title.ljust(width)}  {p.label:6}  "
                     f"{p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  {p.relative_norm_error:9.3g}  "
                     f"{p.failed_count}/{p.status.size}"
                 )

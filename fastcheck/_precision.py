@@ -1,0 +1,242 @@
+"""The precision f really computes in, and the noise of its evaluations, measured.
+
+A float32 function may compute a matmul in bfloat16 inside, a Keras model under
+``mixed_float16`` computes in float16 under float32 variables, a float32 matmul on
+an Ampere/Hopper GPU runs in TensorFloat-32 by default, and a float64 function may
+go through a float32-only op.  None of this shows in the dtypes of the inputs and
+outputs, so fastcheck measures it:
+
+* **Noise floor.**  ``f`` is evaluated at ``2 * NOISE_SIDE`` points ``x + t h p``
+  (t = +-1..8, each side on its own, p a random sign vector, ``h_j ~ 64 eps |x_j|``:
+  far below any feature of f, above its rounding; grown for outputs that do not
+  move at that scale, see ``measure_noise``).  The 4th
+  differences along t of a smooth f are ~h^4 and vanish; what is left is f's
+  rounding noise, whose standard deviation per output is
+  ``sqrt(gamma_4 * mean(diff4^2))`` with ``gamma_4 = (4!)^2 / 8!`` (Moré & Wild,
+  "Estimating computational noise", SIAM J. Sci. Comput. 2011).  Call-to-call
+  differences at the same point (nondeterministic reductions) are added.
+* **Named precision.**  When the measured noise is far above the evaluation
+  dtype's rounding, one trace of f names the low-precision op (float16/bfloat16
+  ops in the graph); TensorFloat-32 is named when a float32 MatMul/Conv runs on a
+  GPU with TF32 enabled.
+
+The measured noise sets the numerical side's noise term and its step
+(``noise_relative ** (1/3)`` instead of ``eps ** (1/3)``); the precision sets the
+tolerance row (``_config.DEFAULT_TOLERANCES``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from fastcheck._config import PRECISION_EPSILON, less_precise
+
+NOISE_SIDE = 8  # points on each side of x, each side on its own: four 4th differences per side
+SEPARATE_INPUTS = 4  # up to this many checked inputs get directions of their own
+NOISE_DIRECTIONS = 2
+NOISE_START = 64.0  # machine epsilons (relative to max(1, |x|)): the first scale tried
+NOISE_SCALES = 3  # fine scales tried for every check
+NOISE_GROWTH = 1000.0
+NOISE_MAX_SCALE = 1e-2  # relative: far beyond any rounding, still far below most features of f
+# Measured relative noise above this many machine epsilons of the evaluation dtype
+# means f loses precision inside (a cast, a low-precision op, a long cancellation).
+NOISY_EPSILONS = 16.0
+_PRECISION_OF = {tf.float16: "float16", tf.bfloat16: "bfloat16", tf.float32: "float32", tf.float64: "float64"}
+_TF32_OPS = frozenset({"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D", "Conv2DBackpropInput",
+                       "DepthwiseConv2dNative", "Einsum"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Noise:
+    """Measured noise of f's evaluations at the point."""
+
+    sigma: np.ndarray  # [m] standard deviation of each output's rounding noise
+    relative: float  # ||sigma|| / ||f(x)||: the relative noise of f as a whole
+
+
+def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, epsilon: float,
+                  repeat: np.ndarray | None = None, seed: int = 0) -> Noise:
+    """Noise of ``evaluate(values) -> flat float64 outputs`` around ``values`` (see the module docstring).
+
+    ``positions`` are the indices of the checked (real-valued) entries of ``values``;
+    ``repeat`` is a second evaluation at the point itself, if one was made.  See
+    ``_noise_along`` for the scales; an output that never moves has no noise.
+    """
+    rng = np.random.default_rng(seed + 7103)
+    bases = {p: values[p].numpy() for p in positions}
+    # One direction per input when there are few: a smooth input (a bias added in
+    # float32) would otherwise hide another that f quantises (x cast to bfloat16).
+    groups = [[p] for p in positions] if len(positions) <= SEPARATE_INPUTS else [list(positions)]
+    sigma = np.zeros(y0.shape)
+    for group in groups:
+        # Random integer weights 1..3 with random signs (integers keep the points exact):
+        # with signs alone, an output fed equally by two inputs (bilinear interpolation)
+        # cancels along half of all directions.  Two directions per group.
+        for _ in range(NOISE_DIRECTIONS):
+            signs = {p: rng.choice([-1.0, 1.0], size=bases[p].shape) * rng.integers(1, 4, size=bases[p].shape)
+                     for p in group}
+            sigma = np.maximum(sigma, _noise_along(evaluate, values, {p: bases[p] for p in group}, signs, y0, epsilon))
+    if repeat is not None:
+        with np.errstate(invalid="ignore"):
+            sigma = np.maximum(sigma, np.abs(np.asarray(repeat, np.float64) - y0) / math.sqrt(2))
+    sigma = np.where(np.isfinite(sigma), sigma, 0.0)
+    finite = np.isfinite(y0)
+    size = float(np.linalg.norm(y0[finite])) if finite.any() else 0.0
+    relative = float(np.linalg.norm(sigma[finite]) / size) if size > 0 else 0.0
+    return Noise(sigma, relative)
+
+
+def _noise_along(evaluate, values, bases, signs, y0, epsilon) -> np.ndarray:
+    """[m] noise per output along one direction.
+
+    Scales from ``NOISE_START`` epsilons up to 1/8 of the finite-difference step
+    (the 4th differences of a smooth f, ~scale^4, far below its rounding): each table
+    that is noise-dominated counts (Moré & Wild's test: 5th and 6th differences as
+    large as the 4th, where a smooth f's fall by orders of magnitude), so a
+    quantisation coarser than the finest scale (a float32 cast inside a float64 f)
+    is seen too.  Outputs that do not move at any of them grow the scale up to
+    ``NOISE_MAX_SCALE`` (f rounds to bfloat16 inside, or does not depend on this input).
+    """
+    sigma = np.zeros(y0.shape)
+    pending = np.isfinite(y0)
+    ladder = list(np.geomspace(NOISE_START * epsilon, epsilon ** (1.0 / 3.0) / 8, NOISE_SCALES))
+    scale = ladder[-1]
+    first = True
+    while ladder or (pending.any() and scale < NOISE_MAX_SCALE):
+        fine = bool(ladder)
+        scale = ladder.pop(0) if ladder else min(scale * NOISE_GROWTH, NOISE_MAX_SCALE)
+        try:
+            sides = [_along(evaluate, values, bases, signs, scale, side) for side in (1, -1)]
+        except Exception:  # f refuses points this far out (a domain check): measure no further
+            break
+        # Each side on its own, without x itself: a kink or jump of f at the point (relu
+        # at 0, relu' under order=2) lies between the sides and is not noise.  The
+        # smaller side also leaves out a kink next to the point on the other.
+        orders = [_differences(table) for table in sides]
+        estimate = np.minimum(orders[0][4], orders[1][4])
+        moving = np.ones(y0.shape, bool)
+        noisy = np.ones(y0.shape, bool)
+        for table, order in zip(sides, orders):
+            moving &= np.any(table != y0[None], axis=0) & np.all(np.isfinite(table), axis=0)
+            with np.errstate(invalid="ignore"):
+                noisy &= (np.maximum(order[5], order[6]) >= order[4] / 4) & np.isfinite(order[4])
+        # Only noise-dominated tables count (a smooth or periodic f moved this far shows
+        # its own shape, not noise), at the fine scales.  An output that first moves
+        # at a later scale (on both sides) was constant at the finer ones: f rounds it
+        # to a quantum q, and rounding to a grid has standard deviation q / sqrt(12)
+        # even where a regular staircase makes the differences vanish.  The smallest
+        # gap between its values bounds q from above.
+        counted = noisy if fine else np.zeros(y0.shape, bool)
+        sigma[counted] = np.maximum(sigma[counted], estimate[counted])
+        thawed = pending & moving & (not first)
+        if thawed.any():
+            values_seen = np.sort(np.concatenate([sides[0], sides[1], y0[None]]), axis=0)
+            gaps = np.diff(values_seen, axis=0)
+            quantum = np.min(np.where(gaps > 0, gaps, np.inf), axis=0)
+            quantised = thawed & np.isfinite(quantum)
+            sigma[quantised] = np.maximum(sigma[quantised], quantum[quantised] / math.sqrt(12))
+        pending &= ~moving
+        first = False
+    return sigma
+
+
+def _differences(table: np.ndarray) -> dict[int, np.ndarray]:
+    """Noise estimates per output from the k-th differences, k = 4, 5, 6: sqrt(gamma_k * mean(diff_k^2))."""
+    estimates = {}
+    with np.errstate(invalid="ignore", over="ignore"):
+        for k in (4, 5, 6):
+            gamma = math.factorial(k) ** 2 / math.factorial(2 * k)
+            estimates[k] = np.sqrt(gamma * np.mean(np.diff(table, n=k, axis=0) ** 2, axis=0))
+    return estimates
+
+
+def _along(evaluate, values, bases, signs, scale, side: int) -> np.ndarray:
+    """[NOISE_SIDE, m]: f at x + t h p for t = side * (1..NOISE_SIDE), ``h_j`` the power of two
+    nearest ``scale * min(|x_j|, 1)``.
+
+    Relative to |x_j| near zero (log at 1e-12 moves by 1e-12 * scale), but never more
+    than ``scale`` itself: at |x| = 5e7 a relative move would span periods of cos.
+    A power of two at least 4 ulps of x_j (times a small integer weight) makes every
+    x_j + t h_j exact, so the points lie exactly on the line and the differences see
+    f's noise alone.
+    """
+    rows = []
+    for t in range(1, NOISE_SIDE + 1):
+        moved = list(values)
+        for p, base in bases.items():
+            magnitude = np.abs(base.astype(np.float64))
+            floor = math.sqrt(float(np.finfo(base.dtype).tiny))  # x_j = 0 still moves
+            size = scale * np.clip(magnitude, floor, 1.0)
+            # At least 4 ulps of x_j (a power of two too), so that x_j itself moves: an
+            # output that stays put then does so because f rounds it.
+            ulps = 4 * np.abs(np.spacing(base)).astype(np.float64)
+            step = np.maximum(np.exp2(np.round(np.log2(size))), ulps) * signs[p]
+            moved[p] = tf.constant((base + side * t * step).astype(base.dtype))
+        rows.append(np.asarray(evaluate(moved), np.float64))
+    return np.stack(rows)
+
+
+def low_precision_op(function, signature, below: str) -> tuple[str, str] | None:
+    """(precision, op type) of the op computing in the lowest precision below ``below`` in the traced f, or None.
+
+    A float64 f may go through a float32 op (a cast, a float32-only kernel), a
+    float32 f through float16/bfloat16 ones.  Casts are named only when no
+    computing op runs in that precision, so the report names the op (e.g.
+    MatMul) rather than the cast into its precision.
+    """
+    graph = function.get_concrete_function(*signature).graph
+    limit = PRECISION_EPSILON[below]
+    found: dict[str, str] = {}
+    for op_type, dtypes in _op_dtypes(graph):
+        for dtype in dtypes:
+            name = _PRECISION_OF.get(dtype)
+            if name is None or PRECISION_EPSILON[name] <= limit:
+                continue
+            if name not in found or (found[name] == "Cast" and op_type != "Cast"):
+                found[name] = op_type
+    if not found:
+        return None
+    lowest = less_precise(found)
+    return lowest, found[lowest]
+
+
+def tensorfloat32_op(function, signature) -> str | None:
+    """The float32 MatMul/Conv op that a GPU with TF32 enabled runs in TensorFloat-32, or None."""
+    if not tf.config.experimental.tensor_float_32_execution_enabled() or not tf.config.list_logical_devices("GPU"):
+        return None
+    placed = _current_device()
+    if placed is not None and "GPU" not in placed.upper():
+        return None
+    graph = function.get_concrete_function(*signature).graph
+    for op_type, dtypes in _op_dtypes(graph):
+        if op_type in _TF32_OPS and tf.float32 in dtypes:
+            return op_type
+    return None
+
+
+def _current_device() -> str | None:
+    """The device of the enclosing ``tf.device`` scope, if any (None: TF's default placement, a GPU if one exists)."""
+    try:
+        name = tf.constant(0.0).device
+    except Exception:  # pragma: no cover - eager always has a device
+        return None
+    return name or None
+
+
+def _op_dtypes(graph):
+    """(op type, output dtypes) of every op in the graph and the functions it calls."""
+    for op in graph.get_operations():
+        yield op.type, [o.dtype for o in op.outputs]
+    for function_def in graph.as_graph_def().library.function:
+        for node in function_def.node_def:
+            dtypes = []
+            for key in ("T", "dtype", "DstT", "Tout"):
+                if key in node.attr and node.attr[key].type:
+                    dtypes.append(tf.as_dtype(node.attr[key].type))
+            yield node.op, dtypes
+
+

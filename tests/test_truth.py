@@ -1,0 +1,347 @@
+"""Verdict truth: the gradient training uses, in the precision f really computes, at hard points."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fastcheck
+from fastcheck._compare import DISCONTINUOUS
+
+RNG = np.random.default_rng(7)
+
+
+def _custom_sin(factor):
+    @tf.custom_gradient
+    def g(x):
+        return tf.sin(x), lambda dy: dy * factor * tf.cos(x)
+
+    return g
+
+
+# ---------------------------------------------------------------- reverse mode is the checked side
+
+FAN_OUT = {
+    # name: (f built from a custom-gradient g, correct?)
+    "concat_2g": (lambda g: lambda x: tf.concat([g(x), 2 * g(x)], 0), None),
+    "stack_g_g2": (lambda g: lambda x: tf.stack([g(x), g(x) ** 2, tf.exp(g(x))]), None),
+    "outer": (lambda g: lambda x: g(x)[:, None] * tf.ones([1, 5], x.dtype), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAN_OUT))
+@pytest.mark.parametrize("factor, correct", [(1.0, True), (2.0, False), (-1.0, False)])
+def test_custom_gradient_behind_more_outputs_than_inputs(name, factor, correct, dtype):
+    f = FAN_OUT[name][0](_custom_sin(factor))
+    x = tf.constant([0.3, -0.8], dtype)
+    report = fastcheck.check_gradients(f, x)
+    assert report.ok == correct, str(report)
+    assert report.mode == "reverse"
+    if not correct:
+        assert report.verdict == "fail"
+        # Forward mode differentiates the forward ops and cannot see the custom gradient.
+        assert fastcheck.check_gradients(f, x, autodiff="forward").ok
+
+
+FORWARD_UNSUPPORTED = {
+    "resize_bilinear": (lambda x: tf.image.resize(x, [6, 6], "bilinear"), "no JVP"),
+    "resize_bicubic": (lambda x: tf.image.resize(x, [6, 6], "bicubic"), "LookupError"),
+    "crop_and_resize": (lambda x: tf.image.crop_and_resize(x, [[0.1, 0.2, 0.8, 0.9]], [0], [3, 3]), "LookupError"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORWARD_UNSUPPORTED))
+def test_ops_without_forward_mode_are_checked_in_reverse_and_noted(name):
+    f, why = FORWARD_UNSUPPORTED[name]
+    image = tf.constant(RNG.uniform(size=(1, 4, 4, 2)), tf.float32)
+    report = fastcheck.check_gradients(f, image)
+    assert report.ok, str(report)
+    assert any(n.startswith("forward mode (JVP) not checked") and why in n for n in report.notes), report.notes
+    with pytest.raises(ValueError, match="autodiff='reverse'"):
+        fastcheck.check_gradients(f, image, autodiff="both")
+
+
+def test_scatter_nd_with_duplicate_indices(dtype):
+    f = lambda u: tf.scatter_nd([[0], [0], [2]], u * u, [3])  # noqa: E731
+    x = tf.constant([1.0, 2.0, 3.0], dtype)
+    report = fastcheck.check_gradients(f, x)
+    assert report.ok, str(report)
+    assert any(n.startswith("forward mode (JVP)") for n in report.notes)  # checked or explained, never a crash
+
+
+def test_forward_only_defect_is_a_warning_in_auto_and_a_failure_in_both():
+    # The forward ops hide exp behind stop_gradient, so forward mode (which ignores
+    # the custom gradient) is wrong, while the gradient training uses is right.
+    @tf.custom_gradient
+    def f(x):
+        y = tf.stop_gradient(tf.exp(x)) + 0 * x
+        return y, lambda dy: dy * tf.exp(x)
+
+    x = tf.constant([0.1, 0.4], tf.float64)
+    auto = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), x)
+    assert auto.ok and auto.warnings and "forward mode (JVP" in auto.warnings[0], str(auto)
+    assert "WARNING: forward mode" in str(auto)
+    both = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), x, autodiff="both")
+    assert not both.ok and [p.side for p in both.failures] == ["forward"], str(both)
+    assert "(forward mode)" in str(both)
+
+
+# ---------------------------------------------------------------- models: the real variables
+
+
+class _VariableGradient(tf.Module):
+    """tanh(x @ w) with a custom gradient that takes the variable (grad(dy, variables=...))."""
+
+    def __init__(self, sign):
+        self.w = tf.Variable(RNG.normal(size=(3, 2)), dtype=tf.float64)
+        self.sign = sign
+
+    def __call__(self, x):
+        w, sign = self.w, self.sign
+
+        @tf.custom_gradient
+        def matmul(x):
+            def grad(dy, variables=None):
+                return tf.matmul(dy, w, transpose_b=True), [sign * tf.matmul(x, dy, transpose_a=True)]
+
+            return tf.matmul(x, w), grad
+
+        return tf.tanh(matmul(x))
+
+
+class _KerasVariableGradient(keras.layers.Layer):
+    def __init__(self, sign=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.sign = sign
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], 2), initializer="glorot_uniform")
+
+    def call(self, x):
+        w, sign = self.w, self.sign
+
+        @tf.custom_gradient
+        def matmul(x):
+            def grad(dy, variables=None):
+                return tf.matmul(dy, w, transpose_b=True), [sign * tf.matmul(x, dy, transpose_a=True)]
+
+            return tf.matmul(x, w), grad
+
+        return tf.tanh(matmul(x))
+
+
+def _squared(y_true, y_pred):
+    return tf.reduce_sum((y_pred - y_true) ** 2)
+
+
+@pytest.mark.parametrize("sign, correct", [(1.0, True), (-1.0, False), (0.5, False)])
+def test_module_custom_variable_gradient_is_the_checked_one(sign, correct):
+    module = _VariableGradient(sign)
+    before = module.w.numpy().copy()
+    x = tf.constant(RNG.normal(size=(4, 3)))
+    report = fastcheck.check_model(module, _squared, (x, tf.zeros([4, 2], tf.float64)))
+    assert report.ok == correct, str(report)
+    assert "tape.gradient of the loss over the model's own variables" in str(report)
+    np.testing.assert_array_equal(module.w.numpy(), before)
+
+
+@pytest.mark.parametrize("sign, correct", [(1.0, True), (-1.0, False)])
+def test_keras3_custom_variable_gradient_is_the_checked_one(sign, correct):
+    model = keras.Sequential([keras.Input((3,)), _KerasVariableGradient(sign)])
+    x = RNG.normal(size=(4, 3)).astype("float32")
+    report = fastcheck.check_model(model, keras.losses.MeanSquaredError(), (x, np.zeros((4, 2), "float32")))
+    assert report.ok == correct, str(report)
+
+
+# ---------------------------------------------------------------- the precision f computes in
+
+
+def _hidden(low, factor=1.0):
+    w = RNG.normal(size=(8, 6))
+
+    @tf.custom_gradient
+    def scale(y):
+        return y, lambda dy: factor * dy
+
+    def f(x):
+        product = tf.matmul(tf.cast(x, low), tf.cast(tf.constant(w, x.dtype), low))
+        return tf.tanh(scale(tf.cast(product, x.dtype)) / 4)
+
+    return f
+
+
+@pytest.mark.parametrize("low", [tf.bfloat16, tf.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("factor, correct", [(1.0, True), (2.0, False), (-1.0, False)])
+def test_hidden_low_precision_is_found_and_named(low, factor, correct, dtype):
+    x = tf.constant(RNG.normal(size=(3, 8)), dtype)
+    report = fastcheck.check_gradients(_hidden(low, factor), x)
+    assert report.ok == correct, str(report)
+    assert f"f computes in {low.name} inside (op MatMul)" in str(report), str(report)
+
+
+def test_float64_function_through_a_float32_op_is_judged_in_float32():
+    f = lambda x: tf.cast(tf.sin(tf.cast(x, tf.float32)) * 3, tf.float64)  # noqa: E731
+    report = fastcheck.check_gradients(f, tf.constant(RNG.normal(size=16), tf.float64))
+    assert report.ok, str(report)
+    assert "f computes in float32 inside" in str(report)
+
+
+def test_dense_layer_in_bfloat16_with_float_bias(dtype):
+    def f(x, w, b):
+        return tf.tanh(tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), tf.cast(w, tf.bfloat16)), x.dtype) + b)
+
+    inputs = [tf.constant(RNG.normal(size=shape), dtype) for shape in ((4, 6), (6, 3), (3,))]
+    report = fastcheck.check_gradients(f, inputs)
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("factor, correct", [(1.0, True), (2.0, False)])
+def test_keras_mixed_precision_model(factor, correct):
+    class Scaled(keras.layers.Layer):
+        def call(self, x):
+            @tf.custom_gradient
+            def scale(y):
+                return y, lambda dy: factor * dy
+
+            return scale(x)
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), Scaled(),
+                                  keras.layers.Dense(4)])
+        x = RNG.normal(size=(4, 8)).astype("float32")
+        report = fastcheck.check_model(model, keras.losses.MeanSquaredError(), (x, np.zeros((4, 4), "float32")))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert report.ok == correct, str(report)
+    assert "f computes in float16 inside" in str(report)
+
+
+def test_function_that_changes_with_dtype_is_evaluated_natively():
+    weights = {tf.float32: 1.0, tf.float64: 1.5}  # a dtype-dependent weight: float64 is another function
+    f = lambda x: tf.sin(x) * weights[x.dtype]  # noqa: E731
+    report = fastcheck.check_gradients(f, tf.constant([0.2, 0.9], tf.float32))
+    assert report.ok, str(report)
+    assert any("f computes something else in float64" in n for n in report.notes), report.notes
+
+
+# ---------------------------------------------------------------- steps and points
+
+
+@pytest.mark.parametrize("factor, correct", [(1.0, True), (-1.0, False), (1.5, False)])
+def test_cos_at_large_argument(factor, correct):
+    @tf.custom_gradient
+    def cos(x):
+        return tf.cos(x), lambda dy: -factor * dy * tf.sin(x)
+
+    report = fastcheck.check_gradients(cos, tf.constant([5e7, -3.3e6, 1.2e4], tf.float64))
+    assert report.ok == correct, str(report)
+    if not correct:
+        assert report.verdict == "fail"
+
+
+@pytest.mark.parametrize("f, x", [
+    (tf.math.log, [3e-9, 1e-12]),
+    (tf.sqrt, [1e-10, 4e-9]),
+    (tf.math.log1p, [-1 + 1e-9]),
+    (tf.math.atanh, [1 - 1e-9]),
+], ids=["log", "sqrt", "log1p", "atanh"])
+def test_points_near_a_domain_edge(f, x):
+    report = fastcheck.check_gradients(f, tf.constant(x, tf.float64))
+    assert report.ok, str(report)
+
+
+def test_second_order_at_a_jump_of_the_first_derivative_is_undecidable():
+    # relu' jumps at 0: relu'' does not exist there, and a wrong value must not pass as a "kink".
+    report = fastcheck.check_gradients(tf.nn.relu, tf.constant([0.0, 1.0], tf.float64), order=2)
+    assert report.verdict == "undecidable", str(report)
+    assert report.pairs[0].count(DISCONTINUOUS) == 1
+    assert "f jumps at the point" in str(report)
+
+
+def test_wrong_second_derivative_away_from_a_jump_fails():
+    @tf.custom_gradient
+    def cos_wrong(x):  # claims d cos / dx = +sin: the second derivative of sin is wrong
+        return tf.cos(x), lambda dy: dy * tf.sin(x)
+
+    @tf.custom_gradient
+    def sin(x):
+        return tf.sin(x), lambda dy: dy * cos_wrong(x)
+
+    report = fastcheck.check_gradients(lambda x: sin(x) + tf.nn.relu(x), tf.constant([0.5, -0.7], tf.float64), order=2)
+    assert report.verdict == "fail", str(report)
+
+
+def test_noisy_float32_function_passes_every_time():
+    # Call-to-call noise at 1e-7 (nondeterministic reductions): counted as noise, never a false alarm.
+    def f(x):
+        return tf.sin(x) * (1 + 1e-7 * tf.random.uniform(tf.shape(x), dtype=x.dtype))
+
+    x = tf.constant(RNG.normal(size=32), tf.float32)
+    for _ in range(5):
+        report = fastcheck.check_gradients(f, x)
+        assert report.ok, str(report)
+        assert "not deterministic" not in str(report)
+
+
+def test_float64_loss_accurate_to_1e_8_is_not_a_kink():
+    # Like CTC loss: a float64 value with rounding noise far above float64's.  The noise
+    # is a float32 rounding of the value, outside the gradient (stop_gradient).
+    def rough(x):
+        exact = tf.reduce_sum(tf.sin(x) * x)
+        rounded = tf.cast(tf.cast(exact, tf.float32), tf.float64)
+        return exact + tf.stop_gradient(rounded - exact)
+
+    report = fastcheck.check_gradients(rough, tf.constant(RNG.normal(size=20), tf.float64))
+    assert report.ok, str(report)
+    assert "carry relative noise" in str(report)
+
+
+# ---------------------------------------------------------------- errors and settings
+
+
+def test_py_function_with_a_vector_output():
+    f = lambda x: tf.py_function(lambda v: tf.sin(v) * 2.0, [x], tf.float64)  # noqa: E731
+    assert fastcheck.check_gradients(f, tf.constant([0.3, 0.5, 0.7], tf.float64)).ok
+
+
+def test_check_inside_a_graph_context_runs_eagerly_on_the_side():
+    with tf.Graph().as_default():
+        assert fastcheck.check_gradients(tf.sin, np.array([0.3, 0.5])).ok
+        with pytest.raises(TypeError, match="symbolic graph tensor"):
+            fastcheck.check_gradients(tf.sin, tf.constant([0.3]))
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"rtol": "x"}, TypeError, "rtol='x' is not a number"),
+    ({"device": "/GPU:7"}, ValueError, "does not exist on this machine"),
+    ({"autodiff": "sideways"}, ValueError, "autodiff='sideways' is not valid"),
+])
+def test_bad_options_are_named(options, error, match):
+    with pytest.raises(error, match=match):
+        fastcheck.check_gradients(tf.sin, tf.constant([0.3], tf.float64), **options)
+
+
+def test_unknown_option_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match="unknown option.*'tolerance'"):
+        fastcheck.verify_gradients(tf.sin, tf.constant([0.3], tf.float64), [1.0], tolerance=1e-3)
+
+
+def test_empty_output_is_a_clear_error():
+    with pytest.raises(ValueError, match="only empty outputs"):
+        fastcheck.check_gradients(lambda x: x[:0], tf.constant([0.3, 0.4], tf.float64))
+
+
+def test_function_that_cannot_be_traced_runs_eagerly():
+    class NoTracing(Exception):
+        pass
+
+    def f(x):
+        if not tf.executing_eagerly():
+            raise NoTracing("this f runs only eagerly")
+        return tf.sin(x)
+
+    report = fastcheck.check_gradients(f, tf.constant(np.linspace(0, 1, 3000), tf.float64))
+    assert report.ok and report.path == "eager", str(report)
+    with pytest.raises(NoTracing):  # the user's own exception type, when XLA was demanded
+        fastcheck.check_gradients(f, tf.constant(np.linspace(0, 1, 3000), tf.float64), jit_compile=True)
