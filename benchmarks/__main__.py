@@ -3,6 +3,7 @@
     python -m benchmarks [run] [--quick] [--device /GPU:0] [--out DIR] [--only dense,conv] [--repeats N]
     python -m benchmarks compare OLD.json NEW.json [--threshold 1.25]
     python -m benchmarks verdicts [--out DIR] [--cases NAME,NAME] [--dtypes float32,float64]
+    python -m benchmarks op-audit [--quick] [--only NAME,NAME]
 
 A run writes ``<timestamp>.json``, ``latest.json``, ``latest.md`` and
 ``latest.png`` to ``--out`` (default ``benchmarks/results``) and prints the
@@ -33,7 +34,8 @@ def _run_parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks",
         description="Time fastcheck against tf.test.compute_gradient, an element-by-element loop and a "
         "hand-batched limit on the same functions. Subcommand 'compare OLD.json NEW.json' compares two runs; "
-        "'verdicts' tabulates right/wrong verdicts on the corpus.",
+        "'verdicts' tabulates right/wrong verdicts on the corpus; 'op-audit' checks TensorFlow's and TFP's own "
+        "registered gradients (benchmarks/op_audit.py).",
     )
     parser.add_argument("command", nargs="?", choices=["run"], help="run the suite (the default)")
     size = parser.add_mutually_exclusive_group()
@@ -127,6 +129,10 @@ def main(argv=None) -> int:
         argv = argv[1:]
     if argv and argv[0] == "compare":
         return compare_main(argv[1:])
+    if argv and argv[0] == "op-audit":
+        from benchmarks import op_audit
+
+        return op_audit.main(argv[1:])
     if argv and argv[0] == "verdicts":
         from benchmarks import verdicts
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 
@@ -16,7 +17,7 @@ from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._fast import check_fast
 from fastcheck._model import model_loss_function, training_gradients
 from fastcheck._numeric import NumericalDifferences, numerical_columns, steps
-from fastcheck._paths import choose_route
+from fastcheck._paths import choose_route, kernel_plan
 from fastcheck._plan import (
     Plan,
     _first_line,
@@ -96,10 +97,11 @@ class _Jacobians:
 
     def __init__(self, plan: Plan, config: CheckConfig, timings: dict | None = None):
         self.plan, self.config, self.timings = plan, config, {} if timings is None else timings
+        light = kernel_plan(plan)  # what compiled kernels hold: f by weak reference
         with _timed(self.timings, "route"):
-            self.route = choose_route(plan, config)
-        self.differences = NumericalDifferences(plan, config, self.route)
-        self.autodiff = AutodiffJacobian(plan, config, self.route, forward=config.autodiff == "forward")
+            self.route = choose_route(light, config)
+        self.differences = NumericalDifferences(light, config, self.route)
+        self.autodiff = AutodiffJacobian(light, config, self.route, forward=config.autodiff == "forward")
         self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
         self.y0 = plan.eval_output  # f at the point, from planning: no extra call
 
@@ -427,15 +429,44 @@ def choose_mode(plan: Plan, config: CheckConfig, supplied=None) -> tuple[str, st
     """("full" | "fast", why): full Jacobians when they fit the budget and a time estimate."""
     if supplied is not None:
         return "full", "supplied gradients are compared element by element"
+    entries = plan.m * plan.n
+    if config.mode == "full":
+        needed = FULL_BYTES_PER_ENTRY * entries
+        limit, what = _memory_limit(config)
+        if needed > limit:
+            raise ValueError(
+                f"mode='full' needs about {needed / 2**30:.3g} GiB for the {plan.m} x {plan.n} numerical and analytical "
+                f"Jacobians and their verdicts, more than the {limit / 2**30:.3g} GiB it may hold ({what}). Pass mode='fast' "
+                "(random projections: memory linear in the sizes) or mode='auto', or a larger memory_budget if "
+                "the machine has the memory."
+            )
     if config.mode != "auto":
         return config.mode, "as requested"
-    entries = plan.m * plan.n
-    limit = FULL_MAX_ENTRIES_PER_GIB * config.budget / (1 << 30)
-    if entries > limit:
-        return "fast", f"the full Jacobian has {entries:.3g} entries, more than {limit:.3g} fit memory_budget"
+    fitting = FULL_MAX_ENTRIES_PER_GIB * config.budget / (1 << 30)
+    if entries > fitting:
+        return "fast", f"the full Jacobian has {entries:.3g} entries, more than {fitting:.3g} fit memory_budget"
     if max((s.size for s in plan.checked), default=0) > FULL_MAX_INPUT:
         return "fast", f"an input has more than {FULL_MAX_INPUT} elements: 2n evaluations would take too long"
     return "full", f"the full Jacobian ({entries:.3g} entries) fits memory_budget"
+
+
+# Peak host memory of a full check per Jacobian entry: numerical, analytical, noise and
+# band (float64), f(x+h) and f(x-h) of the sweep (float64), the status (int8).
+FULL_BYTES_PER_ENTRY = 49
+
+
+def _memory_limit(config: CheckConfig) -> tuple[int, str]:
+    """The bytes a full check may hold: the larger of memory_budget and 4 GiB, but never more
+    than the memory this machine has free (the full Jacobians are not the batched
+    evaluations memory_budget sizes, so the budget alone would forbid common checks)."""
+    limit, what = max(config.budget, 4 << 30), "the larger of memory_budget and 4 GiB"
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux: no reading
+        return limit, what
+    if free < limit:
+        return int(free), "this machine's free memory"
+    return limit, what
 
 
 def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:
@@ -469,7 +500,7 @@ def _run(f: Callable, inputs, config: CheckConfig, title: str = "gradient check"
                 jac.measure()  # a few evaluations, next to fast mode's cost
             atol, rtol = config.tolerances(jac.plan.precision)
             with _timed(timings, "fast"):
-                pairs: list = check_fast(jac.plan, config, jac.route, jac.y0, atol, rtol)
+                pairs: list = check_fast(kernel_plan(jac.plan), config, jac.route, jac.y0, atol, rtol)
             kind = "fast"
         else:
             pairs, side_notes, warnings, (atol, rtol) = _full_pairs(jac, supplied, output_name)

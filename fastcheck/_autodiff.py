@@ -166,7 +166,10 @@ class AutodiffJacobian:
     def _eager(self, limit: float | None = None):
         """Row by row (reverse) or column by column (forward), eagerly; None when over ``limit`` seconds."""
         plan = self.plan
-        values = list(self.values)
+        # Fresh tensors, as a training step has: TFP bijectors cache log-det-Jacobians per
+        # tensor object, so a taped call on the objects planning already used would
+        # reuse values computed outside the tape (and miss their gradient).
+        values = [tf.identity(v) for v in self.values]
         sources = [values[s.position] for s in plan.checked]
         start = time.perf_counter()
         if self.forward and plan.m > 1:
@@ -248,7 +251,7 @@ def forward_probe(plan: Plan, directions: list[np.ndarray]) -> tuple[np.ndarray 
     gradient op) or as a missing JVP (ResizeBilinear: None); ``IndexedSlices``
     JVPs (scatter_nd with duplicate indices) are made dense.
     """
-    values = list(plan.native_values())
+    values = [tf.identity(v) for v in plan.native_values()]  # fresh tensors (TFP's per-tensor caches)
     sources = [values[s.position] for s in plan.checked]
     rows = []
     for probe in range(directions[0].shape[0]):

@@ -46,9 +46,33 @@ def main(argv=None) -> int:
         from fastcheck._demo import run_demo
 
         return run_demo(args.dtype, args.json)
+    return _bench(args.rest)
+
+
+def _bench(argv: list) -> int:
+    """Run the benchmark suite from a source checkout (it is not installed with the package)."""
+    import importlib.util
+    import pathlib
+
+    if importlib.util.find_spec("benchmarks") is None or not _is_fastcheck_suite():
+        checkout = pathlib.Path.cwd()
+        if (checkout / "benchmarks" / "__main__.py").is_file():
+            sys.path.insert(0, str(checkout))
+        else:
+            print("fastcheck bench runs the benchmark suite of a source checkout: cd into the fastcheck repository "
+                  "(the folder with benchmarks/) and run it there, or run python -m benchmarks.", file=sys.stderr)
+            return 2
     from benchmarks.__main__ import main as bench_main
 
-    return bench_main(args.rest)
+    return bench_main(argv)
+
+
+def _is_fastcheck_suite() -> bool:
+    """Whether the importable ``benchmarks`` is this project's (a user may have their own)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("benchmarks.contenders")
+    return spec is not None
 
 
 if __name__ == "__main__":

@@ -33,3 +33,10 @@ def test_help_texts():
     demo = _run("demo", "--help")
     assert demo.returncode == 0 and "--dtype" in demo.stdout and "--json" in demo.stdout
     assert _run().returncode == 2
+
+
+def test_bench_outside_a_checkout_says_where_to_run_it(tmp_path):
+    # benchmarks/ is not installed with the package: it runs from a source checkout.
+    result = subprocess.run([sys.executable, "-m", "fastcheck._cli", "bench", "--help"], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 2 and "source checkout" in result.stderr

@@ -479,3 +479,21 @@ def test_first_trace_in_a_process_counts_tensorflow_warm_up(monkeypatch):
     assert first.path == "eager" and "first trace in this process" in first.reason
     monkeypatch.setattr(_paths, "_traced", True)
     assert _paths.choose_route(plan, config).path == "graph"
+
+
+def test_checks_do_not_keep_the_function_alive_or_warn_about_retracing(caplog):
+    # The usual test-suite pattern: a fresh lambda per check, on the graph path.
+    import gc
+    import weakref
+
+    x = tf.constant(np.random.default_rng(3).normal(size=300))
+    refs = []
+    with caplog.at_level("WARNING"):
+        for _ in range(8):
+            f = lambda x: tf.sin(x) * 2  # noqa: E731
+            assert fastcheck.check_gradients(f, x, jit_compile=False).ok
+            refs.append(weakref.ref(f))
+            del f
+    gc.collect()
+    assert all(ref() is None for ref in refs)  # compiled kernels went with their function
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]

@@ -345,3 +345,12 @@ def test_function_that_cannot_be_traced_runs_eagerly():
     assert report.ok and report.path == "eager", str(report)
     with pytest.raises(NoTracing):  # the user's own exception type, when XLA was demanded
         fastcheck.check_gradients(f, tf.constant(np.linspace(0, 1, 3000), tf.float64), jit_compile=True)
+
+
+def test_full_mode_that_cannot_fit_is_a_clear_error_before_any_allocation():
+    # A 3x3 convolution of 64x64x8 in float64: two 32,768 x 32,768 Jacobians (8.6 GB each).
+    kernel = tf.constant(RNG.normal(size=(3, 3, 8, 8)))
+    f = lambda x: tf.nn.conv2d(x, kernel, 1, "SAME")  # noqa: E731
+    x = tf.constant(RNG.normal(size=(1, 64, 64, 8)))
+    with pytest.raises(ValueError, match=r"mode='full' needs about 49 GiB .* 32768 x 32768 .*Pass mode='fast'"):
+        fastcheck.check_gradients(f, x, mode="full")
