@@ -372,7 +372,8 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
     plan = Plan(f, specs, outputs, out, leaf_is_output, False, notes, call_seconds, nondeterministic, native_output)
     upcast, eval_output = _choose_precision(plan, config, flat(again))
     return dataclasses.replace(plan, eval_upcast=upcast, eval_output=eval_output,
-                               repeat_output=None if upcast else flat(again))
+                               repeat_output=None if upcast else flat(again),
+                               precision=precision_name(plan.analytical_dtype))
 
 
 def measure_precision(plan: Plan) -> Plan:

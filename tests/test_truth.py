@@ -354,3 +354,46 @@ def test_full_mode_that_cannot_fit_is_a_clear_error_before_any_allocation():
     x = tf.constant(RNG.normal(size=(1, 64, 64, 8)))
     with pytest.raises(ValueError, match=r"mode='full' needs about 49 GiB .* 32768 x 32768 .*Pass mode='fast'"):
         fastcheck.check_gradients(f, x, mode="full")
+
+
+# ---------------------------------------------------------------- order=2 through every entry point
+
+
+def _sin_with_second_derivative(sign):
+    @tf.custom_gradient
+    def cos(x):  # the derivative of cos, as the gradient of sin's gradient sees it
+        return tf.cos(x), lambda dy: dy * sign * tf.sin(x)
+
+    @tf.custom_gradient
+    def sin(x):
+        return tf.sin(x), lambda dy: dy * cos(x)
+
+    return sin
+
+
+@pytest.mark.parametrize("sign, correct", [(-1.0, True), (1.0, False)])
+def test_order_two_in_every_entry_point(sign, correct):
+    sin = _sin_with_second_derivative(sign)
+    x = tf.constant([0.3, -1.1, 2.0], tf.float64)
+    f = lambda x: tf.reduce_sum(sin(x))  # noqa: E731
+    assert fastcheck.check_gradients(f, x, order=2).ok == correct
+    assert fastcheck.GradientChecker(order=2).check(f, x).ok == correct
+
+    def grads(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = f(x)
+        return tape.gradient(y, x)
+
+    assert fastcheck.verify_gradients(f, x, grads, order=2).ok == correct
+    with pytest.raises(TypeError, match="pass grads as a callable"):
+        fastcheck.verify_gradients(f, x, [np.cos(x.numpy())], order=2)
+    hessian = fastcheck.numerical_jacobian(f, x, order=2)[0][0]
+    np.testing.assert_allclose(hessian, np.diag(-np.sin(x.numpy())), atol=1e-6)
+
+
+def test_order_two_of_a_model_loss():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
+    x = RNG.normal(size=(5, 3)).astype("float32")
+    report = fastcheck.check_model(model, keras.losses.MeanSquaredError(), (x, np.zeros((5, 1), "float32")), order=2)
+    assert report.ok and "order=2" in report.title, str(report)
