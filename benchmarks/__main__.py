@@ -4,6 +4,7 @@
     python -m benchmarks compare OLD.json NEW.json [--threshold 1.25]
     python -m benchmarks verdicts [--out DIR] [--cases NAME,NAME] [--dtypes float32,float64]
     python -m benchmarks op-audit [--quick] [--only NAME,NAME]
+    python -m benchmarks cold [--only dense-4096,mlp-20000] [--repeats 3]
 
 A run writes ``<timestamp>.json``, ``latest.json``, ``latest.md`` and
 ``latest.png`` to ``--out`` (default ``benchmarks/results``) and prints the
@@ -129,6 +130,10 @@ def main(argv=None) -> int:
         argv = argv[1:]
     if argv and argv[0] == "compare":
         return compare_main(argv[1:])
+    if argv and argv[0] == "cold":
+        from benchmarks import cold
+
+        return cold.main(argv[1:])
     if argv and argv[0] == "op-audit":
         from benchmarks import op_audit
 

@@ -6,6 +6,8 @@ No timing assertions: only that the machinery runs and its outputs have the docu
 import copy
 import json
 
+import pytest
+
 from benchmarks import report
 from benchmarks.__main__ import main
 from benchmarks.names import CONTENDERS
@@ -167,3 +169,15 @@ def test_verdict_table_on_a_few_cases_writes_markdown_and_json(tmp_path, capsys)
     markdown = (tmp_path / "verdicts.md").read_text()
     assert "wrong caught / total wrong" in markdown and "false alarms / total correct" in markdown
     assert "wrong caught / total wrong" in out  # the summary is printed too
+
+
+def test_cold_process_table_and_problem_names():
+    from benchmarks import cold
+
+    record = {"cpu": "Some CPU", "cpus": 2, "repeats": 1,
+              "problems": {"dense-4096": {"fastcheck": 0.5, "compute_gradient": 1.5, "ratio": 3.0, "path": "xla",
+                                          "ok": True}}}
+    table = cold.to_markdown(record)
+    assert "Some CPU x 2" in table and "| dense-4096 | 0.5 s | xla | 1.5 s | x3.00 |" in table
+    with pytest.raises(SystemExit):
+        cold.main(["--only", "no-such-problem"])

@@ -1,0 +1,120 @@
+"""``python -m benchmarks cold``: the first check in a fresh process, fastcheck against compute_gradient.
+
+The main suite measures "a new function in a warm process" (the CI-suite case: the
+process has already run TensorFlow).  This measures the other case a user meets:
+``python my_check.py``, where the check is the first thing the process does after
+importing TensorFlow.  Each contender runs in its own fresh Python process per
+problem and repeat (TensorFlow imported and the problem built before the clock
+starts), and the table gives the median seconds and the ratio
+``compute_gradient / fastcheck`` from the same run, with the CPU model.
+
+    python -m benchmarks cold [--only dense-1024,mlp-20000] [--repeats 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.run import _cpu_model
+
+# name -> (problems.<factory>, argument)
+PROBLEMS = {
+    "dense-1024": ("dense", 1024),
+    "dense-4096": ("dense", 4096),
+    "dense-16384": ("dense", 16384),
+    "conv-32": ("conv", 32),
+    "mlp-20000": ("mlp", 20000),
+}
+
+_CHILD = r"""
+import os, sys, time, json
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, {root!r})
+import tensorflow as tf
+from benchmarks import problems
+from benchmarks.contenders import _for_compute_gradient
+instance = getattr(problems, {factory!r})({argument!r})
+if {contender!r} == "fastcheck":
+    import fastcheck
+    start = time.perf_counter()
+    report = fastcheck.check_gradients(instance.f, instance.inputs)
+    seconds = time.perf_counter() - start
+    facts = {{"ok": report.ok, "path": report.path, "mode": report.mode}}
+else:
+    f, xs = _for_compute_gradient(instance.f, instance.inputs)
+    start = time.perf_counter()
+    tf.test.compute_gradient(f, xs)
+    seconds = time.perf_counter() - start
+    facts = {{}}
+print("RESULT " + json.dumps({{"seconds": seconds, **facts}}))
+"""
+
+
+def measure(name: str, contender: str, timeout: float = 900.0) -> dict:
+    """One fresh process: seconds of the first check (and fastcheck's path and verdict)."""
+    factory, argument = PROBLEMS[name]
+    root = str(Path(__file__).resolve().parent.parent)
+    code = _CHILD.format(root=root, factory=factory, argument=argument, contender=contender)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{contender} on {name} failed: {done.stderr.strip().splitlines()[-1:]}")
+
+
+def run(names: list[str], repeats: int) -> dict:
+    rows = {}
+    for name in names:
+        times = {"fastcheck": [], "compute_gradient": []}
+        facts: dict = {}
+        for _ in range(repeats):
+            for contender in times:
+                result = measure(name, contender)
+                times[contender].append(result["seconds"])
+                if contender == "fastcheck":
+                    facts = result
+        fast, anchor = statistics.median(times["fastcheck"]), statistics.median(times["compute_gradient"])
+        rows[name] = {"fastcheck": fast, "compute_gradient": anchor, "ratio": anchor / fast,
+                      "path": facts.get("path"), "ok": facts.get("ok")}
+        print(f"{name:12s} fastcheck {fast:7.3f} s ({facts.get('path')}, ok={facts.get('ok')})  "
+              f"compute_gradient {anchor:7.3f} s  x{anchor / fast:.2f}", flush=True)
+    return {"cpu": _cpu_model(), "cpus": os.cpu_count(), "repeats": repeats, "problems": rows}
+
+
+def to_markdown(record: dict) -> str:
+    lines = [f"First check in a fresh process (median of {record['repeats']}), {record['cpu']} x {record['cpus']}:",
+             "", "| problem | fastcheck | path | tf.test.compute_gradient | ratio |", "|---|---|---|---|---|"]
+    for name, row in record["problems"].items():
+        lines.append(f"| {name} | {row['fastcheck']:.3g} s | {row['path']} | {row['compute_gradient']:.3g} s | "
+                     f"x{row['ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks cold", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(PROBLEMS), help="problems, comma-separated: " + ", ".join(PROBLEMS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PROBLEMS]
+    if unknown:
+        parser.error(f"unknown problem(s) {unknown}; choose from {list(PROBLEMS)}")
+    record = run(names, args.repeats)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cold.json").write_text(json.dumps(record, indent=2))
+    (out / "cold.md").write_text(to_markdown(record))
+    print(to_markdown(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
