@@ -36,6 +36,8 @@ from fastcheck._precision import (
 )
 
 _LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
+# A third call times f when one call is cheaper than this (seconds).
+CALL_TIMING_LIMIT = 0.05
 # precision="auto" upcasts the numerical side to float64 up to this many input elements.
 UPCAST_MAX_ELEMENTS = 1_000_000
 
@@ -339,6 +341,12 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
     start = time.perf_counter()
     again = _flatten_output(_call_user(f, native, "the inputs (second call)"), "on the second call")
     call_seconds = time.perf_counter() - start
+    if call_seconds < CALL_TIMING_LIMIT:
+        # The second call of a fresh process still pays one-time costs (kernel lookup,
+        # allocator growth): the faster of two calls is the steady cost routing needs.
+        start = time.perf_counter()
+        _call_user(f, native, "the inputs (third call)")
+        call_seconds = min(call_seconds, time.perf_counter() - start)
     nondeterministic, notes = None, []
     for name, first, second in zip(names, leaves, again):
         a, b = first.numpy(), second.numpy()
