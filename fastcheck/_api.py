@@ -527,7 +527,8 @@ def _precision_notes(plan: Plan, config: CheckConfig, atol: float, rtol: float) 
                      f"atol={atol:g}, rtol={rtol:g}{given}")
     if plan.noise is not None and plan.noise_epsilon > MACHINE_EPSILON[plan.eval_dtype]:
         notes.append(f"f's evaluations carry relative noise {plan.noise.relative:.2g} (measured; {plan.eval_dtype.name} "
-                     f"rounds at {MACHINE_EPSILON[plan.eval_dtype]:.2g}): steps and noise allowances follow it")
+                     f"rounds at {MACHINE_EPSILON[plan.eval_dtype]:.2g}): noise allowances follow it, and columns it "
+                     "swamps are re-estimated at larger steps")
     return notes
 
 
