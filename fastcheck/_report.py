@@ -234,10 +234,143 @@ def _index(name: str, index: tuple) -> str:
 
 
 @dataclasses.dataclass
+class Comparison:
+    """Per-probe summaries of the forward and reverse comparisons (ratios > 1 fail)."""
+
+    forward_ratio: np.ndarray  # [k] worst |JVP_i - numerical_i| / allowed_i over outputs
+    reverse_ratio: np.ndarray  # [k] |u.VJP.d - u.numerical| / allowed
+    forward_worst: np.ndarray  # [k, 4]: output row, analytical, numerical, allowed at the worst element
+    reverse: np.ndarray  # [k, 3]: analytical, numerical, allowed
+    squares: np.ndarray  # [3]: sum ||n - a||^2, ||n||^2, ||a||^2 over probes
+
+    @staticmethod
+    def join(parts: list) -> Comparison:
+        joined = {f: np.concatenate([getattr(p, f) for p in parts])
+                  for f in ("forward_ratio", "reverse_ratio", "forward_worst", "reverse")}
+        return Comparison(**joined, squares=np.sum([p.squares for p in parts], axis=0))
+
+
+@dataclasses.dataclass
+class ProjectionReport:
+    """Fast-mode verdict for one input: k random probes, forward and reverse, and localisation."""
+
+    input_name: str
+    input_shape: tuple
+    comparison: Comparison
+    atol: float
+    rtol: float
+    region: tuple | None = None  # (first, last) multi-indices of the localised region
+    worst: Element | None = None  # found in the region, if any
+    hint: str | None = None
+    output_name: str = "u.J.d"
+    side: str = "forward"  # which comparison the worst element comes from
+
+    @property
+    def status(self) -> np.ndarray:
+        c = self.comparison
+        return np.stack([np.where(c.forward_ratio > 1, 1, 0), np.where(c.reverse_ratio > 1, 1, 0)], axis=1)
+
+    @property
+    def ok(self) -> bool:
+        return not self.status.any()
+
+    @property
+    def title(self) -> str:
+        return f"{self.output_name} / {self.input_name}"
+
+    @property
+    def failed_count(self) -> int:
+        return int(self.status.sum())
+
+    @property
+    def label(self) -> str:
+        return "ok" if self.ok else "FAIL"
+
+    def count(self, status: int) -> int:
+        """Failing probe comparisons count as mismatches (element-wise J d, then projection)."""
+        return int(np.sum(self.status == status))
+
+    @property
+    def max_abs_error(self) -> float:
+        """Largest |analytical - numerical| among the probes' worst forward elements and reverse values."""
+        c = self.comparison
+        forward = np.abs(c.forward_worst[:, 1] - c.forward_worst[:, 2])
+        return float(np.nanmax(np.concatenate([forward, np.abs(c.reverse[:, 0] - c.reverse[:, 1])])))
+
+    @property
+    def max_rel_error(self) -> float:
+        """Largest relative error of the reverse projections u.J.d."""
+        a, n = self.comparison.reverse[:, 0], self.comparison.reverse[:, 1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scale = np.maximum(np.abs(a), np.abs(n))
+            return float(np.max(np.where(scale > 0, np.abs(a - n) / scale, 0.0)))
+
+    @property
+    def relative_norm_error(self) -> float:
+        """||n - a|| / (||n|| + ||a|| + 1e-8) over all probes' J d vectors (forward side)."""
+        difference, numerical, analytical = np.sqrt(self.comparison.squares)
+        return float(difference / (numerical + analytical + 1e-8))
+
+    @property
+    def worst_element(self):
+        return self.worst
+
+    @property
+    def numerical(self) -> np.ndarray:
+        """[k] the numerical projections u . J d, one per probe."""
+        return self.comparison.reverse[:, 1]
+
+    @property
+    def analytical(self) -> np.ndarray:
+        """[k] the reverse-mode projections (J^T u) . d, one per probe."""
+        return self.comparison.reverse[:, 0]
+
+    def kinks(self) -> list:
+        """Fast mode does not look for kinks: its probes move every element at once."""
+        return []
+
+    def detail_lines(self) -> list[str]:
+        c = self.comparison
+        lines = [f"  {self.input_name}: {len(c.reverse_ratio)} random probes; worst element-wise |J d - numerical| / allowed = "
+                 f"{np.max(c.forward_ratio):.3g}, worst reverse |u.VJP.d - u.numerical| / allowed = {np.max(c.reverse_ratio):.3g}"]
+        if self.ok:
+            return lines
+        sides = [name for name, bad in (("element-wise J d", c.forward_ratio > 1), ("projection u.VJP.d", c.reverse_ratio > 1)) if bad.any()]
+        lines.append(f"    failing side(s): {', '.join(sides)}")
+        if self.region is not None:
+            lines.append(f"    defect localised to {self.input_name}[{self.region[0]} .. {self.region[1]}] (flattened-order slab)")
+        if self.worst is not None:
+            e = self.worst
+            of = f"output[{', '.join(map(str, e.output_index))}]" if self.side == "forward" else "(u . output)"
+            lines.append(f"    worst element found ({'element-wise J d' if self.side == 'forward' else 'projection u.J.d'}): d {of} / d {self.input_name}"
+                         f"[{', '.join(map(str, e.input_index))}]: analytical={e.analytical:.8g} numerical={e.numerical:.8g} "
+                         f"|diff|={e.abs_error:.3g} allowed={e.band:.3g}")
+        if self.hint:
+            lines.append(f"    hint: {self.hint}")
+        return lines
+
+    def to_dict(self, arrays: bool = False) -> dict:
+        c = self.comparison
+        return {
+            "output": self.output_name,
+            "input": self.input_name,
+            "ok": self.ok,
+            "probes": int(len(c.reverse_ratio)),
+            "forward_ratio": [float(v) for v in c.forward_ratio],
+            "reverse_ratio": [float(v) for v in c.reverse_ratio],
+            "max_abs_error": self.max_abs_error,
+            "region": [list(self.region[0]), list(self.region[1])] if self.region else None,
+            "worst": self.worst.to_dict() if self.worst is not None else None,
+            "atol": self.atol,
+            "rtol": self.rtol,
+        }
+
+
+@dataclasses.dataclass
 class GradientReport:
     """What a check found.  ``bool(report)`` is ``report.ok``."""
 
-    pairs: list[PairReport]
+    pairs: list  # PairReport (full mode) or ProjectionReport (fast mode): same interface
     path: str
     mode: str
     seconds: float
