@@ -127,7 +127,7 @@ class AutodiffJacobian:
     def _keys(self) -> list[tuple]:
         """Cache keys of the kernels ``_batched`` would use on the current path."""
         plan = self.plan
-        if plan.m == 1:
+        if plan.m == 1 and not self.forward:
             return [self._key("gradient")]
         if self.forward:
             return [self._key("forward", s.position, self.route.chunks[s.position]) for s in plan.checked]
@@ -139,7 +139,7 @@ class AutodiffJacobian:
     def _batched(self):
         plan, path = self.plan, self.route.path
         keys = self._keys()
-        if plan.m == 1:
+        if plan.m == 1 and not self.forward:
             kernel = cached(keys[0], lambda: _gradient_kernel(plan, path))
             return [g.numpy().astype(np.float64) for g in kernel(self.values)]
         if self.forward:
@@ -172,7 +172,7 @@ class AutodiffJacobian:
         values = [tf.identity(v) for v in self.values]
         sources = [values[s.position] for s in plan.checked]
         start = time.perf_counter()
-        if self.forward and plan.m > 1:
+        if self.forward:
             blocks = []
             for spec, source in zip(plan.checked, sources):
                 columns = []

@@ -397,3 +397,15 @@ def test_order_two_of_a_model_loss():
     x = RNG.normal(size=(5, 3)).astype("float32")
     report = fastcheck.check_model(model, keras.losses.MeanSquaredError(), (x, np.zeros((5, 1), "float32")), order=2)
     assert report.ok and "order=2" in report.title, str(report)
+
+
+def test_forward_side_of_a_scalar_function_is_forward_mode():
+    # A wrong custom gradient on a scalar loss: reverse mode (training) sees it, forward mode cannot.
+    @tf.custom_gradient
+    def loss(x):
+        return tf.reduce_sum(tf.sin(x)), lambda dy: 2 * dy * tf.cos(x)
+
+    x = tf.constant([0.2, 0.7], tf.float64)
+    assert not fastcheck.check_gradients(loss, x).ok
+    forward = fastcheck.check_gradients(loss, x, autodiff="forward")
+    assert forward.ok and forward.mode == "forward" and {p.side for p in forward.pairs} == {"forward"}
