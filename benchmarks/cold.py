@@ -8,7 +8,10 @@ problem and repeat (TensorFlow imported and the problem built before the clock
 starts), and the table gives the median seconds and the ratio
 ``compute_gradient / fastcheck`` from the same run, with the CPU model.
 
-    python -m benchmarks cold [--only dense-1024,mlp-20000] [--repeats 3] [--out DIR]
+    python -m benchmarks cold [--only dense-1024,mlp-20000] [--repeats 3] [--out DIR] [--warm]
+
+``--warm`` measures the other case beside it: a new function checked in a process that
+has already checked (and traced, and XLA-compiled) another one.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ sys.path.insert(0, {root!r})
 import tensorflow as tf
 from benchmarks import problems
 from benchmarks.contenders import _for_compute_gradient
+if {warm!r}:  # a process that has already checked and traced something: the CI-suite case
+    import fastcheck
+    fastcheck.check_gradients(lambda x: tf.tanh(x) * 2, tf.constant([[0.1] * 64] * 64, tf.float64), jit_compile=True)
+    tf.test.compute_gradient(tf.sin, [tf.constant([0.1, 0.2], tf.float64)])
 instance = getattr(problems, {factory!r})({argument!r})
 if {contender!r} == "fastcheck":
     import fastcheck
@@ -56,11 +63,12 @@ print("RESULT " + json.dumps({{"seconds": seconds, **facts}}))
 """
 
 
-def measure(name: str, contender: str, timeout: float = 900.0) -> dict:
-    """One fresh process: seconds of the first check (and fastcheck's path and verdict)."""
+def measure(name: str, contender: str, timeout: float = 900.0, warm: bool = False) -> dict:
+    """One fresh process: seconds of the first check of this function (and fastcheck's path and
+    verdict); with ``warm``, after a warm-up check of another function in the same process."""
     factory, argument = PROBLEMS[name]
     root = str(Path(__file__).resolve().parent.parent)
-    code = _CHILD.format(root=root, factory=factory, argument=argument, contender=contender)
+    code = _CHILD.format(root=root, factory=factory, argument=argument, contender=contender, warm=warm)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     for line in done.stdout.splitlines():
@@ -69,14 +77,14 @@ def measure(name: str, contender: str, timeout: float = 900.0) -> dict:
     raise RuntimeError(f"{contender} on {name} failed: {done.stderr.strip().splitlines()[-1:]}")
 
 
-def run(names: list[str], repeats: int) -> dict:
+def run(names: list[str], repeats: int, warm: bool = False) -> dict:
     rows = {}
     for name in names:
         times = {"fastcheck": [], "compute_gradient": []}
         facts: dict = {}
         for _ in range(repeats):
             for contender in times:
-                result = measure(name, contender)
+                result = measure(name, contender, warm=warm)
                 times[contender].append(result["seconds"])
                 if contender == "fastcheck":
                     facts = result
@@ -85,11 +93,12 @@ def run(names: list[str], repeats: int) -> dict:
                       "path": facts.get("path"), "ok": facts.get("ok")}
         print(f"{name:12s} fastcheck {fast:7.3f} s ({facts.get('path')}, ok={facts.get('ok')})  "
               f"compute_gradient {anchor:7.3f} s  x{anchor / fast:.2f}", flush=True)
-    return {"cpu": _cpu_model(), "cpus": os.cpu_count(), "repeats": repeats, "problems": rows}
+    return {"cpu": _cpu_model(), "cpus": os.cpu_count(), "repeats": repeats, "warm": warm, "problems": rows}
 
 
 def to_markdown(record: dict) -> str:
-    lines = [f"First check in a fresh process (median of {record['repeats']}), {record['cpu']} x {record['cpus']}:",
+    what = "A new function in a warm process" if record.get("warm") else "First check in a fresh process"
+    lines = [f"{what} (median of {record['repeats']}), {record['cpu']} x {record['cpus']}:",
              "", "| problem | fastcheck | path | tf.test.compute_gradient | ratio |", "|---|---|---|---|---|"]
     for name, row in record["problems"].items():
         lines.append(f"| {name} | {row['fastcheck']:.3g} s | {row['path']} | {row['compute_gradient']:.3g} s | "
@@ -102,16 +111,19 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default=",".join(PROBLEMS), help="problems, comma-separated: " + ", ".join(PROBLEMS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--warm", action="store_true",
+                        help="check a new function in a process that has already checked another (the CI-suite case)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in PROBLEMS]
     if unknown:
         parser.error(f"unknown problem(s) {unknown}; choose from {list(PROBLEMS)}")
-    record = run(names, args.repeats)
+    record = run(names, args.repeats, args.warm)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cold.json").write_text(json.dumps(record, indent=2))
-    (out / "cold.md").write_text(to_markdown(record))
+    stem = "warm" if args.warm else "cold"
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=2))
+    (out / f"{stem}.md").write_text(to_markdown(record))
     print(to_markdown(record))
     return 0
 

@@ -44,6 +44,8 @@ import scipy.special as sp  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_probability as tfp  # noqa: E402
 
+from benchmarks.corpus import _c, _fixed, _normal, _t, _uniform  # noqa: E402  (the corpus's input makers)
+
 tfd, tfb = tfp.distributions, tfp.bijectors
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,38 +68,6 @@ class Op:
     reference: Callable | None = None  # reference(*float64 arrays) -> [Jacobian or None per input]
     known_bug: str | None = None  # a real TF gradient bug: the audit expects fastcheck to fail
     description: str = ""
-
-
-# ----------------------------------------------------------------------------- input makers
-
-
-def _t(values, dtype) -> tf.Tensor:
-    return tf.constant(np.asarray(values, dtype=np.float64), dtype=dtype)
-
-
-def _c(values, like) -> tf.Tensor:
-    """A constant with the dtype of ``like`` (so f runs in float32 and float64)."""
-    return tf.constant(np.asarray(values, dtype=np.float64), dtype=like.dtype)
-
-
-def _fixed(*arrays):
-    return lambda dtype: [_t(a, dtype) for a in arrays]
-
-
-def _normal(seed, *shapes, scale=1.0, shift=0.0):
-    def make(dtype):
-        rng = np.random.default_rng(seed)
-        return [_t(shift + scale * rng.normal(size=shape), dtype) for shape in shapes]
-
-    return make
-
-
-def _uniform(seed, low, high, *shapes):
-    def make(dtype):
-        rng = np.random.default_rng(seed)
-        return [_t(rng.uniform(low, high, size=shape), dtype) for shape in shapes]
-
-    return make
 
 
 def _away_from_zero(seed, low, high, *shapes):
@@ -1390,17 +1360,10 @@ def markdown(record: dict) -> str:
 
 def _versions() -> dict:
     import importlib.metadata
-    import platform
 
-    def version(name):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
+    from benchmarks.verdicts import _versions as corpus_versions
 
-    return {"python": platform.python_version(), "tensorflow": tf.__version__,
-            "tensorflow_probability": version("tensorflow-probability"), "numpy": np.__version__,
-            "scipy": version("scipy"), "fastcheck": version("fastcheck")}
+    return {**corpus_versions(), "scipy": importlib.metadata.version("scipy")}
 
 
 def _parser() -> argparse.ArgumentParser:

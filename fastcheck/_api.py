@@ -357,21 +357,19 @@ def _cubic_slopes(jac: _Jacobians, position: int, columns, width, sigma):
     idx = np.tile(columns, 4)
     delta = np.concatenate([k * width for k in (1.0, 2.0, 3.0, 4.0)])
     _, plus, minus, spans = numerical_columns(jac.differences, position, idx, delta)
-    offsets = (spans / 2).reshape(4, count)  # the offsets actually realised
+    unit = spans.reshape(4, count)[3] / 8  # the step actually realised: half the span at t = 4, over 4
     plus, minus = plus.reshape(-1, 4, count), minus.reshape(-1, 4, count)
     values = np.concatenate([minus[:, ::-1], np.broadcast_to(jac.y0[:, None, None], (jac.plan.m, 1, count)), plus],
                             axis=1)  # [m, 9, k]
-    nodes = np.concatenate([-offsets[::-1], np.zeros((1, count)), offsets]) / width[None, :]  # about -4..4
-    estimate = np.empty((jac.plan.m, count))
-    residual = np.empty((jac.plan.m, count))
-    for c in range(count):
-        if not np.all(np.isfinite(values[:, :, c])):
-            estimate[:, c], residual[:, c] = np.nan, np.inf  # outside f's domain: not for this ladder
-            continue
-        design = np.vander(nodes[:, c], 4, increasing=True)
-        coefficients, *_ = np.linalg.lstsq(design, values[:, :, c].T, rcond=None)
-        estimate[:, c] = coefficients[1] / width[c]
-        residual[:, c] = np.sqrt(np.mean((values[:, :, c].T - design @ coefficients) ** 2, axis=0))
+    # One least-squares solve for every row and column: the nodes are t = -4..4 in units
+    # of each column's step (rounding moves them by far less than the noise allows).
+    with np.errstate(invalid="ignore", over="ignore"):
+        coefficients = np.einsum("ct,mtk->mck", _CUBIC_FIT, values)  # [m, 4, k]
+        fitted = np.einsum("tc,mck->mtk", _NODES, coefficients)
+        residual = np.sqrt(np.mean((values - fitted) ** 2, axis=1))
+        estimate = coefficients[:, 1] / unit[None, :]
+    outside = ~np.all(np.isfinite(values), axis=1)  # outside f's domain: not for this ladder
+    estimate[outside], residual[outside] = np.nan, np.inf
     error = _compare.MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE * sigma[:, None] / width[None, :]
     return estimate, error, residual
 
@@ -379,7 +377,8 @@ def _cubic_slopes(jac: _Jacobians, position: int, columns, width, sigma):
 # Noise-limited columns: 4 H at most this relative step; the standard deviation of the
 # cubic-fit slope in units of sigma / H (9 nodes -4..4).
 COARSE_MAX_STEP = 0.25
-_NODES = np.vander(np.arange(-4.0, 5.0), 4, increasing=True)
+_NODES = np.vander(np.arange(-4.0, 5.0), 4, increasing=True)  # [9, 4]: 1, t, t^2, t^3
+_CUBIC_FIT = np.linalg.pinv(_NODES)  # [4, 9]
 COARSE_SLOPE_NOISE = float(np.sqrt(np.linalg.inv(_NODES.T @ _NODES)[1, 1]))
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from fastcheck._config import CheckConfig
 from fastcheck._paths import EAGER, LOOP, Route, cached, compile_kernel, is_cached, pad, plan_key
-from fastcheck._plan import Plan
+from fastcheck._plan import Plan, _first_line
 
 ZERO = tf.UnconnectedGradients.ZERO
 # Eager passes run when predicted (from the first pass) to finish within these.
@@ -273,14 +273,6 @@ def forward_probe(plan: Plan, directions: list[np.ndarray]) -> tuple[np.ndarray 
     return np.stack(rows), None
 
 
-def unconnected_outputs(plan: Plan, analytical: list[np.ndarray]) -> np.ndarray:
-    """[m] mask of output rows that no checked input reaches (their forward JVP is None by right)."""
-    reached = np.zeros(plan.m, bool)
-    for block in analytical:
-        reached |= np.any(block != 0, axis=1)
-    return ~reached
-
-
 def reverse_jvp(plan: Plan, position: int, values, tangents: tf.Tensor) -> tf.Tensor:
     """J d for each row d of ``tangents`` [k, n] from the reverse-mode gradient: [k, m].
 
@@ -308,7 +300,3 @@ def reverse_jvp(plan: Plan, position: int, values, tangents: tf.Tensor) -> tf.Te
         rows.append(tf.cast(_densify(row), tf.float64))
     return tf.stack(rows)
 
-
-def _first_line(error: Exception) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return (lines[0] if lines else repr(error))[:200]

@@ -86,10 +86,6 @@ def less_precise(names) -> str:
     return max(names, key=PRECISION_EPSILON.__getitem__)
 
 
-def default_step(dtype: tf.DType) -> float:
-    return MACHINE_EPSILON[real_dtype(dtype)] ** (1.0 / 3.0)
-
-
 @dataclasses.dataclass(frozen=True)
 class CheckConfig:
     """Everything that decides how a check runs; frozen and hashable.

@@ -89,6 +89,19 @@ def test_forward_only_defect_is_a_warning_in_auto_and_a_failure_in_both():
 # ---------------------------------------------------------------- models: the real variables
 
 
+def _tanh_of_matmul(x, w, sign):
+    """tanh(x @ w) whose custom gradient takes the variable w; its variable gradient is scaled by sign."""
+
+    @tf.custom_gradient
+    def matmul(x):
+        def grad(dy, variables=None):
+            return tf.matmul(dy, w, transpose_b=True), [sign * tf.matmul(x, dy, transpose_a=True)]
+
+        return tf.matmul(x, w), grad
+
+    return tf.tanh(matmul(x))
+
+
 class _VariableGradient(tf.Module):
     """tanh(x @ w) with a custom gradient that takes the variable (grad(dy, variables=...))."""
 
@@ -97,16 +110,7 @@ class _VariableGradient(tf.Module):
         self.sign = sign
 
     def __call__(self, x):
-        w, sign = self.w, self.sign
-
-        @tf.custom_gradient
-        def matmul(x):
-            def grad(dy, variables=None):
-                return tf.matmul(dy, w, transpose_b=True), [sign * tf.matmul(x, dy, transpose_a=True)]
-
-            return tf.matmul(x, w), grad
-
-        return tf.tanh(matmul(x))
+        return _tanh_of_matmul(x, self.w, self.sign)
 
 
 class _KerasVariableGradient(keras.layers.Layer):
@@ -118,16 +122,7 @@ class _KerasVariableGradient(keras.layers.Layer):
         self.w = self.add_weight(shape=(shape[-1], 2), initializer="glorot_uniform")
 
     def call(self, x):
-        w, sign = self.w, self.sign
-
-        @tf.custom_gradient
-        def matmul(x):
-            def grad(dy, variables=None):
-                return tf.matmul(dy, w, transpose_b=True), [sign * tf.matmul(x, dy, transpose_a=True)]
-
-            return tf.matmul(x, w), grad
-
-        return tf.tanh(matmul(x))
+        return _tanh_of_matmul(x, self.w, self.sign)
 
 
 def _squared(y_true, y_pred):
