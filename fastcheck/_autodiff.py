@@ -18,8 +18,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._config import CheckConfig
-from fastcheck._paths import EAGER, LOOP, Route, cached, compile_kernel, is_cached, pad, plan_key
+from fastcheck._executor import Executor
+from fastcheck._paths import EAGER, LOOP, cached, compile_kernel, is_cached, pad, plan_key
 from fastcheck._plan import Plan, _first_line
 
 ZERO = tf.UnconnectedGradients.ZERO
@@ -94,9 +94,9 @@ def _forward_kernel(plan: Plan, position: int, chunk: int, path: str):
 class AutodiffJacobian:
     """Computes the autodiff Jacobian of every (output, input) pair at once."""
 
-    def __init__(self, plan: Plan, config: CheckConfig, route: Route, forward: bool = False):
-        self.plan, self.config, self.route = plan, config, route
-        self.values = tuple(plan.native_values())
+    def __init__(self, executor: Executor, forward: bool = False):
+        self.executor, self.plan, self.config = executor, executor.plan, executor.config
+        self.values = executor.native
         self.forward = forward
 
     @property
@@ -109,20 +109,20 @@ class AutodiffJacobian:
         # and above all for while-loop functions, whose gradient graphs take
         # seconds to trace.  The first row's time decides whether to go on.
         # A kernel already compiled for this plan (a repeated check) always wins.
-        limit = None if self.route.path == EAGER else EAGER_LOOP_SECONDS if self.route.path == LOOP else EAGER_SECONDS
+        limit = None if self.executor.path == EAGER else EAGER_LOOP_SECONDS if self.executor.path == LOOP else EAGER_SECONDS
         result = None if self._compiled() else self._eager(limit)
         if result is not None:
             return result
-        while self.route.path != EAGER:
+        while self.executor.path != EAGER:
             try:
                 return self._batched()
             except Exception as error:
-                if not self.route.fall_back(error, "autodiff"):
+                if not self.executor.fall_back(error, "autodiff"):
                     raise
         return self._eager()
 
     def _key(self, *parts):
-        return plan_key(self.plan, self.config) + ("autodiff", self.route.path) + parts
+        return plan_key(self.plan, self.config) + ("autodiff", self.executor.path) + parts
 
     def _keys(self) -> list[tuple]:
         """Cache keys of the kernels ``_batched`` would use on the current path."""
@@ -130,14 +130,14 @@ class AutodiffJacobian:
         if plan.m == 1 and not self.forward:
             return [self._key("gradient")]
         if self.forward:
-            return [self._key("forward", s.position, self.route.chunks[s.position]) for s in plan.checked]
-        return [self._key("reverse", self.route.output_chunk)]
+            return [self._key("forward", s.position, self.executor.chunks[s.position]) for s in plan.checked]
+        return [self._key("reverse", self.executor.route.output_chunk)]
 
     def _compiled(self) -> bool:
-        return self.route.path != EAGER and all(is_cached(key) for key in self._keys())
+        return self.executor.path != EAGER and all(is_cached(key) for key in self._keys())
 
     def _batched(self):
-        plan, path = self.plan, self.route.path
+        plan, path = self.plan, self.executor.path
         keys = self._keys()
         if plan.m == 1 and not self.forward:
             kernel = cached(keys[0], lambda: _gradient_kernel(plan, path))
@@ -145,7 +145,7 @@ class AutodiffJacobian:
         if self.forward:
             result = []
             for spec, key in zip(plan.checked, keys):
-                chunk = self.route.chunks[spec.position]
+                chunk = self.executor.chunks[spec.position]
                 kernel = cached(key, lambda p=spec.position, c=chunk: _forward_kernel(plan, p, c, path))
                 columns = []
                 for start in range(0, spec.size, chunk):
@@ -154,7 +154,7 @@ class AutodiffJacobian:
                     columns.append(out.numpy()[: len(idx)].astype(np.float64))
                 result.append(np.concatenate(columns).T)
             return result
-        chunk = self.route.output_chunk
+        chunk = self.executor.route.output_chunk
         kernel = cached(keys[0], lambda: _reverse_kernel(plan, path))
         blocks = [[] for _ in plan.checked]
         for start in range(0, plan.m, chunk):

@@ -1,4 +1,6 @@
-"""Random-projection checks (``mode="fast"``) and localisation of a defect.
+"""The fast check (``mode="fast"``): random projections and localisation of a defect.
+
+One strategy of ``_check.run_check`` (the other is ``_full``), evaluating f through the same executor.
 
 For k probe pairs (u, d) per input -- seeded numpy draws that never touch
 TensorFlow's or numpy's global RNG -- three numbers are compared:
@@ -32,22 +34,16 @@ import tensorflow as tf
 
 from fastcheck import _compare
 from fastcheck._autodiff import jvp_rows, reverse_jvp
-from fastcheck._config import MACHINE_EPSILON, CheckConfig
-from fastcheck._numeric import evaluate_rows
-from fastcheck._paths import GRAPH, Route, cached, compile_kernel, plan_key
-from fastcheck._plan import Plan
-from fastcheck._report import Comparison, Element, ProjectionReport
+from fastcheck._config import MACHINE_EPSILON
+from fastcheck._executor import Executor, timed
+from fastcheck._paths import GRAPH, XLA
+from fastcheck._plan import Plan, measure_precision
+from fastcheck._report import Comparison, Element, Outcome, ProjectionReport
 
 BLOCKS = 8
 REGION_MAX = 64
 LOCALISE_DRAWS = 3  # random draws per bisection level before giving up on it
-FAST_ROWS = 16
 ZERO = tf.UnconnectedGradients.ZERO
-
-
-def _batch_kernel(plan: Plan, position: int, path: str, flat_function=None):
-    """f at each row of a [rows, n_k] batch of values for one input; flat outputs [rows, m]."""
-    return compile_kernel(lambda values, batch: evaluate_rows(plan, position, path, values, batch, flat_function), path)
 
 
 def _jvp_kernel(plan: Plan, position: int):
@@ -77,67 +73,32 @@ class Directional:
     device; only per-probe summaries come back to the host.
     """
 
-    def __init__(self, plan: Plan, config: CheckConfig, route: Route, position: int, y0: np.ndarray):
-        self.plan, self.config, self.route, self.position = plan, config, route, position
-        self.values = tuple(plan.eval_values())
-        self.native = tuple(plan.native_values())
+    def __init__(self, executor: Executor, plan: Plan, position: int, y0: np.ndarray):
+        self.executor, self.plan, self.config, self.position = executor, plan, executor.config, position
+        self.values, self.native = executor.values, executor.native
         self.x = tf.reshape(self.values[position], [-1])
         self.dtype = self.x.dtype
         self.scale = tf.cast(tf.maximum(1.0, tf.abs(tf.cast(self.x, tf.float64))), tf.float64)
-        self.eps = config.step(plan.noise_epsilon)
+        self.eps = self.config.step(plan.noise_epsilon)
         self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
         self.y0 = y0
         self.forward_only = False  # set when the reverse-mode gradient cannot be differentiated twice
+        self.batched_jvp = True  # cleared when forward mode cannot run as one batched kernel
         # Error of one evaluation per output: rounding, or f's measured noise when larger.
         sigma = plan.noise.sigma if plan.noise is not None else 0.0
         level = np.maximum(self.eps_eval * np.abs(y0), _compare.MEASURED_NOISE_FACTOR / _compare.NOISE_FACTOR * sigma)
         self.level = tf.constant(level, tf.float64)
-        itemsize = self.dtype.size
-        per_row = (int(self.x.shape[0]) + plan.m + 2 * max(route.elements_per_eval, 1)) * itemsize * 2
-        # A fixed row count keeps one compiled kernel for probes, blocks and columns alike.
-        self.rows = int(max(2, min(FAST_ROWS, config.budget // per_row)))
 
     @property
     def probes_per_call(self) -> int:
-        return max(1, self.rows // 2)
-
-    def _evaluate(self, batch: tf.Tensor) -> tf.Tensor:
-        """f at each row of ``batch`` ([b, n], evaluation dtype): [b, m] float64."""
-        outputs = []
-        for start in range(0, int(batch.shape[0]), self.rows):
-            part = batch[start : start + self.rows]
-            count = int(part.shape[0])
-            if self.route.path == "eager":
-                for i in range(count):
-                    values = list(self.values)
-                    values[self.position] = tf.reshape(part[i], self.values[self.position].shape)
-                    outputs.append(tf.cast(self.plan.call_flat(values, self.plan.eval_upcast), tf.float64)[None])
-                continue
-            if count < self.rows:
-                part = tf.concat([part, tf.repeat(part[-1:], self.rows - count, axis=0)], 0)
-            try:
-                key = plan_key(self.plan, self.config) + ("batch", self.position, self.rows, self.route.path)
-                kernel = cached(key, lambda: _batch_kernel(self.plan, self.position, self.route.path, self.route.flat_function))
-                out = kernel(self.values, part)
-            except tf.errors.ResourceExhaustedError:
-                if self.rows <= 1:
-                    raise
-                self.rows //= 2  # the footprint estimate was too low: halve and start again
-                self.route.fallbacks.append(f"fast mode: out of memory; retried with {self.rows} evaluations per call")
-                return self._evaluate(batch)
-            except Exception as error:
-                if not self.route.fall_back(error, "fast-mode evaluations"):
-                    raise
-                return self._evaluate(batch)
-            outputs.append(tf.cast(out[:count], tf.float64))
-        return tf.concat(outputs, 0)
+        return max(1, self.executor.rows_per_call(self.position) // 2)
 
     def numerical(self, directions: tf.Tensor, divide: float = 1.0):
         """(J d estimates [k, m], realised directions [k, n], plus, minus, noise [m]) at step eps/divide."""
         step = float(np.asarray(self.eps / divide, self.dtype.as_numpy_dtype))
         k = int(directions.shape[0])
         batch, realised = _perturb(self.x, directions, tf.constant(step, self.dtype))
-        out = self._evaluate(batch)
+        out = self.executor.rows(self.position, batch)
         plus, minus = out[:k], out[k:]
         estimate = (plus - minus) / (2 * step)
         noise = _compare.NOISE_FACTOR * self.level / (2 * step)
@@ -154,15 +115,14 @@ class Directional:
         if not self.forward_only:
             try:
                 tangents_native = tf.cast(tangents, self.native[self.position].dtype)
-                if self.route.path in ("xla", "graph"):
-                    key = plan_key(self.plan, self.config) + ("rjvp", self.position, int(tangents.shape[0]))
-                    kernel = cached(key, lambda: tf.function(
+                if self.executor.path in (XLA, GRAPH):
+                    kernel = self.executor.kernel(("rjvp", self.position, int(tangents.shape[0])), lambda: tf.function(
                         lambda values, t: reverse_jvp(self.plan, self.position, list(values), t)))
                     return kernel(self.native, tangents_native)
                 return reverse_jvp(self.plan, self.position, list(self.native), tangents_native)
             except Exception as error:
                 self.forward_only = True
-                self.route.fallbacks.append(
+                self.executor.note(
                     f"fast mode: the reverse-mode gradient cannot be differentiated once more ({type(error).__name__}); "
                     "the element-wise comparison uses forward-mode JVPs, which do not see tf.custom_gradient "
                     "(the projection u.J.d still checks the reverse-mode gradient)")
@@ -170,14 +130,14 @@ class Directional:
 
     def _forward_jvp(self, tangents: tf.Tensor) -> tf.Tensor:
         """Forward-mode J d for each direction: [k, m] float64 (one batched call when traceable)."""
-        if self.route.path in ("xla", "graph"):
+        if self.batched_jvp and self.executor.path in (XLA, GRAPH):
             try:
-                key = plan_key(self.plan, self.config) + ("jvp", self.position, int(tangents.shape[0]))
-                kernel = cached(key, lambda: _jvp_kernel(self.plan, self.position))
+                kernel = self.executor.kernel(("jvp", self.position, int(tangents.shape[0])),
+                                              lambda: _jvp_kernel(self.plan, self.position))
                 return tf.cast(kernel(self.native, tf.cast(tangents, self.native[self.position].dtype)), tf.float64)
             except Exception as error:  # fall back to eager JVPs, and say so
-                self.route.fallbacks.append(f"fast mode: batched JVP failed ({type(error).__name__}); ran eagerly")
-                self.route.path = "loop"
+                self.executor.note(f"fast mode: batched JVP failed ({type(error).__name__}); ran eagerly")
+                self.batched_jvp = False
         source = self.native[self.position]
         rows = []
         for i in range(int(tangents.shape[0])):
@@ -272,11 +232,21 @@ def _normal(shape, seed) -> tf.Tensor:
     return tf.cast(tf.random.stateless_normal(shape, seed, dtype=tf.float32), tf.float64)
 
 
-def check_fast(plan: Plan, config: CheckConfig, route: Route, y0: np.ndarray, atol: float, rtol: float) -> list:
-    """One ProjectionReport per checked input."""
-    reports = []
+def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None) -> Outcome:
+    """The fast check: one ProjectionReport per checked input (``supplied`` gradients are never fast-checked)."""
+    with timed(timings, "noise"):
+        plan = measure_precision(plan)  # a few evaluations, next to fast mode's cost
+    atol, rtol = executor.config.tolerances(plan.precision)
+    with timed(timings, "fast"):
+        pairs = _projections(executor, plan, atol, rtol)
+    return Outcome(pairs, plan, atol, rtol, "fast")
+
+
+def _projections(executor: Executor, plan: Plan, atol: float, rtol: float) -> list:
+    """One ProjectionReport per checked input (``plan`` with f's measured noise)."""
+    config, reports = executor.config, []
     for spec in plan.checked:
-        directional = Directional(plan, config, route, spec.position, y0)
+        directional = Directional(executor, plan, spec.position, plan.eval_output)
         # Stateless draws from (seed, input): reproducible, and no global RNG state is touched.
         seed = [config.seed, spec.position]
         directions = _normal([config.probes, spec.size], seed) * directional.scale[None, :]

@@ -70,30 +70,24 @@ _CACHE_SIZE = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Route:
-    """The chosen execution path and chunk sizes for one plan."""
+    """The chosen execution path and chunk sizes for one plan (the executor replaces it on a fallback)."""
 
     path: str
     reason: str
     chunks: dict  # input position -> perturbations per kernel call
     output_chunk: int  # output rows per reverse-mode kernel call
     elements_per_eval: int
-    fallbacks: list
     has_loops: bool = False
     flat_function: object = None  # the probe's traced tf.function of the flat function
     flops_per_eval: int = 0
     chunk_reason: str = "to fit memory_budget"
 
-    def fall_back(self, error: Exception, what: str) -> bool:
-        """Move to the next path after ``error``; False when there is none to move to."""
-        following = LOOP if self.path == XLA and self.has_loops else FALLBACK.get(self.path)
-        if following is None or not is_compile_failure(error):
-            return False
-        first_line = (str(error).strip().splitlines() or [""])[0][:120]
-        self.fallbacks.append(f"{self.path} failed for {what} ({type(error).__name__}: {first_line}); fell back to {following}")
-        self.path = following
-        return True
+    @property
+    def following(self) -> str | None:
+        """The path to fall back to when this one cannot run f (None on the eager path)."""
+        return LOOP if self.path == XLA and self.has_loops else FALLBACK.get(self.path)
 
 
 class _QuietInternalRetracing:
@@ -203,7 +197,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     if config.jit_compile == "auto" and predicted_eager < predicted_traced:
         return Route(EAGER, f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing {predicted_traced * 1e3:.0f} ms"
                      + ("" if _traced else " (the first trace in this process)"),
-                     {s.position: s.size for s in plan.checked}, m, 0, [])
+                     {s.position: s.size for s in plan.checked}, m, 0)
     _mark_traced()
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
@@ -212,7 +206,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
             raise
         first_line = (str(error).strip().splitlines() or [""])[0][:120]
         return Route(EAGER, f"f cannot be traced ({type(error).__name__}: {first_line}): evaluated eagerly",
-                     {s.position: s.size for s in plan.checked}, m, 0, [])
+                     {s.position: s.size for s in plan.checked}, m, 0)
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.
@@ -243,7 +237,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         path, reason = XLA, f"batched work of {work:.2g} element-evaluations pays for XLA compilation"
     else:
         path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
-    return Route(path, reason, chunks, output_chunk, elements, [], has_loops, flat_function, probe.flops, chunk_reason)
+    return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason)
 
 
 class Progress:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from fastcheck._compare import (
     STATUS_NAMES,
     UNRESOLVED,
 )
+from fastcheck._config import MACHINE_EPSILON
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
 FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
@@ -165,6 +167,10 @@ class PairReport:
             return "ok"
         return "FAIL" if self.count(MISMATCH) or self.count(ANALYTICAL_NONFINITE) else "undec."
 
+    def __repr__(self) -> str:
+        return (f"<PairReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} elements failed, "
+                f"max abs error {self.max_abs_error:.2g}>")
+
     def detail_lines(self) -> list[str]:
         """Kinks found, and for a failing pair its counts, worst elements and hint."""
         lines = []
@@ -286,6 +292,10 @@ class ProjectionReport:
     def label(self) -> str:
         return "ok" if self.ok else "FAIL"
 
+    def __repr__(self) -> str:
+        return (f"<ProjectionReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} probe comparisons "
+                f"failed, max abs error {self.max_abs_error:.2g}>")
+
     def count(self, status: int) -> int:
         """Failing probe comparisons count as mismatches (element-wise J d, then projection)."""
         return int(np.sum(self.status == status))
@@ -366,11 +376,57 @@ class ProjectionReport:
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a strategy (``_full.check_full``, ``_fast.check_fast``) hands to the report."""
+
+    pairs: list  # Pair results: PairReport (full) or ProjectionReport (fast)
+    plan: Any  # a _plan.Plan; the plan as the strategy left it (with f's measured noise, when it was needed)
+    atol: float
+    rtol: float
+    kind: str  # what the analytical side was: "reverse", "forward", "supplied", "fast"
+    notes: list = dataclasses.field(default_factory=list)
+    warnings: list = dataclasses.field(default_factory=list)
+
+
+class Pair(Protocol):
+    """The interface every pair result has, full mode's and fast mode's alike."""
+
+    output_name: str
+    input_name: str
+    hint: str | None
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def failed_count(self) -> int: ...
+    @property
+    def label(self) -> str: ...
+    numerical: np.ndarray  # full: the Jacobian block; fast: the numerical projections (see README)
+    analytical: np.ndarray
+    @property
+    def max_abs_error(self) -> float: ...
+    @property
+    def max_rel_error(self) -> float: ...
+    @property
+    def relative_norm_error(self) -> float: ...
+    @property
+    def worst_element(self) -> Element | None: ...
+    @property
+    def status(self) -> np.ndarray: ...
+    def count(self, status: int) -> int: ...
+    def kinks(self) -> list: ...
+    def detail_lines(self) -> list[str]: ...
+    def to_dict(self, arrays: bool = False) -> dict: ...
+
+
 @dataclasses.dataclass
 class GradientReport:
     """What a check found.  ``bool(report)`` is ``report.ok``."""
 
-    pairs: list  # PairReport (full mode) or ProjectionReport (fast mode): same interface
+    pairs: list[Pair]  # PairReport (full mode) or ProjectionReport (fast mode)
     path: str
     mode: str
     seconds: float
@@ -391,6 +447,24 @@ class GradientReport:
     def __bool__(self) -> bool:
         return self.ok
 
+    def __repr__(self) -> str:
+        """One line, what pytest shows for a failing ``assert report``; ``str(report)`` is the full table."""
+        verdict = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        summary = f"{len(self.failures)} of {len(self.pairs)} pairs failed"
+        if self.failures:
+            pair = self.failures[0]
+            e = pair.worst_element
+            if e is None:
+                summary += f", worst {pair.title} abs error {pair.max_abs_error:.2g}"
+            else:
+                summary += (f", worst d {_index(pair.output_name, e.output_index)} / d {_index(pair.input_name, e.input_index)} "
+                            f"abs error {e.abs_error:.2g} ({e.status})")
+        elif self.problems:
+            summary += f", {self.problems[0].splitlines()[0][:100]}"
+        else:
+            summary += f", max abs error {self.max_abs_error:.2g}"
+        return f"<GradientReport {verdict}: {summary} [{self.mode} mode]>"
+
     @property
     def verdict(self) -> str:
         """"pass", "fail" (a gradient is wrong), or "undecidable" (f itself is not finite or not deterministic)."""
@@ -408,7 +482,7 @@ class GradientReport:
         return max((p.max_rel_error for p in self.pairs), default=0.0)
 
     @property
-    def failures(self) -> list[PairReport]:
+    def failures(self) -> list[Pair]:
         return [p for p in self.pairs if not p.ok]
 
     def to_dict(self, arrays: bool = False) -> dict:
@@ -456,3 +530,31 @@ class GradientReport:
             lines.append(f"  note: {note}")
         lines.append(f"  rule: {FAST_RULE if self.mode == 'fast' else RULE}")
         return "\n".join(lines)
+
+
+def run_notes(outcome: Outcome, executor, config, mode: str, why: str, problem_notes=()) -> list[str]:
+    """The report's notes, in the order the check learnt them."""
+    plan, route = outcome.plan, executor.route
+    notes = [*plan.notes, *problem_notes, *_precision_notes(plan, config, outcome.atol, outcome.rtol),
+             f"mode: {mode} ({why})", f"path: {route.path} ({route.reason})", *executor.events, *outcome.notes]
+    for spec in plan.checked:
+        chunk = executor.chunks.get(spec.position, spec.size)
+        if mode == "full" and route.path != "eager" and 0 < chunk < spec.size:
+            notes.append(f"{spec.name}: chunked to {chunk} perturbations per call "
+                         f"({-(-spec.size // chunk)} calls) {route.chunk_reason}")
+    return notes
+
+
+def _precision_notes(plan, config, atol: float, rtol: float) -> list[str]:
+    """What the check learnt about the precision f computes in, when it is not what the dtypes say."""
+    notes = []
+    if plan.precision_reason:
+        given = " (as given)" if config.atol is not None or config.rtol is not None else ""
+        notes.append(f"{plan.precision_reason}: the analytical side is judged with {plan.precision} tolerances "
+                     f"atol={atol:g}, rtol={rtol:g}{given}")
+    epsilon = MACHINE_EPSILON[plan.eval_dtype]
+    if plan.noise is not None and plan.noise_epsilon > epsilon:
+        notes.append(f"f's evaluations carry relative noise {plan.noise.relative:.2g} (measured; {plan.eval_dtype.name} "
+                     f"rounds at {epsilon:.2g}): noise allowances follow it, and columns it swamps are re-estimated "
+                     "at larger steps")
+    return notes

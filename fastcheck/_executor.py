@@ -1,0 +1,271 @@
+"""The executor: every batched evaluation of f that a check makes goes through it.
+
+It owns the execution state of one check -- the route (a frozen value, replaced
+when a path cannot run f), the chunk sizes (halved when a call runs out of
+memory) and the events that become report notes -- and offers two batched
+evaluations over the same chunk loop:
+
+* ``differences(position, idx, delta)``: ``f(x + d_j e_j)`` and ``f(x - d_j e_j)``
+  for chosen (j, d_j) pairs of one input (full mode's columns, refinements), the
+  one-hot perturbations built inside the kernel so no [2k, n] batch crosses from
+  the host; it also returns the span actually taken,
+  ``(x_j + d_j) - (x_j - d_j)`` in the evaluation dtype.
+* ``rows(position, batch)``: f at each row of a [b, n] batch of values of one input
+  (fast mode's probes, blocks and columns).
+
+Both run as one ``vectorized_map`` (or ``map_fn`` on the loop path) per chunk,
+and fall back xla -> graph/loop -> loop -> eager as ``Route.following`` says.
+The autodiff side (``_autodiff``) runs its kernels under the same route and
+records its fallbacks here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._paths import EAGER, LOOP, Progress, Route, cached, compile_kernel, is_compile_failure, pad, plan_key
+from fastcheck._plan import Plan, _first_line
+
+# Fast mode evaluates at most this many rows per call: one compiled kernel then serves
+# probes, bisection blocks and element columns alike.
+FAST_ROWS = 16
+
+
+class ShapeChangeError(ValueError):
+    pass
+
+
+@contextlib.contextmanager
+def timed(timings: dict, stage: str):
+    """Add the seconds spent inside to ``timings[stage]`` (the report's timings)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
+
+
+def evaluate_rows(plan: Plan, position: int, path: str, values, batch, flat_function=None):
+    """f at each row of ``batch`` (values of input ``position``, flattened): flat outputs [rows, m].
+
+    Traced code: one ``vectorized_map`` over the rows, or ``map_fn`` on the loop
+    path, where it calls the probe's already-traced function so f is not traced twice.
+    """
+    shape, m = plan.eval_value(plan.inputs[position]).shape, plan.m
+
+    def evaluate(row):
+        moved = list(values)
+        moved[position] = tf.reshape(row, shape)
+        if path == LOOP and flat_function is not None:
+            return tf.ensure_shape(flat_function(*moved), [m])
+        return tf.ensure_shape(plan.call_flat(moved, plan.eval_upcast), [m])
+
+    if path == LOOP:
+        return tf.map_fn(evaluate, batch, parallel_iterations=32, fn_output_signature=tf.TensorSpec([m], plan.eval_flat_dtype))
+    return tf.vectorized_map(evaluate, batch)
+
+
+def _differences_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None):
+    size = plan.inputs[position].size
+
+    def kernel(values, idx, delta):
+        flat = tf.reshape(values[position], [-1])
+        perturbation = tf.one_hot(idx, size, dtype=flat.dtype) * delta[:, None]
+        batch = tf.concat([flat[None] + perturbation, flat[None] - perturbation], axis=0)
+        outs = evaluate_rows(plan, position, path, values, batch, flat_function)
+        picked = tf.gather(flat, idx)
+        # [m, chunk] each: the Jacobian's own layout, so the host never transposes it.
+        return tf.transpose(outs[:chunk]), tf.transpose(outs[chunk:]), (picked + delta) - (picked - delta)
+
+    return compile_kernel(kernel, path)
+
+
+def _rows_kernel(plan: Plan, position: int, path: str, flat_function=None):
+    return compile_kernel(lambda values, batch: evaluate_rows(plan, position, path, values, batch, flat_function), path)
+
+
+class Executor:
+    """Evaluates f in batches for one check; see the module docstring."""
+
+    def __init__(self, plan: Plan, config: CheckConfig, route: Route):
+        self.plan, self.config, self.route = plan, config, route
+        self.chunks = dict(route.chunks)  # input position -> perturbations per differences call
+        itemsize = plan.eval_flat_dtype.size
+        for spec in plan.checked:  # rows per fast-mode call
+            per_row = (spec.size + plan.m + 2 * max(route.elements_per_eval, 1)) * itemsize * 2
+            self.chunks[("rows", spec.position)] = int(max(2, min(FAST_ROWS, config.budget // per_row)))
+        self.events: list[str] = []  # fallbacks and retries, in the order they happened
+        self.values = tuple(plan.eval_values())
+        self.native = tuple(plan.native_values())
+
+    @property
+    def path(self) -> str:
+        return self.route.path
+
+    def note(self, event: str) -> None:
+        self.events.append(event)
+
+    def fall_back(self, error: Exception, what: str) -> bool:
+        """Move to the next path after ``error``; False when there is none (or the error is f's own)."""
+        following = self.route.following
+        if following is None or not is_compile_failure(error):
+            return False
+        self.note(f"{self.path} failed for {what} ({type(error).__name__}: {_first_line(error, 120)}); "
+                  f"fell back to {following}")
+        self.route = dataclasses.replace(self.route, path=following)
+        return True
+
+    def kernel(self, key: tuple, make):
+        """The compiled kernel for ``key`` under this check's plan, configuration and current path."""
+        return cached(plan_key(self.plan, self.config) + (self.path, *key), make)
+
+    # -- the shared chunk loop -------------------------------------------------
+
+    def _batched(self, what: str, chunk_key, total: int, call, eager):
+        """``call(chunk, part, count)`` over chunks of ``total`` items on a traced path.
+
+        A call that runs out of memory halves the chunk and is retried; a path that
+        cannot run f falls back to the next; on the eager path ``eager()`` runs instead.
+        Returns the list of per-chunk results.
+        """
+        while self.path != EAGER:
+            try:
+                return self._chunks(chunk_key, total, call)
+            except ShapeChangeError:
+                raise
+            except Exception as error:
+                if not self.fall_back(error, what):
+                    raise
+        return [eager()]
+
+    def _chunks(self, chunk_key, total: int, call) -> list:
+        position = chunk_key[1] if isinstance(chunk_key, tuple) else chunk_key
+        name = self.plan.inputs[position].name
+        results, start = [], 0
+        progress = Progress(self.config.progress, total, "perturbations")
+        while start < total:
+            chunk = self.chunks[chunk_key]
+            count = min(chunk, total - start)
+            try:
+                results.append(call(chunk, slice(start, start + count), count))
+            except tf.errors.ResourceExhaustedError:
+                if chunk == 1:
+                    raise MemoryError(f"f ran out of memory evaluating a single perturbation of {name}; "
+                                      "pass mode='fast' or a smaller problem.") from None
+                self.chunks[chunk_key] = chunk // 2  # the footprint estimate was too low
+                self.note(f"{name}: out of memory at {chunk} evaluations per call; retried with {chunk // 2}")
+                continue
+            except tf.errors.InvalidArgumentError as error:
+                if "ensure_shape" in str(error).lower() or "EnsureShape" in str(error):
+                    raise ShapeChangeError(
+                        f"The output shape of f changed when {name} was perturbed; fastcheck needs outputs whose shapes "
+                        "do not depend on input values "
+                        "(avoid tf.boolean_mask/tf.where with one argument on perturbed values)."
+                    ) from None
+                raise
+            start += count
+            progress.advance(count)
+        progress.close()
+        return results
+
+    # -- full mode: columns ----------------------------------------------------
+
+    def differences(self, position: int, idx: np.ndarray, delta: np.ndarray):
+        """f(x + d e_j) and f(x - d e_j) as [m, len(idx)] float64, and the spans [len(idx)]."""
+        dtype = self.values[position].dtype.as_numpy_dtype
+
+        def call(chunk, part, count):
+            kernel = self.kernel(("differences", position, chunk), lambda: _differences_kernel(
+                self.plan, position, chunk, self.path, self.route.flat_function))
+            plus, minus, span = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
+                                       tf.constant(pad(delta[part], chunk).astype(dtype)))
+            return (plus.numpy()[:, :count].astype(np.float64, copy=False),
+                    minus.numpy()[:, :count].astype(np.float64, copy=False),
+                    span.numpy()[:count].astype(np.float64, copy=False))
+
+        parts = self._batched("numerical differences", position, len(idx), call,
+                              lambda: self._eager_differences(position, idx, delta))
+        if len(parts) == 1:
+            return parts[0]
+        pluses, minuses, spans = zip(*parts)
+        return np.concatenate(pluses, axis=1), np.concatenate(minuses, axis=1), np.concatenate(spans)
+
+    def _eager_differences(self, position, idx, delta):
+        plan = self.plan
+        base = self.values[position].numpy()
+        shape, dtype = base.shape, base.dtype
+        flat = base.reshape(-1)
+        m = plan.m
+        pluses, minuses = np.empty((m, len(idx))), np.empty((m, len(idx)))
+        spans = np.empty(len(idx))
+        values = list(self.values)
+        for row, (j, d) in enumerate(zip(idx, delta)):
+            outs = []
+            for sign in (1, -1):
+                moved = flat.copy()
+                moved[j] = flat[j] + dtype.type(sign * d)
+                values[position] = tf.constant(moved.reshape(shape))
+                y = plan.call_flat_numpy(values, plan.eval_upcast)
+                if y.shape != (m,):
+                    raise ShapeChangeError(
+                        f"The output shape of f changed when {plan.inputs[position].name} was perturbed at element {j}; "
+                        "fastcheck needs outputs whose shapes do not depend on input values."
+                    )
+                outs.append(y)
+            pluses[:, row], minuses[:, row] = outs
+            spans[row] = float(flat[j] + dtype.type(d)) - float(flat[j] - dtype.type(d))
+        return pluses, minuses, spans
+
+    # -- fast mode: rows -------------------------------------------------------
+
+    def rows(self, position: int, batch: tf.Tensor) -> tf.Tensor:
+        """f at each row of ``batch`` ([b, n_k] values of input ``position``, evaluation dtype): [b, m] float64."""
+        key = ("rows", position)
+
+        def call(chunk, part, count):
+            kernel = self.kernel(("rows", position, chunk),
+                                 lambda: _rows_kernel(self.plan, position, self.path, self.route.flat_function))
+            block = batch[part]
+            if count < chunk:  # one static batch size: one kernel
+                block = tf.concat([block, tf.repeat(block[-1:], chunk - count, axis=0)], 0)
+            return tf.cast(kernel(self.values, block)[:count], tf.float64)
+
+        def eager():
+            values, shape = list(self.values), self.values[position].shape
+            out = []
+            for i in range(int(batch.shape[0])):
+                values[position] = tf.reshape(batch[i], shape)
+                out.append(tf.cast(self.plan.call_flat(values, self.plan.eval_upcast), tf.float64))
+            return tf.stack(out)
+
+        parts = self._batched("fast-mode evaluations", key, int(batch.shape[0]), call, eager)
+        return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+    def rows_per_call(self, position: int) -> int:
+        return self.chunks[("rows", position)]
+
+
+def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
+    """Per-element step ``eps * max(1, |x_j|)`` for one input (real view, flattened).
+
+    ``eps`` is the evaluation dtype's ``machine_epsilon ** (1/3)``: the steps do not
+    follow f's measured noise (a larger relative step spans periods of cos at 5e7);
+    noise-limited columns are re-estimated over larger steps instead (``_full._coarsen``).
+    """
+    x = plan.eval_value(plan.inputs[position]).numpy().reshape(-1).astype(np.float64)
+    return config.step(MACHINE_EPSILON[plan.eval_dtype]) * np.maximum(1.0, np.abs(x))
+
+
+def numerical_columns(executor: Executor, position: int, columns: np.ndarray, delta: np.ndarray):
+    """Central differences for some columns: Jacobian [m, k], and f(x+), f(x-) as [m, k], spans [k]."""
+    plus, minus, span = executor.differences(position, columns, delta)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        jacobian = plus - minus
+        jacobian /= span[None, :]
+        return jacobian, plus, minus, span

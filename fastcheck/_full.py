@@ -1,0 +1,470 @@
+"""The full check: both Jacobians element by element, refined where they disagree.
+
+One strategy of ``_check.run_check`` (the other is ``_fast``): the numerical
+Jacobian by batched central differences through the executor, the analytical one
+from reverse mode (or the user's gradients), the element rule of ``_compare``,
+then -- only for failing elements -- f's noise and precision, larger steps for
+noise-limited columns (``_coarsen``), smaller ones for the rest (``_refine``,
+``_confirmed``), and the forward-mode side (``_forward_side``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fastcheck import _compare
+from fastcheck._autodiff import AutodiffJacobian, forward_probe
+from fastcheck._config import MACHINE_EPSILON
+from fastcheck._executor import Executor, numerical_columns, steps, timed
+from fastcheck._plan import Plan, _first_line, measure_precision
+from fastcheck._report import GradientCheckError, Outcome, PairReport, _index
+
+# Refinement: failing columns are re-evaluated with the step divided by this.
+REFINE_RATIO = 4.0
+REFINE_LEVELS = 5
+DEEP_LEVELS = 12
+EDGE_LEVELS = 20
+
+
+class _Jacobians:
+    """Both Jacobians of a plan, per checked input, with the numerical noise estimate."""
+
+    def __init__(self, executor: Executor, plan: Plan, timings: dict):
+        self.executor, self.plan, self.config, self.timings = executor, plan, executor.config, timings
+        self.autodiff = AutodiffJacobian(executor, forward=self.config.autodiff == "forward")
+        self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
+        self.y0 = plan.eval_output  # f at the point, from planning: no extra call
+
+    def measure(self) -> None:
+        """Measure f's noise and the precision it computes in (see ``_precision``)."""
+        self.plan = measure_precision(self.plan)
+
+    @property
+    def noisy(self) -> bool:
+        """Whether f's measured noise is beyond the rounding of its evaluation dtype."""
+        return self.plan.noise is not None and self.plan.noise_epsilon > self.eps_eval
+
+    def noise(self, spans: np.ndarray) -> np.ndarray:
+        sigma = self.plan.noise.sigma if self.plan.noise is not None else None
+        return _compare.rounding_noise(self.y0, spans, self.eps_eval, sigma)
+
+    def numerical(self, position: int, columns=None, divide: float = 1.0):
+        """Central differences [m, k] for ``columns`` (default all), their noise [m, k] and spans [k]."""
+        size = self.plan.inputs[position].size
+        columns = np.arange(size) if columns is None else columns
+        if not len(columns):
+            return np.zeros((self.plan.m, 0)), np.zeros((self.plan.m, 0)), np.zeros(0)
+        delta = steps(self.plan, self.config, position)[columns] / divide
+        jacobian, _, _, spans = numerical_columns(self.executor, position, columns, delta)
+        return jacobian, self.noise(spans), spans
+
+    def refined(self, position: int, columns: np.ndarray, first: np.ndarray | None, first_noise, levels: int,
+                up: int = 0):
+        """Re-evaluate ``columns`` at steps h/4 ... h/4**levels in one batch; see ``_compare.refine``.
+
+        ``up`` > 0 gives the ladder h*4**up ... h*4, h instead (``first`` is None): for
+        noise-limited columns, whose best step is larger than h.
+        """
+        count = len(columns)
+        base = steps(self.plan, self.config, position)[columns]
+        divisors = [REFINE_RATIO**k for k in (range(-up, 1) if up else range(1, levels + 1))]
+        idx = np.tile(columns, len(divisors))
+        delta = np.concatenate([base / d for d in divisors])
+        jacobian, plus, minus, spans = numerical_columns(self.executor, position, idx, delta)
+        noise = self.noise(spans)
+        stack: list[tuple] = [] if first is None else [(first, first_noise, None, None, None)]
+        for k in range(len(divisors)):
+            part = slice(k * count, (k + 1) * count)
+            stack.append((jacobian[:, part], noise[:, part], plus[:, part], minus[:, part], spans[part]))
+        sigma = self.plan.noise.sigma if self.plan.noise is not None else None
+        return _compare.refine(stack, self.y0, REFINE_RATIO, sigma)
+
+    def analytical(self) -> list[np.ndarray]:
+        if self.plan.n == 0:
+            return [np.zeros((self.plan.m, 0)) for _ in self.plan.checked]
+        return self.autodiff()
+
+
+def _compute(jac: _Jacobians, supplied=None, refine: bool = True):
+    """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts; and (atol, rtol).
+
+    ``supplied`` replaces autodiff: a callable returning the analytical blocks.
+    f's noise and the precision it computes in are measured only when the first
+    sweep finds an element outside its band: a larger noise allowance or a looser
+    precision can only turn a failure into a pass, never the reverse, so a check
+    that passes without them needs no measurement.
+    """
+    plan = jac.plan
+    if supplied is None and jac.config.autodiff == "forward" and plan.n:
+        directions = [np.ones((1, spec.size)) for spec in plan.checked]
+        _, why = forward_probe(plan, directions)
+        if why is not None:
+            raise ValueError(f"autodiff='forward' checks forward-mode (JVP) Jacobians, but TensorFlow cannot compute "
+                             f"them for f ({why}); pass autodiff='reverse' (what training uses).")
+    with timed(jac.timings, "analytical"):
+        analytical = supplied(plan) if supplied is not None else jac.analytical()
+
+    def sweep():
+        with timed(jac.timings, "numerical"):
+            return [jac.numerical(spec.position) for spec in plan.checked]
+
+    first = sweep()
+    atol, rtol = jac.config.tolerances(jac.plan.precision)
+    verdicts = [_compare.verdicts(a, numerical, noise, atol, rtol) for a, (numerical, noise, _) in zip(analytical, first)]
+    if any(np.any(status != _compare.OK) for status, _ in verdicts) and jac.plan.noise is None:
+        with timed(jac.timings, "noise"):
+            jac.measure()
+        atol, rtol = jac.config.tolerances(jac.plan.precision)
+        first = [(n, jac.noise(spans), spans) for n, _, spans in first]
+        verdicts = [_compare.verdicts(a, n, noise, atol, rtol) for a, (n, noise, _) in zip(analytical, first)]
+    results = []
+    for spec, a, (numerical, noise, _), (status, band) in zip(plan.checked, analytical, first, verdicts):
+        one_sided: dict = {}
+        if refine:
+            with timed(jac.timings, "refine"):
+                status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
+        results.append((spec, a, numerical, status, band, one_sided))
+    return results, (atol, rtol)
+
+
+def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances):
+    """Re-examine suspicious columns in place; returns the new (status, band, one-sided values).
+
+    Only columns with a mismatch or a non-finite difference are re-evaluated, so
+    the first pass stays one batched sweep:
+
+    1. triage at h/4: where the estimate barely moves (by < 1% of the mismatch
+       and < 10% of itself)
+       and the one-sided derivatives agree, the numbers are conclusive and the
+       mismatch stands -- a wrong gradient
+       costs one extra evaluation pair per column, not five;
+    2. the rest go down to h/4**5 (``_compare.refine``): a step that crossed a
+       kink, a domain edge or strong curvature gets a better estimate and an
+       error bound instead of a false alarm;
+    3. still unsettled ones (features far below the step) go down to h/4**12;
+       if even that does not settle, the element is UNRESOLVED (undecidable),
+       not a wrong gradient.
+    """
+    atol, rtol = tolerances
+    coarsened = _coarsen(jac, position, a, numerical, noise, status, band, tolerances) if jac.noisy else np.zeros(0, int)
+    suspicious = np.flatnonzero(np.any((status == _compare.MISMATCH) | (status == _compare.NUMERICAL_NONFINITE), axis=0))
+    suspicious = np.setdiff1d(suspicious, coarsened)
+    if not len(suspicious):
+        return status, band, {}
+    first, first_noise = numerical[:, suspicious], noise[:, suspicious]
+    delta = steps(jac.plan, jac.config, position)[suspicious] / REFINE_RATIO
+    quarter, plus, minus, spans = numerical_columns(jac.executor, position, suspicious, delta)
+    with np.errstate(invalid="ignore", over="ignore"):
+        mismatch = np.abs(a[:, suspicious] - first)
+        moved = np.abs(quarter - first)
+        # One-sided derivatives that disagree mean a possible kink: not conclusive.
+        curvature = np.abs(plus + minus - 2 * jac.y0[:, None])
+        sides = curvature / (spans[None, :] / 2)
+        # The step must be small for f: its second-order term far below the first-order
+        # one.  Otherwise (cos at 5e7, where the relative step spans periods) two
+        # steps can agree by coincidence, and only smaller steps can tell.
+        local = curvature <= 0.1 * np.abs(plus - minus) + 2 * first_noise * spans[None, :]
+        conclusive = (np.isfinite(moved) & (moved <= 0.01 * mismatch) & (moved <= 0.1 * np.abs(first) + atol)
+                      & (sides <= 0.1 * mismatch) & local)
+    # A conclusive mismatch must also hold at an independent step (h/4 times the golden
+    # ratio): a step near a multiple of a period of f makes quotients agree by coincidence.
+    settled_first = np.any((status[:, suspicious] != _compare.OK) & conclusive, axis=0)
+    if settled_first.any():
+        columns = suspicious[settled_first]
+        other, other_plus, other_minus, other_spans = numerical_columns(jac.executor, position, columns,
+                                                                        delta[settled_first] * CONFIRM_RATIO)
+        with np.errstate(invalid="ignore"):
+            slack = 2 * jac.noise(other_spans) * other_spans[None, :]
+            # The second difference scales like h^2 too: at a step near a period of f it
+            # is far off (cos h = 1 there, and nowhere near at the other step).
+            other_curvature = np.abs(other_plus + other_minus - 2 * jac.y0[:, None])
+            expected = CONFIRM_RATIO**2 * curvature[:, settled_first]
+            holds = ((np.abs(other - quarter[:, settled_first]) <= 0.1 * np.abs(quarter[:, settled_first])
+                      + slack / other_spans)
+                     & (np.abs(other_curvature - expected) <= 0.5 * expected + 2 * slack))
+        conclusive[:, settled_first] &= holds
+    doubtful = np.any((status[:, suspicious] != _compare.OK) & ~conclusive, axis=0)
+    suspicious, first, first_noise = suspicious[doubtful], first[:, doubtful], first_noise[:, doubtful]
+    if not len(suspicious):
+        return status, band, {}
+
+    estimate, error, settled, kink, right, left, jump, chosen = jac.refined(position, suspicious, first, first_noise,
+                                                                          REFINE_LEVELS)
+    numerical[:, suspicious], noise[:, suspicious] = estimate, error
+    status, band = _compare.verdicts(a, numerical, noise, atol, rtol)
+    # Deeper where a mismatch is not settled or not confirmed, or where every step so
+    # far left f's domain (log at 3e-9: only steps below 3e-9 stay inside).
+    mismatch = status[:, suspicious] == _compare.MISMATCH
+    confirmed = _confirmed(jac, position, suspicious, a[:, suspicious], estimate, error, chosen, mismatch & settled)
+    unsettled = np.any((mismatch & ~(settled & confirmed[None, :] & ~jump))
+                       | (status[:, suspicious] == _compare.NUMERICAL_NONFINITE), axis=0)
+    if unsettled.any():
+        keep = np.flatnonzero(unsettled)
+        # A column that left f's domain even at h/4**5 may need steps far below h (log at 1e-12).
+        outside = np.any(~np.isfinite(estimate[:, keep]), axis=0).any()
+        deeper = jac.refined(position, suspicious[keep], first[:, keep], first_noise[:, keep],
+                             EDGE_LEVELS if outside else DEEP_LEVELS)
+        for target, value in zip((estimate, error, settled, kink, right, left, jump, chosen), deeper):
+            target[:, keep] = value
+        numerical[:, suspicious], noise[:, suspicious] = estimate, error
+        status, band = _compare.verdicts(a, numerical, noise, atol, rtol)
+        mismatch = status[:, suspicious] == _compare.MISMATCH
+        again = _confirmed(jac, position, suspicious[keep], a[:, suspicious[keep]], estimate[:, keep], error[:, keep],
+                           chosen[:, keep], mismatch[:, keep] & settled[:, keep])
+        settled[:, keep] &= again[None, :]  # still unconfirmed after the deep steps: unresolved
+    kink &= settled  # a kink shows as settled central differences with unequal sides
+    one_sided = {}
+    for row, k in zip(*np.nonzero(status[:, suspicious] == _compare.MISMATCH)):
+        column = suspicious[k]
+        if jump[row, k]:
+            status[row, column] = _compare.DISCONTINUOUS
+        elif not settled[row, k]:
+            status[row, column] = _compare.UNRESOLVED
+        elif kink[row, k]:
+            # A kink at the point itself: both one-sided derivatives are reported;
+            # the analytical value is wrong only if it lies outside their range.
+            low, high = sorted((left[row, k], right[row, k]))
+            one_sided[(int(row), int(column))] = (float(left[row, k]), float(right[row, k]))
+            if low - band[row, column] <= a[row, column] <= high + band[row, column]:
+                status[row, column] = _compare.NONDIFFERENTIABLE
+    return status, band, one_sided
+
+
+def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:
+    """Re-estimate, in place, the columns whose allowance is mostly f's measured noise; returns them.
+
+    At the default step the noise of a noisy f (a bfloat16 matmul inside, a float32
+    cast in a float64 loss) swamps the difference quotient, and a pass there would
+    say nothing.  Each such column j is sampled at x + t H_j e_j, t = -4..4, with
+    H_j large enough for the noise to fall to a third of the tolerance (at most
+    ``COARSE_MAX_STEP * max(1, |x_j|)`` for 4 H_j), and the slope of a least-squares
+    cubic through the 9 values is the derivative: the cubic term absorbs the
+    third-derivative truncation of a central difference, and 9 points average the
+    noise.  Its error is ``MEASURED_NOISE_FACTOR`` standard deviations of that slope.
+    The same fit at H_j / 4 (256x less fifth-order truncation) decides whether the
+    wide one can stand.  A column whose fit leaves residuals beyond the noise (a kink,
+    a domain edge or a period of f within 4 H_j) is left to the shrinking ladder.
+    """
+    atol, rtol = tolerances
+    sigma = jac.plan.noise.sigma if jac.plan.noise is not None else np.zeros(jac.plan.m)
+    with np.errstate(invalid="ignore"):
+        limited = noise > atol + rtol * np.abs(numerical)
+    # Columns that left f's domain are for the shrinking ladder, not this one.
+    columns = np.flatnonzero(np.any(limited, axis=0) & np.all(np.isfinite(numerical), axis=0)
+                             & np.all(np.isfinite(a), axis=0))
+    if not len(columns):
+        return columns
+    base = steps(jac.plan, jac.config, position)[columns]
+    scale = base / jac.config.step(jac.eps_eval)  # max(1, |x_j|)
+    spread = _compare.MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE
+    with np.errstate(divide="ignore", invalid="ignore"):
+        needed = np.nanmax(3 * spread * sigma[:, None] / (atol + rtol * np.abs(a[:, columns])), axis=0)
+    width = np.clip(needed, 4 * base, COARSE_MAX_STEP * scale / 4)
+    wide, wide_error, wide_residual = _cubic_slopes(jac, position, columns, width, sigma)
+    narrow, narrow_error, narrow_residual = _cubic_slopes(jac, position, columns, width / 4, sigma)
+    # The wide fit has a quarter of the noise; it stands where a cubic fits it (residuals
+    # within the noise) and the narrow one (256x less quintic truncation) agrees with it.
+    with np.errstate(invalid="ignore"):
+        fits = 3 * sigma[:, None] + 64 * jac.eps_eval * np.abs(jac.y0)[:, None]
+        agree = (np.abs(wide - narrow) <= narrow_error) & (wide_residual <= fits)
+    estimate = np.where(agree, wide, narrow)
+    error = np.where(agree, wide_error, narrow_error)
+    with np.errstate(invalid="ignore"):
+        smooth = np.where(agree, wide_residual, narrow_residual) <= fits
+    # Only columns where a cubic fits f within its noise are taken; the others (a kink,
+    # a domain edge or a period of f within 4 H) go on to the shrinking ladder.
+    taken = np.all(smooth & np.isfinite(estimate), axis=0)
+    columns, estimate, error = columns[taken], estimate[:, taken], error[:, taken]
+    numerical[:, columns], noise[:, columns] = estimate, error
+    status[:, columns], band[:, columns] = _compare.verdicts(a[:, columns], estimate, error, atol, rtol)
+    return columns
+
+
+def _cubic_slopes(jac: _Jacobians, position: int, columns, width, sigma):
+    """Slopes [m, k] of least-squares cubics through f at x + t width_j e_j (t = -4..4), their
+    error (``MEASURED_NOISE_FACTOR`` standard deviations) and the fits' residuals."""
+    count = len(columns)
+    idx = np.tile(columns, 4)
+    delta = np.concatenate([k * width for k in (1.0, 2.0, 3.0, 4.0)])
+    _, plus, minus, spans = numerical_columns(jac.executor, position, idx, delta)
+    unit = spans.reshape(4, count)[3] / 8  # the step actually realised: half the span at t = 4, over 4
+    plus, minus = plus.reshape(-1, 4, count), minus.reshape(-1, 4, count)
+    values = np.concatenate([minus[:, ::-1], np.broadcast_to(jac.y0[:, None, None], (jac.plan.m, 1, count)), plus],
+                            axis=1)  # [m, 9, k]
+    # One least-squares solve for every row and column: the nodes are t = -4..4 in units
+    # of each column's step (rounding moves them by far less than the noise allows).
+    with np.errstate(invalid="ignore", over="ignore"):
+        coefficients = np.einsum("ct,mtk->mck", _CUBIC_FIT, values)  # [m, 4, k]
+        fitted = np.einsum("tc,mck->mtk", _NODES, coefficients)
+        residual = np.sqrt(np.mean((values - fitted) ** 2, axis=1))
+        estimate = coefficients[:, 1] / unit[None, :]
+    outside = ~np.all(np.isfinite(values), axis=1)  # outside f's domain: not for this ladder
+    estimate[outside], residual[outside] = np.nan, np.inf
+    error = _compare.MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE * sigma[:, None] / width[None, :]
+    return estimate, error, residual
+
+
+# Noise-limited columns: 4 H at most this relative step; the standard deviation of the
+# cubic-fit slope in units of sigma / H (9 nodes -4..4).
+COARSE_MAX_STEP = 0.25
+_NODES = np.vander(np.arange(-4.0, 5.0), 4, increasing=True)  # [9, 4]: 1, t, t^2, t^3
+_CUBIC_FIT = np.linalg.pinv(_NODES)  # [4, 9]
+COARSE_SLOPE_NOISE = float(np.sqrt(np.linalg.inv(_NODES.T @ _NODES)[1, 1]))
+
+
+def _confirmed(jac: _Jacobians, position: int, columns, a, estimate, error, chosen, mismatch) -> np.ndarray:
+    """Per column: whether its settled mismatches hold at an independent pair of steps.
+
+    A geometric ladder of steps can fool the h^2 test: when a step h_k of cos at 5e7
+    lies near a multiple of pi, so do all the coarser ones (4x, 16x, ...), and their
+    quotients agree like converging ones.  A confident mismatch is therefore
+    re-estimated at the chosen pair's steps times 0.618 (the golden ratio, which no
+    power of 4 approaches): a real one reappears there, a coincidence does not.
+    """
+    result = np.ones(len(columns), bool)
+    check = np.flatnonzero(np.any(mismatch, axis=0))
+    if not len(check):
+        return result
+    # The coarsest pair chosen in each column decides its confirmation steps.
+    level = np.array([chosen[mismatch[:, c], c].min() for c in check]).clip(0)
+    coarse = steps(jac.plan, jac.config, position)[columns[check]] / REFINE_RATIO**level * CONFIRM_RATIO
+    idx = np.concatenate([columns[check], columns[check]])
+    derivative, plus, minus, spans = numerical_columns(jac.executor, position, idx,
+                                                       np.concatenate([coarse, coarse / REFINE_RATIO]))
+    half = len(check)
+    other, other_error = _compare.richardson(derivative[:, :half], derivative[:, half:], REFINE_RATIO)
+    other_error = other_error + jac.noise(spans[half:]) * 2
+    with np.errstate(invalid="ignore"):
+        curvature = np.abs(plus + minus - 2 * jac.y0[:, None])
+        slack = 2 * jac.noise(spans) * spans[None, :]
+        agree = ((np.abs(other - estimate[:, check]) <= 0.1 * np.abs(estimate[:, check]) + 2 * (
+            error[:, check] + other_error))
+            & (curvature[:, half:] <= curvature[:, :half] / 4 + slack[:, :half] + slack[:, half:]))
+    result[check] = np.all(agree | ~mismatch[:, check], axis=0)
+    return result
+
+
+# Confirmation steps of a refined mismatch, relative to the pair that gave it.
+CONFIRM_RATIO = 0.6180339887
+
+def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:
+    return [block[o.offset : o.offset + o.size] for o in plan.outputs]
+
+
+def _view_shape(spec) -> tuple:
+    return tuple(spec.real_view.shape)
+
+
+def _output_view_shape(output) -> tuple:
+    return tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
+
+
+def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None) -> Outcome:
+    """Full Jacobians, compared and cut into one PairReport per (output, input)."""
+    jac = _Jacobians(executor, plan, timings)
+    try:
+        results, (atol, rtol) = _compute(jac, supplied)
+    except (TypeError, ValueError, GradientCheckError):
+        raise
+    except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
+        raise ValueError(
+            f"f raised {type(error).__name__} while fastcheck evaluated it in a batched tf.function: "
+            f"{_first_line(error)}\nf ran eagerly at the inputs; check that it can be traced "
+            "(no .numpy() calls or Python side effects on tensors), or pass jit_compile=False."
+        ) from error
+    plan = jac.plan  # with f's measured noise and precision, when they were needed
+    side = "forward" if jac.config.autodiff == "forward" else "reverse"
+    pairs = _pairs(plan, results, atol, rtol, output_name, side)
+    notes: list[str] = []
+    warnings: list[str] = []
+    if supplied is None and jac.config.autodiff in ("auto", "both") and plan.n:
+        with timed(jac.timings, "forward"):
+            forward_pairs, note = _forward_side(jac, results, atol, rtol, output_name)
+        notes.append(note)
+        if jac.config.autodiff == "both":
+            pairs += forward_pairs
+        else:
+            for pair in forward_pairs:
+                e = pair.worst_element
+                if not pair.ok and e is not None:
+                    warnings.append(
+                        f"forward mode (JVP, tf.autodiff.ForwardAccumulator) is wrong for {pair.output_name} / "
+                        f"{pair.input_name}: {pair.count(_compare.MISMATCH)} elements differ, worst d "
+                        f"{_index(pair.output_name, e.output_index)} / d {_index(pair.input_name, e.input_index)}: "
+                        f"JVP={e.analytical:.8g} numerical={e.numerical:.8g}. Reverse mode, which training uses, "
+                        "agrees; forward mode differentiates f's forward ops (it ignores tf.custom_gradient) or uses "
+                        "a wrong forward-mode rule of an op. Pass autodiff='both' to make it part of the verdict."
+                    )
+    kind = "supplied" if supplied is not None else jac.autodiff.mode
+    return Outcome(pairs, plan, atol, rtol, kind, notes, warnings)
+
+
+def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[PairReport]:
+    pairs = []
+    for spec, a, numerical, status, band, one_sided in results:
+        for output, a_rows, n_rows, s_rows, b_rows in zip(
+            plan.outputs, *(_split_rows(plan, x) for x in (a, numerical, status, band))
+        ):
+            pair = PairReport(output_name or output.name, spec.name, _output_view_shape(output), _view_shape(spec),
+                              n_rows, a_rows, s_rows, b_rows, atol, rtol, side=side)
+            pair.one_sided = {(r - output.offset, c): v for (r, c), v in one_sided.items()
+                              if output.offset <= r < output.offset + output.size}
+            pair.hint = _compare.diagnose(a_rows, n_rows, s_rows)
+            pairs.append(pair)
+    return pairs
+
+
+# Random directions of the forward-mode (JVP) check in autodiff="auto": one random
+# sign vector over every column catches a wrong JVP column with probability ~1.
+FORWARD_PROBES = 1
+
+
+def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[list[PairReport], str]:
+    """Forward-mode pairs (autodiff="both", or "auto" after a failing probe) and a note on what was checked.
+
+    autodiff="auto" first compares a few random JVPs ``J v`` (one eager forward
+    pass each, all inputs at once) with the numerical ``N v`` under the 2-norm of
+    the element bands; only when they disagree is the full forward Jacobian
+    computed, to name the elements.
+    """
+    plan, config = jac.plan, jac.config
+    rng = np.random.default_rng(config.seed + 4242)
+    # Columns at kinks or unresolved stay out: there the numerical value is not a derivative.
+    directions = [rng.choice([-1.0, 1.0], size=(FORWARD_PROBES, spec.size)) * np.all(status == _compare.OK, axis=0)
+                  for spec, _, _, status, _, _ in results]
+    jvp, why = forward_probe(plan, directions)
+    if jvp is None:
+        if config.autodiff == "both":
+            raise ValueError(f"autodiff='both' asks for forward-mode Jacobians, but TensorFlow cannot compute them for f "
+                             f"({why}); pass autodiff='reverse'.")
+        return [], f"forward mode (JVP) not checked: {why}"
+    if config.autodiff == "auto" and _compare.directions_agree(jvp, directions, [r[2] for r in results],
+                                                                [r[4] for r in results]):
+        return [], f"forward mode (JVP) agrees along {FORWARD_PROBES} random direction(s)"
+    try:
+        forward = AutodiffJacobian(jac.executor, forward=True)()
+    except Exception as error:
+        if config.autodiff == "both":
+            raise ValueError(f"autodiff='both' asks for forward-mode Jacobians, but TensorFlow cannot compute them for f "
+                             f"({type(error).__name__}: {_first_line(error)}); pass autodiff='reverse'.") from error
+        return [], f"forward mode (JVP) disagreed on a random direction, but its full Jacobian failed ({type(error).__name__})"
+    compared = []
+    for (spec, _, numerical, status, band, one_sided), block in zip(results, forward):
+        forward_status = _compare.verdicts(block, numerical, band, 0.0, 0.0)[0]  # the reverse side's bands
+        undecided = status != _compare.OK  # kinks, unresolved and non-finite numerics: as on the reverse side
+        forward_status[undecided] = status[undecided]
+        compared.append((spec, block, numerical, forward_status, band, one_sided))
+    return _pairs(plan, compared, atol, rtol, output_name, "forward"), "forward mode (JVP): full Jacobian compared"
+
+
+
+
+def numerical_blocks(executor: Executor, plan: Plan) -> list[np.ndarray]:
+    """The first-sweep numerical Jacobian [m, n_k] of every checked input (``numerical_jacobian``)."""
+    jac = _Jacobians(executor, plan, {})
+    return [jac.numerical(spec.position)[0] for spec in plan.checked]
+
+
+def analytical_blocks(executor: Executor, plan: Plan) -> list[np.ndarray]:
+    """The autodiff Jacobian [m, n_k] of every checked input (``autodiff_jacobian``)."""
+    return _Jacobians(executor, plan, {}).analytical()

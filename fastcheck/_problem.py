@@ -1,0 +1,174 @@
+"""Problem adapters: every entry point turns its arguments into one ``Problem``.
+
+A problem is a function of some inputs whose Jacobian is checked, and where the
+analytical side comes from: reverse mode of f itself (``check_gradients``), the
+user's gradients of the summed f (``verify_gradients``), the real model's
+``tape.gradient`` (``check_model``).  ``order=2`` turns f into its gradient
+function.  ``_check.run_check`` runs any of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._model import model_loss_function, training_gradients
+from fastcheck._plan import Plan, normalize_inputs, to_real_view
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What to check, ready for ``run_check``."""
+
+    f: Callable
+    inputs: Any
+    title: str = "gradient check"
+    supplied: Callable | None = None  # plan -> analytical blocks [1, n_k]; None: reverse mode of f
+    names: list | None = None  # input names (a model's variable paths)
+    protect: tuple = ()  # variables restored bit for bit afterwards, besides those among the inputs
+    output_name: str | None = None
+    kind: str | None = None  # what the report calls the analytical side, when not the strategy's own
+    notes: tuple = ()
+
+    @property
+    def variables(self) -> list:
+        items = self.inputs if isinstance(self.inputs, (list, tuple)) else [self.inputs]
+        return [*[item for item in items if isinstance(item, tf.Variable)], *self.protect]
+
+
+def function_problem(f: Callable, inputs, config: CheckConfig) -> Problem:
+    """``check_gradients``, ``numerical_jacobian``, ``autodiff_jacobian``: f's own Jacobian (or its gradient's)."""
+    if config.order == 2:
+        return Problem(gradient_function(f, inputs, config.seed), inputs, "second-order check")
+    return Problem(f, inputs)
+
+
+def supplied_problem(f: Callable, inputs, grads, config: CheckConfig) -> Problem:
+    """``verify_gradients``: the user's gradients of the summed f (order 2: the Jacobian of ``grads``)."""
+    if config.order == 2:
+        # Gradients of the supplied gradients: the Jacobian of the user's gradient
+        # function (its autodiff, e.g. a custom gradient's own gradient) against
+        # central differences of it.
+        if not callable(grads):
+            raise TypeError("verify_gradients(order=2) checks the derivatives of your gradient function: pass grads "
+                            "as a callable taking the inputs, not as arrays.")
+        return Problem(grads, inputs, "verify_gradients (order=2: Jacobian of grads)")
+    return Problem(_summed(f), inputs, "verify_gradients", supplied=_supplied_gradients(inputs, grads),
+                   output_name="sum(f)")
+
+
+def model_problem(model, loss_fn: Callable, data, variables, config: CheckConfig) -> Problem:
+    """``check_model``: the loss as a pure function of the variables' values, against the real tape gradient."""
+    f, values, names, every = model_loss_function(model, loss_fn, data, variables)
+    chosen = list(variables) if variables is not None else None
+    if config.order == 2:
+        return Problem(gradient_function(_summed(f), values, config.seed), values,
+                       "check_model (order=2: Hessian of the loss)", names=names, protect=tuple(every))
+    # Called inside the check, after the determinism test, with every variable restored afterwards.
+    supplied = _supplied_gradients(values, lambda *_: training_gradients(model, loss_fn, data, chosen, f, values, names))
+    return Problem(_summed(f), values, "check_model", supplied=supplied, names=names, protect=tuple(every),
+                   output_name="loss", kind="reverse",
+                   notes=("analytical side: tape.gradient of the loss over the model's own variables, as a training "
+                          "step computes it (custom gradients with variables= included)",))
+
+
+@contextlib.contextmanager
+def preserved_variables(variables):
+    """Restore every variable to its exact bytes afterwards, whatever happens inside."""
+    saved = [(v, v.numpy().copy()) for v in variables]
+    try:
+        yield
+    finally:
+        for variable, value in saved:
+            if not np.array_equal(variable.numpy(), value, equal_nan=True) or variable.numpy().tobytes() != value.tobytes():
+                variable.assign(value)
+
+
+def _variables_in(inputs) -> list:
+    items = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+    return [item for item in items if isinstance(item, tf.Variable)]
+
+
+def gradient_function(f: Callable, inputs, seed: int = 0) -> Callable:
+    """``g(*inputs)`` = the gradient of ``u . f(*inputs)`` w.r.t. every floating input.
+
+    ``u`` is 1 for a scalar ``f`` (so the check of ``g`` is a check of the
+    Hessian) and a fixed seeded random cotangent otherwise.  Checking ``g``'s
+    Jacobian catches a custom gradient whose own gradient is wrong.
+    """
+    if not callable(f):
+        raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
+    values = [spec.value for spec in normalize_inputs(inputs)]  # as the check itself will see them
+    leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(f(*values))]
+    rng = np.random.default_rng(seed)
+    weights = [None if not t.dtype.is_floating else (tf.ones_like(t) if t.shape.num_elements() == 1
+               else tf.constant(rng.standard_normal(t.shape.as_list()), t.dtype)) for t in leaves]
+
+    def gradient(*args):
+        args = list(args)
+        floating = [i for i, a in enumerate(args) if tf.as_dtype(a.dtype).is_floating]
+        with tf.GradientTape() as tape:
+            for i in floating:
+                tape.watch(args[i])
+            outs = [tf.convert_to_tensor(t) for t in tf.nest.flatten(f(*args))]
+            total = tf.add_n([tf.reduce_sum(tf.cast(w, o.dtype) * o) for w, o in zip(weights, outs) if w is not None])
+        grads = tape.gradient(total, [args[i] for i in floating], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return tuple(tf.convert_to_tensor(g) for g in grads)
+
+    return gradient
+
+
+def _supplied_gradients(inputs, grads):
+    """Analytical blocks [1, n_k] from the user's gradients, with errors naming the input."""
+
+    def blocks(plan: Plan):
+        given = grads(*[s.value for s in plan.inputs]) if callable(grads) else grads
+        several = isinstance(inputs, (list, tuple))
+        if several:
+            if not isinstance(given, (list, tuple)) or len(given) != len(plan.inputs):
+                count = len(given) if isinstance(given, (list, tuple)) else "a single value"
+                raise ValueError(f"grads must have one entry per input ({len(plan.inputs)}), got {count}.")
+            items = list(given)
+        else:
+            items = [given[0] if isinstance(given, (list, tuple)) and len(given) == 1 else given]
+        result = []
+        for spec in plan.checked:
+            item = items[spec.position]
+            if item is None:
+                raise ValueError(f"grads for {spec.name} is None: pass the gradient of the summed output with "
+                                 f"respect to {spec.name}, shape {tuple(spec.value.shape)}.")
+            try:
+                value = tf.convert_to_tensor(item)
+            except (TypeError, ValueError):
+                raise TypeError(f"grads for {spec.name} is a {type(item).__name__}, not a tensor or array.") from None
+            if tuple(value.shape) != tuple(spec.value.shape):
+                raise ValueError(f"grads for {spec.name} has shape {tuple(value.shape)} but {spec.name} has shape "
+                                 f"{tuple(spec.value.shape)}; pass one gradient entry per input element.")
+            if spec.is_complex and not value.dtype.is_complex:
+                value = tf.complex(tf.cast(value, spec.dtype.real_dtype), tf.zeros_like(tf.cast(value, spec.dtype.real_dtype)))
+            real = to_real_view(value) if spec.is_complex else value
+            result.append(real.numpy().astype(np.float64).reshape(1, -1))
+        return result
+
+    return blocks
+
+
+def _summed(f: Callable) -> Callable:
+    def scalar(*args):
+        out = f(*args)
+        if out is None:
+            return None
+        leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(out)]
+        floating = [t for t in leaves if t.dtype.is_floating]
+        if not floating:
+            return out
+        dtype = min((t.dtype for t in floating), key=lambda d: MACHINE_EPSILON[d])
+        return tf.add_n([tf.reduce_sum(tf.cast(t, dtype)) for t in floating])
+
+    return scalar
