@@ -14,9 +14,9 @@ from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
 from fastcheck._paths import choose_route, kernel_plan
-from fastcheck._plan import Plan, build_plan, describe_nonfinite
+from fastcheck._plan import Plan, build_plan
 from fastcheck._problem import Problem, preserved_variables
-from fastcheck._report import GradientReport, run_notes
+from fastcheck._report import GradientReport, describe_nonfinite, run_notes
 
 STRATEGIES = {"full": check_full, "fast": check_fast}
 

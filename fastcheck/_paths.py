@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import CheckConfig
-from fastcheck._plan import Plan, probe_graph
+from fastcheck._plan import Plan
 
 XLA, GRAPH, LOOP, EAGER = "xla", "graph", "loop", "eager"
 # Each path falls back to the next when it cannot run f: XLA cannot compile
@@ -238,6 +238,91 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     else:
         path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason)
+
+
+
+_LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
+
+
+def _size(shape) -> int:
+    dims = shape.as_list() if shape.rank is not None else []
+    return int(np.prod([d if d is not None else 1 for d in dims], dtype=np.int64))
+
+
+def _dim(shape, axis: int) -> int:
+    if shape.rank is None or shape.rank < abs(axis) + (axis >= 0):
+        return 1
+    d = shape.as_list()[axis]
+    return d if d is not None else 1
+
+
+def op_flops(op) -> int:
+    """Rough FLOPs of one op: 2*M*N*K for products and convolutions, one per output element otherwise."""
+    out = sum(_size(o.shape) for o in op.outputs)
+    if op.type == "MatMul":
+        return 2 * out * _dim(op.inputs[0].shape, 0 if op.get_attr("transpose_a") else 1)
+    if op.type.startswith("BatchMatMul"):
+        return 2 * out * _dim(op.inputs[0].shape, -2 if op.get_attr("adj_x") else -1)
+    if op.type in ("Conv2D", "Conv3D"):
+        return 2 * out * _size(op.inputs[1].shape[:-1])
+    if op.type == "DepthwiseConv2dNative":
+        return 2 * out * _size(op.inputs[1].shape[:-2])
+    if op.type == "Einsum":
+        inputs, _, output = op.get_attr("equation").decode().partition("->")
+        sizes = {}
+        for letters, tensor in zip(inputs.split(","), op.inputs):
+            if tensor.shape.rank == len(letters):
+                sizes.update({c: d or 1 for c, d in zip(letters, tensor.shape.as_list())})
+        return 2 * out * int(np.prod([sizes.get(c, 1) for c in set(inputs) - set(output) - {",", "."}], dtype=np.int64))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """What one trace of the flat function tells about f."""
+
+    has_loops: bool
+    elements: int  # elements of the traced tensors that depend on the arguments, per evaluation
+    flops: int  # rough FLOPs of those ops, per evaluation
+    function: object  # the tf.function of the flat function, reused by the loop path
+    op_types: frozenset
+
+
+def probe_graph(plan: Plan) -> Probe:
+    """Trace the flat function once and measure it: see ``Probe``.
+
+    The returned ``tf.function`` is reused by the loop path, so a function whose
+    tracing is expensive (TFP's while-loop functions: ~1 s) is traced only here.
+    """
+    values = plan.eval_values()
+    signature = [tf.TensorSpec(v.shape, v.dtype) for v in values]
+    function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast))
+    concrete = function.get_concrete_function(*signature)
+    graph = concrete.graph
+    # Per-evaluation memory: only tensors that depend on the arguments are
+    # batched by vectorized_map; captured weights and constants are shared.
+    captured = {id(t) for t in concrete.captured_inputs} | {id(t) for _, t in graph.captures}
+    frontier = [t for t in graph.inputs if id(t) not in captured]
+    dependent, elements, flops = set(), 0, 0
+    while frontier:
+        tensor = frontier.pop()
+        for consumer in tensor.consumers():
+            if consumer.name in dependent:
+                continue
+            dependent.add(consumer.name)
+            try:
+                flops += op_flops(consumer)
+            except (ValueError, TypeError):  # an attribute this TF version names differently
+                flops += sum(_size(o.shape) for o in consumer.outputs)
+            for output in consumer.outputs:
+                frontier.append(output)
+                if output.shape.rank is not None:
+                    elements += int(np.prod([d if d is not None else 1 for d in output.shape.as_list()], dtype=np.int64))
+    # Functions called from the graph (e.g. nested tf.functions) may hide loops.
+    op_types = {op.type for op in graph.get_operations()}
+    for function_def in graph.as_graph_def().library.function:
+        op_types |= {node.op for node in function_def.node_def}
+    return Probe(bool(op_types & _LOOP_OPS), max(elements, 1), max(flops, 1), function, frozenset(op_types))
 
 
 class Progress:

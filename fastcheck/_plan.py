@@ -10,7 +10,6 @@ outputs.  Both Jacobians are computed for that function, so every pair
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,6 @@ from fastcheck._precision import (
     tensorfloat32_op,
 )
 
-_LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
 # A third call times f when one call is cheaper than this (seconds).
 CALL_TIMING_LIMIT = 0.05
 # precision="auto" upcasts the numerical side to float64 up to this many input elements.
@@ -167,9 +165,9 @@ def normalize_inputs(inputs, names=None) -> list[InputSpec]:
     return specs
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class Plan:
-    """A probed problem: inputs, outputs, the flat function, precision and cost."""
+    """A probed problem: inputs, outputs, the flat function, precision and cost (built once, never mutated)."""
 
     f: Callable
     inputs: list[InputSpec]
@@ -378,8 +376,8 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
         raise ValueError("f returned only empty outputs (size 0): there is no derivative to check; "
                          "return at least one element.")
     plan = Plan(f, specs, outputs, out, leaf_is_output, False, notes, call_seconds, nondeterministic, native_output)
-    upcast, eval_output = _choose_precision(plan, config, flat(again))
-    return dataclasses.replace(plan, eval_upcast=upcast, eval_output=eval_output,
+    upcast, eval_output, note = _choose_precision(plan, config, flat(again))
+    return dataclasses.replace(plan, eval_upcast=upcast, eval_output=eval_output, notes=notes + ([note] if note else []),
                                repeat_output=None if upcast else flat(again),
                                precision=precision_name(plan.analytical_dtype))
 
@@ -418,18 +416,18 @@ def _safely(find):
         return None
 
 
-def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tuple[bool, np.ndarray]:
-    """(evaluate the numerical side in float64?, f at the point in that precision as float64)."""
+def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tuple[bool, np.ndarray, str | None]:
+    """(evaluate the numerical side in float64?, f at the point in that precision as float64, a note)."""
     native = plan.native_output
     low = [s for s in plan.checked if real_dtype(s.dtype) != tf.float64] + [
         o for o in plan.outputs if real_dtype(o.dtype) != tf.float64
     ]
     if config.precision == "native" or not low:
-        return False, native
+        return False, native, None
     if config.precision == "auto" and plan.n > UPCAST_MAX_ELEMENTS:
-        plan.notes.append(f"numerical side evaluated in native precision: {plan.n:.3g} input elements in float64 "
-                          "would double the time and memory of the check (pass precision='float64' to insist)")
-        return False, native
+        return False, native, (f"numerical side evaluated in native precision: {plan.n:.3g} input elements in "
+                               "float64 would double the time and memory of the check (pass precision='float64' "
+                               "to insist)")
     # Evaluate the numerical side in float64 when f accepts it: the finite
     # differences then carry ~1e-11 error, so float32 gradients are judged by
     # float32 tolerances alone instead of by float32 finite-difference noise.
@@ -452,12 +450,10 @@ def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tu
     except Exception as error:  # any failure means: f does not run in float64
         reason = f"f does not run in float64 ({type(error).__name__}: {_first_line(error)[:120]})"
     if reason is None:
-        plan.notes.append("numerical side evaluated in float64 (precision='auto')")
-        return True, upcast
+        return True, upcast, "numerical side evaluated in float64 (precision='auto')"
     if config.precision == "float64":
         raise ValueError(f"precision='float64' was requested but {reason}; pass precision='native' or 'auto'.")
-    plan.notes.append(f"numerical side evaluated in native precision: {reason}")
-    return False, native
+    return False, native, f"numerical side evaluated in native precision: {reason}"
 
 
 def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> str | None:
@@ -484,180 +480,3 @@ def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> s
     row = int(np.argmax(np.where(outside, difference / np.maximum(allowed + 8 * noise.sigma, 1e-300), 0)))
     return (f"f computes something else in float64 (flat output {row} is {upcast[row]:.8g} in float64 but "
             f"{native[row]:.8g} natively, beyond native rounding): f chooses weights, layers or code by dtype")
-
-
-def _size(shape) -> int:
-    dims = shape.as_list() if shape.rank is not None else []
-    return int(np.prod([d if d is not None else 1 for d in dims], dtype=np.int64))
-
-
-def _dim(shape, axis: int) -> int:
-    if shape.rank is None or shape.rank < abs(axis) + (axis >= 0):
-        return 1
-    d = shape.as_list()[axis]
-    return d if d is not None else 1
-
-
-def op_flops(op) -> int:
-    """Rough FLOPs of one op: 2*M*N*K for products and convolutions, one per output element otherwise."""
-    out = sum(_size(o.shape) for o in op.outputs)
-    if op.type == "MatMul":
-        return 2 * out * _dim(op.inputs[0].shape, 0 if op.get_attr("transpose_a") else 1)
-    if op.type.startswith("BatchMatMul"):
-        return 2 * out * _dim(op.inputs[0].shape, -2 if op.get_attr("adj_x") else -1)
-    if op.type in ("Conv2D", "Conv3D"):
-        return 2 * out * _size(op.inputs[1].shape[:-1])
-    if op.type == "DepthwiseConv2dNative":
-        return 2 * out * _size(op.inputs[1].shape[:-2])
-    if op.type == "Einsum":
-        inputs, _, output = op.get_attr("equation").decode().partition("->")
-        sizes = {}
-        for letters, tensor in zip(inputs.split(","), op.inputs):
-            if tensor.shape.rank == len(letters):
-                sizes.update({c: d or 1 for c, d in zip(letters, tensor.shape.as_list())})
-        return 2 * out * int(np.prod([sizes.get(c, 1) for c in set(inputs) - set(output) - {",", "."}], dtype=np.int64))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Probe:
-    """What one trace of the flat function tells about f."""
-
-    has_loops: bool
-    elements: int  # elements of the traced tensors that depend on the arguments, per evaluation
-    flops: int  # rough FLOPs of those ops, per evaluation
-    function: object  # the tf.function of the flat function, reused by the loop path
-    op_types: frozenset
-
-
-def probe_graph(plan: Plan) -> Probe:
-    """Trace the flat function once and measure it: see ``Probe``.
-
-    The returned ``tf.function`` is reused by the loop path, so a function whose
-    tracing is expensive (TFP's while-loop functions: ~1 s) is traced only here.
-    """
-    values = plan.eval_values()
-    signature = [tf.TensorSpec(v.shape, v.dtype) for v in values]
-    function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast))
-    concrete = function.get_concrete_function(*signature)
-    graph = concrete.graph
-    # Per-evaluation memory: only tensors that depend on the arguments are
-    # batched by vectorized_map; captured weights and constants are shared.
-    captured = {id(t) for t in concrete.captured_inputs} | {id(t) for _, t in graph.captures}
-    frontier = [t for t in graph.inputs if id(t) not in captured]
-    dependent, elements, flops = set(), 0, 0
-    while frontier:
-        tensor = frontier.pop()
-        for consumer in tensor.consumers():
-            if consumer.name in dependent:
-                continue
-            dependent.add(consumer.name)
-            try:
-                flops += op_flops(consumer)
-            except (ValueError, TypeError):  # an attribute this TF version names differently
-                flops += sum(_size(o.shape) for o in consumer.outputs)
-            for output in consumer.outputs:
-                frontier.append(output)
-                if output.shape.rank is not None:
-                    elements += int(np.prod([d if d is not None else 1 for d in output.shape.as_list()], dtype=np.int64))
-    # Functions called from the graph (e.g. nested tf.functions) may hide loops.
-    op_types = {op.type for op in graph.get_operations()}
-    for function_def in graph.as_graph_def().library.function:
-        op_types |= {node.op for node in function_def.node_def}
-    return Probe(bool(op_types & _LOOP_OPS), max(elements, 1), max(flops, 1), function, frozenset(op_types))
-
-
-# What a non-finite result of a common op usually means, for the report.
-_DOMAIN = {
-    "Log": "log received non-positive values",
-    "Log1p": "log1p received values <= -1",
-    "Sqrt": "sqrt received negative values",
-    "Rsqrt": "rsqrt received non-positive values",
-    "RealDiv": "a division by zero",
-    "DivNoNan": "a division producing a non-finite value",
-    "Reciprocal": "a reciprocal of zero",
-    "Pow": "pow of a negative base or zero to a negative power",
-    "Acos": "acos received values outside [-1, 1]",
-    "Asin": "asin received values outside [-1, 1]",
-    "Atanh": "atanh received values outside (-1, 1)",
-    "Exp": "exp overflowed",
-    "Lgamma": "lgamma received a non-positive integer",
-    "Digamma": "digamma received a non-positive integer",
-}
-
-
-_OUTSIDE_DOMAIN = {
-    "Log": lambda x: x <= 0,
-    "Rsqrt": lambda x: x <= 0,
-    "Sqrt": lambda x: x < 0,
-    "Log1p": lambda x: x <= -1,
-    "Reciprocal": lambda x: x == 0,
-    "Acos": lambda x: np.abs(x) > 1,
-    "Asin": lambda x: np.abs(x) > 1,
-    "Atanh": lambda x: np.abs(x) >= 1,
-}
-
-
-def describe_nonfinite(plan: Plan, y0: np.ndarray) -> str:
-    """Say where f is not finite at the point and, when TF can tell, which op made it so."""
-    bad = np.flatnonzero(~np.isfinite(y0))
-    places = []
-    for output in plan.outputs:
-        rows = bad[(bad >= output.offset) & (bad < output.offset + output.size)] - output.offset
-        if len(rows):
-            shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
-            if shape:
-                shown = ", ".join(str(tuple(int(i) for i in np.unravel_index(r, shape))) for r in rows[:5])
-                places.append(f"{output.name} at {shown}{' ...' if len(rows) > 5 else ''}")
-            else:
-                places.append(f"{output.name} (a scalar) is {y0[output.offset]}")
-    message = (f"f itself is not finite at the point ({'; '.join(places)}), so its derivative there is undecidable: "
-               "the mismatches reported for those elements are not gradient bugs.")
-    culprit = _first_nonfinite_op(plan)
-    if culprit:
-        message += " " + culprit
-    return message + " Check f at points inside its domain (e.g. probabilities from a softmax, not a normal sample)."
-
-
-def _first_nonfinite_op(plan: Plan) -> str | None:
-    tf.debugging.enable_check_numerics()
-    try:
-        plan.f(*[s.value for s in plan.inputs])
-    except Exception as error:  # the first op that produced NaN/Inf
-        text = str(error)
-        found = re.search(r'of (?:eagerly-executing|graph) op "([^"]+)"', text)
-        if not found:
-            return None
-        op = found.group(1)
-        what = _DOMAIN.get(op, f"op {op} produced NaN/Inf")
-        sentence = f"The first non-finite value comes from op {op}: {what}."
-        outside = _OUTSIDE_DOMAIN.get(op)
-        spec = _logged_input(text, plan)
-        if spec is not None and outside is not None:
-            x = spec.value.numpy()
-            positions = [tuple(int(i) for i in p) for p in np.argwhere(outside(x))[:5]]
-            sentence += (f" It received {spec.name} directly, which has {int(np.sum(outside(x)))} element(s) "
-                         f"outside its domain, e.g. at {', '.join(map(str, positions))}.")
-        return sentence
-    finally:
-        tf.debugging.disable_check_numerics()
-    return None
-
-
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf")
-
-
-def _logged_input(text: str, plan: Plan) -> InputSpec | None:
-    """The checked input that the failing op received unchanged, read off TF's numerics log."""
-    found = re.search(r"Input tensor: tf\.Tensor\((.*?), shape=\(([\d, ]*)\)", text, re.S)
-    if not found:
-        return None
-    shape = tuple(int(d) for d in found.group(2).replace(" ", "").split(",") if d)
-    head = [float(v) for v in _NUMBER.findall(found.group(1).split("...")[0])[:8]]
-    for spec in plan.checked:
-        x = spec.value.numpy()
-        if tuple(x.shape) == shape and not spec.is_complex and head:
-            flat = x.reshape(-1)[: len(head)].astype(np.float64)
-            if len(flat) == len(head) and np.allclose(flat, head, rtol=1e-5, atol=1e-7, equal_nan=True):
-                return spec
-    return None

@@ -1,5 +1,6 @@
 """Core engine: correct Jacobians pass, planted defects fail, across variants and dtypes."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -351,6 +352,21 @@ def test_nan_in_function_is_reported_as_undecidable_with_culprit_op():
     assert not report.ok
     text = str(report)
     assert "not finite at the point" in text and "Log" in text and "(1,)" in text
+    from fastcheck._report import _user_has_check_numerics
+
+    assert not _user_has_check_numerics()  # the diagnosis switched TF's numerics checks off again
+
+
+def test_nonfinite_diagnosis_leaves_the_users_check_numerics_on():
+    from fastcheck import _config, _plan, _report
+
+    plan = _plan.build_plan(tf.math.log, [tf.constant([0.5, 2.0], tf.float64)], _config.CheckConfig())
+    tf.debugging.enable_check_numerics()
+    try:
+        assert _report._first_nonfinite_op(plan) is None  # f is finite: no culprit
+        assert _report._user_has_check_numerics()  # and the user's setting survives
+    finally:
+        tf.debugging.disable_check_numerics()
 
 
 def test_analytical_nan_trap_is_flagged():
@@ -382,7 +398,7 @@ def _route(f, x, **options):
 
 
 def test_probe_counts_flops_of_products_and_convolutions():
-    from fastcheck import _config, _plan
+    from fastcheck import _config, _paths, _plan
 
     w = tf.constant(RNG.normal(size=(64, 300)))
     kernel = tf.constant(RNG.normal(size=(3, 3, 2, 5)))
@@ -396,7 +412,7 @@ def test_probe_counts_flops_of_products_and_convolutions():
                    2 * 8 * 8 * 5 * 3 * 3 * 2),
     }
     for name, (f, x, product) in functions.items():
-        probe = _plan.probe_graph(_plan.build_plan(f, [x], _config.CheckConfig()))
+        probe = _paths.probe_graph(_plan.build_plan(f, [x], _config.CheckConfig()))
         assert product <= probe.flops <= product + 8 * probe.elements, (name, probe.flops, probe.elements)
 
 
@@ -473,7 +489,7 @@ def test_first_trace_in_a_process_counts_tensorflow_warm_up(monkeypatch):
 
     config = _config.CheckConfig()
     plan = _plan.build_plan(lambda x: tf.reduce_sum(tf.sin(x)), [tf.constant(RNG.normal(size=100))], config)
-    plan.call_seconds = 1e-3  # eager loop: 202 calls = 0.2 s; tracing: 0.14 s, or 0.64 s the first time
+    plan = dataclasses.replace(plan, call_seconds=1e-3)  # eager loop: 202 calls = 0.2 s; tracing: 0.14 s, or 0.64 s the first time
     monkeypatch.setattr(_paths, "_traced", False)
     first = _paths.choose_route(plan, config)
     assert first.path == "eager" and "first trace in this process" in first.reason
