@@ -6,6 +6,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+# tests/examples is a user's test suite, run by test_examples.py with the plugin's options: not collected here.
+collect_ignore = ["examples"]
+
 # How the *user's* function is wrapped: the check must work for each.
 VARIANTS = {
     "eager": lambda f: f,

@@ -16,6 +16,7 @@ def test_demo_runs_and_every_example_behaves(dtype, tmp_path):
     out = tmp_path / "demo.json"
     result = _run("demo", "--dtype", dtype, "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""  # TensorFlow's start-up lines are kept off stderr
     text = result.stdout
     assert "5 of 5 examples behaved as expected" in text
     assert "log received non-positive values" in text and "UNDECIDABLE" in text
@@ -29,7 +30,7 @@ def test_demo_runs_and_every_example_behaves(dtype, tmp_path):
 
 def test_help_texts():
     main = _run("--help")
-    assert main.returncode == 0 and "demo" in main.stdout and "bench" in main.stdout
+    assert main.returncode == 0 and "demo" in main.stdout and "bench" in main.stdout and "check" in main.stdout
     demo = _run("demo", "--help")
     assert demo.returncode == 0 and "--dtype" in demo.stdout and "--json" in demo.stdout
     assert _run().returncode == 2
