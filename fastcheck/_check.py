@@ -13,7 +13,7 @@ from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._paths import choose_route, kernel_plan
+from fastcheck._paths import CALIBRATION, choose_route, kernel_plan
 from fastcheck._plan import Plan, build_plan
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._report import GradientReport, describe_nonfinite, run_notes
@@ -34,6 +34,10 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         mode, why = choose_mode(plan, config, problem.supplied)
         executor = _executor(plan, config, timings)
         outcome = STRATEGIES[mode](executor, plan, timings, problem.supplied, problem.output_name)
+        if mode == "full":
+            # What routing predicted, against what it cost: later checks in this process route by it.
+            CALIBRATION.learn_from(executor.chosen, executor.path,
+                                   sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
         notes = run_notes(outcome, executor, config, mode, why, problem.notes)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         return GradientReport(outcome.pairs, executor.path, problem.kind or outcome.kind, time.perf_counter() - start,

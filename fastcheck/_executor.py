@@ -95,6 +95,7 @@ class Executor:
 
     def __init__(self, plan: Plan, config: CheckConfig, route: Route):
         self.plan, self.config, self.route = plan, config, route
+        self.chosen = route  # as routing chose it, before any fallback
         self.chunks = dict(route.chunks)  # input position -> perturbations per differences call
         itemsize = plan.eval_flat_dtype.size
         for spec in plan.checked:  # rows per fast-mode call

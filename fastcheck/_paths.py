@@ -33,15 +33,89 @@ XLA, GRAPH, LOOP, EAGER = "xla", "graph", "loop", "eager"
 FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
 
 # Tracing, pfor conversion and the first run of a batched kernel cost about
-# TRACE_SECONDS + TRACE_CALLS eager calls of f (measured on TF 2.21 CPU over the
-# verdict corpus); a check whose eager loop is predicted cheaper runs eagerly.
+# TRACE_SECONDS + TRACE_CALLS eager calls of f, and the first traced check in a
+# process pays TensorFlow's own warm-up of tracing, pfor and graph optimisation,
+# FIRST_TRACE_SECONDS more -- on the machine where they were measured (AMD EPYC,
+# TF 2.21 CPU, over the verdict corpus; dense n=256 as the first check in a process:
+# 0.63 s traced against 0.12 s eager, 0.085 s traced after), whose eager dispatch of
+# one small op takes REFERENCE_DISPATCH seconds.  Both are Python-side work, so on
+# another machine they start scaled by its measured dispatch time; then
+# ``CALIBRATION`` corrects every prediction by what this process's checks actually
+# took (see ``Calibration``).
 TRACE_SECONDS = 0.1
 TRACE_CALLS = 40
-# The first traced check in a process pays TensorFlow's own warm-up of tracing,
-# pfor and graph optimisation: about 0.5 s more (dense n=256: 0.63 s traced
-# against 0.12 s eager as the first check in a process, 0.085 s traced after).
 FIRST_TRACE_SECONDS = 0.5
+REFERENCE_DISPATCH = 7.5e-6
 _traced = False  # whether this process has already traced a fastcheck kernel
+
+
+class Calibration:
+    """Routing costs of this process, measured rather than assumed.
+
+    ``dispatch`` is the eager dispatch time of one small op (measured once, on first
+    use). ``scale[path]`` is the geometric mean of actual/predicted seconds over the
+    last ``WINDOW`` checks that ran eagerly or traced, by which later predictions
+    are multiplied: a machine whose tracing is slower than the constants say routes
+    more checks eagerly, and the reverse.
+    """
+
+    WINDOW = 8
+
+    def __init__(self):
+        self._dispatch: float | None = None
+        self.ratios: dict[str, list[float]] = {EAGER: [], "traced": []}
+
+    @property
+    def dispatch(self) -> float:
+        if self._dispatch is None:
+            one = tf.constant(1.0)
+            tf.raw_ops.AddV2(x=one, y=one)  # the first call pays kernel lookup
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                for _ in range(20):
+                    tf.raw_ops.AddV2(x=one, y=one)
+                times.append((time.perf_counter() - start) / 20)
+            self._dispatch = min(times)
+        return self._dispatch
+
+    def scale(self, kind: str) -> float:
+        ratios = self.ratios[kind]
+        return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
+
+    def learn(self, kind: str, predicted: float, actual: float) -> None:
+        if predicted > 0 and actual > 0:
+            self.ratios[kind] = [*self.ratios[kind], actual / predicted][-self.WINDOW :]
+
+    def predict(self, plan: Plan) -> tuple[float, float]:
+        """(eager loop, traced) seconds predicted for a full check of ``plan`` in this process."""
+        passes = 1 if plan.m == 1 else min(plan.n, plan.m)
+        eager = (2 * plan.n + passes + 1) * plan.call_seconds
+        machine = self.dispatch / REFERENCE_DISPATCH
+        traced = (TRACE_SECONDS + (0.0 if _traced else FIRST_TRACE_SECONDS)) * machine + TRACE_CALLS * plan.call_seconds
+        return eager * self.scale(EAGER), traced * self.scale("traced")
+
+
+    def learn_from(self, route: Route, path: str, seconds: float) -> None:
+        """Learn from a finished check: ``seconds`` spent on routing and both Jacobians on ``path``.
+
+        A traced check teaches only when the call was close (predictions within
+        CLOSE_CALL of each other): there the batched run is small next to tracing, which
+        is what the traced prediction models; a long sweep would read as slow tracing.
+        """
+        eager, traced = route.predicted
+        if not eager or not traced or path != route.path:
+            return  # not predicted (jit_compile given), or a fallback changed the path
+        if path == EAGER:
+            self.learn(EAGER, eager, seconds)
+        elif max(eager, traced) < CLOSE_CALL * min(eager, traced):
+            self.learn("traced", traced, seconds)
+
+
+CLOSE_CALL = 4.0
+CALIBRATION = Calibration()
+
+
 # Below this many element-evaluations of batched work, XLA's compile time
 # (0.2-0.4 s on CPU) does not pay off.  Measured cold on TF 2.21 CPU: graph mode
 # wins on dense tanh(W x) up to n = 2048 (work 1e7) and on the 3x3 convolution
@@ -83,6 +157,7 @@ class Route:
     flat_function: object = None  # the probe's traced tf.function of the flat function
     flops_per_eval: int = 0
     chunk_reason: str = "to fit memory_budget"
+    predicted: tuple = (0.0, 0.0)  # (eager loop, traced) seconds predicted for the check; 0: not predicted
 
     @property
     def following(self) -> str | None:
@@ -191,13 +266,11 @@ def is_cached(key: tuple) -> bool:
 
 def choose_route(plan: Plan, config: CheckConfig) -> Route:
     n, m = plan.n, plan.m
-    passes = 1 if m == 1 else min(n, m)
-    predicted_eager = (2 * n + passes + 1) * plan.call_seconds
-    predicted_traced = TRACE_SECONDS + TRACE_CALLS * plan.call_seconds + (0.0 if _traced else FIRST_TRACE_SECONDS)
+    predicted_eager, predicted_traced = CALIBRATION.predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
     if config.jit_compile == "auto" and predicted_eager < predicted_traced:
         return Route(EAGER, f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing {predicted_traced * 1e3:.0f} ms"
                      + ("" if _traced else " (the first trace in this process)"),
-                     {s.position: s.size for s in plan.checked}, m, 0)
+                     {s.position: s.size for s in plan.checked}, m, 0, predicted=(predicted_eager, predicted_traced))
     _mark_traced()
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
@@ -237,7 +310,8 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         path, reason = XLA, f"batched work of {work:.2g} element-evaluations pays for XLA compilation"
     else:
         path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
-    return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason)
+    return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
+                 (predicted_eager, predicted_traced))
 
 
 

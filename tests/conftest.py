@@ -31,3 +31,14 @@ def dtype(request):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def fresh_routing_calibration(monkeypatch):
+    """Each test routes as the first check of a process would (after the first trace): what
+    earlier tests taught the process's calibration must not change a later test's path."""
+    from fastcheck import _paths
+
+    calibration = _paths.Calibration()
+    calibration._dispatch = _paths.CALIBRATION.dispatch  # measured once per worker
+    monkeypatch.setattr(_paths, "CALIBRATION", calibration)

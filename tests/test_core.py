@@ -490,11 +490,40 @@ def test_first_trace_in_a_process_counts_tensorflow_warm_up(monkeypatch):
     config = _config.CheckConfig()
     plan = _plan.build_plan(lambda x: tf.reduce_sum(tf.sin(x)), [tf.constant(RNG.normal(size=100))], config)
     plan = dataclasses.replace(plan, call_seconds=1e-3)  # eager loop: 202 calls = 0.2 s; tracing: 0.14 s, or 0.64 s the first time
+    _paths.CALIBRATION._dispatch = _paths.REFERENCE_DISPATCH  # on a machine like the reference one
     monkeypatch.setattr(_paths, "_traced", False)
     first = _paths.choose_route(plan, config)
     assert first.path == "eager" and "first trace in this process" in first.reason
     monkeypatch.setattr(_paths, "_traced", True)
     assert _paths.choose_route(plan, config).path == "graph"
+
+
+def test_routing_predictions_follow_this_process_measured_costs(monkeypatch):
+    from fastcheck import _config, _paths, _plan
+
+    calibration = _paths.Calibration()
+    calibration._dispatch = _paths.REFERENCE_DISPATCH  # a machine like the reference one
+    monkeypatch.setattr(_paths, "CALIBRATION", calibration)
+    monkeypatch.setattr(_paths, "_traced", True)
+    config = _config.CheckConfig()
+    plan = _plan.build_plan(lambda x: tf.reduce_sum(tf.sin(x)), [tf.constant(RNG.normal(size=100))], config)
+    plan = dataclasses.replace(plan, call_seconds=5e-4)  # eager loop: 202 calls = 0.10 s; tracing: 0.12 s
+    assert _paths.choose_route(plan, config).path == "eager"
+    # This process's eager loops take three times what was predicted: tracing wins now.
+    for _ in range(3):
+        calibration.learn("eager", 1.0, 3.0)
+    route = _paths.choose_route(plan, config)
+    assert route.path == "graph" and route.predicted[0] == pytest.approx(0.303, rel=1e-6)
+    # A machine whose Python-side work is ten times slower than the reference traces ten times slower.
+    calibration._dispatch = 10 * _paths.REFERENCE_DISPATCH
+    assert _paths.choose_route(plan, config).path == "eager"
+    # A long traced sweep (eager predicted far slower) says nothing about tracing; a close call does.
+    calibration.learn_from(dataclasses.replace(route, predicted=(10.0, route.predicted[1])), "graph", 5.0)
+    assert calibration.ratios["traced"] == []
+    calibration.learn_from(route, "graph", 2 * route.predicted[1])
+    assert calibration.scale("traced") == pytest.approx(2.0)
+    calibration.learn_from(route, "eager", 1.0)  # a fallback changed the path: not a measurement of either
+    assert len(calibration.ratios["eager"]) == 3
 
 
 def test_checks_do_not_keep_the_function_alive_or_warn_about_retracing(caplog):
