@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
+    if name == "tfp":  # the TensorFlow Probability helpers: a submodule, imported on first use
+        return importlib.import_module("fastcheck.tfp")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value

@@ -160,8 +160,9 @@ def verify_gradients(f: Callable, inputs, grads, **options) -> GradientReport:
     return run_check(supplied_problem(f, inputs, grads, config), config)
 
 
-def check_model(model, loss_fn: Callable, data, *, variables=None, **options) -> GradientReport:
-    """Check the gradient of ``loss_fn(y, model(x, training=False))`` w.r.t. the model's variables.
+def check_model(model, loss_fn, data, *, variables=None, training: bool = False, sample_weight=None,
+                **options) -> GradientReport:
+    """Check the gradient of ``loss_fn(y, model(x, training=training))`` w.r.t. the model's variables.
 
     One report pair per variable (``model.trainable_variables``, or ``variables``),
     named by the variable's path.  Works for Keras 3 models (via
@@ -169,12 +170,35 @@ def check_model(model, loss_fn: Callable, data, *, variables=None, **options) ->
     variable values are batched and no variable is ever assigned: every value is
     bit-for-bit the same afterwards, even when the check raises.
 
+    With ``training=True`` the loss is the training step's: every evaluation
+    draws the same dropout mask (Keras 3 seed-generator states are passed
+    unchanged, tf_keras random layers draw from a stateless generator with a
+    fixed seed), batch normalization uses the batch's statistics, and moving
+    statistics and seed states are restored bit for bit.  A model with no
+    training behaviour gets the training=False check, with a note saying so; a
+    random op the check cannot hold fixed makes the verdict undecidable, with
+    the reason.
+
     Args:
       model: the model or module.
-      loss_fn: ``loss_fn(y_true, y_pred)`` returning a scalar (or a tensor, summed).
-      data: a pair ``(x, y)``.
+      loss_fn: ``loss_fn(y_true, y_pred)`` (a function or a Keras loss object)
+        returning a scalar (or a tensor, summed), or a Keras loss name (``"mse"``,
+        ``"categorical_crossentropy"``, resolved with ``keras.losses.get``).  For a
+        model with several outputs: one loss for all, or a list (output order) or
+        dict (output names) of them; the per-output losses are summed.
+      data: a pair ``(x, y)``; ``x`` a tensor or a list/dict of them for a model
+        with several inputs, ``y`` a list/dict for one with several outputs.
       variables: the variables to check (default: all trainable ones).
+      training: call the model as a training step does (dropout, batch statistics).
+      sample_weight: per-sample weights passed to the loss as Keras does (a list or
+        dict of them for several outputs).
       **options: as for ``check_gradients``.
+
+    Raises:
+      TypeError / ValueError: for misuse (data not a pair, an unknown loss name,
+        losses or targets that do not match the model's outputs, a variable that
+        is not the model's, ``training=True`` for a module without a training mode).
     """
     config = _config(options, "check_model")
-    return run_check(model_problem(model, loss_fn, data, variables, config), config)
+    problem = model_problem(model, loss_fn, data, variables, config, training=training, sample_weight=sample_weight)
+    return run_check(problem, config)

@@ -3,18 +3,36 @@
 The numerical side perturbs each variable element in a batch, so the loss must
 be a *function* of the variables' values, not of their state:
 
-* Keras 3 models: ``model.stateless_call(trainable_values, non_trainable_values, x)``.
+* Keras 3 models: ``model.stateless_call(trainable_values, non_trainable_values, x)``,
+  with every non-trainable value (batch-norm moving statistics, seed-generator
+  states) held at its value before the check; the updated state it returns is
+  discarded.
 * tf_keras models and ``tf.Module``s: the variable attributes are swapped for
   the given tensors while the loss is computed (bypassing attribute tracking),
   and swapped back at once.  No variable is ever assigned.
+
+With ``training=True`` the same holds, and randomness is held fixed so that every
+evaluation, perturbed or not, batched or not, draws the same dropout mask:
+Keras 3 seed generators keep their state (it is a non-trainable value, passed
+unchanged), and tf_keras random layers (Dropout, GaussianNoise, ...) draw from a
+stateless generator with a fixed seed while the loss is computed.  The real call
+that gives the analytical side runs with the same state and the same seeds, and
+every state it updates (moving statistics, seed states) is restored bit for bit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
+
+# tf_keras random layers draw from stateless ops seeded from this while the loss is computed
+# (a layer's own integer seed is used when it has one).
+_FIXED_SEED = 1234
 
 
 def variable_name(variable) -> str:
@@ -28,6 +46,105 @@ def variable_value(variable) -> tf.Tensor:
     return tf.identity(tf.convert_to_tensor(variable))
 
 
+@contextlib.contextmanager
+def preserved_variables(variables):
+    """Restore every variable to its exact bytes afterwards, whatever happens inside."""
+    saved = _saved(variables)
+    try:
+        yield
+    finally:
+        _restore(saved)
+
+
+def _saved(variables) -> list:
+    return [(v, v.numpy().copy()) for v in variables]
+
+
+def _restore(saved) -> None:
+    for variable, value in saved:
+        current = variable.numpy()
+        if not np.array_equal(current, value, equal_nan=True) or current.tobytes() != value.tobytes():
+            variable.assign(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelLoss:
+    """A model's loss, as a pure function of the chosen variables' values and as the real model computes it."""
+
+    f: Callable  # f(*values): the loss at those values of the chosen variables; assigns nothing
+    values: list  # the chosen variables' values at the point
+    names: list  # their names (variable paths)
+    chosen: list  # the variables whose gradients are checked
+    every: list  # every variable of the model, restored bit for bit after the check
+    real: Callable  # real(): the loss of the model called with its own variables, state restored afterwards
+    training: bool
+    notes: tuple = ()
+
+
+def model_loss_function(model, loss_fn, data, variables=None, *, training: bool = False,
+                        sample_weight=None) -> ModelLoss:
+    """The loss of ``model`` on ``data`` as a pure function of the chosen variables' values."""
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise TypeError(f"data must be a pair (x, y); the loss is loss_fn(y, model(x, training={training})).")
+    if not isinstance(training, bool):
+        raise TypeError(f"training must be True or False; got {training!r}.")
+    x, y = data
+    keras3 = _is_keras3(model)
+    if keras3:
+        trainable = list(model.trainable_variables)
+        non_trainable = list(model.non_trainable_variables)
+        every = trainable + non_trainable
+    else:
+        trainable, every = _module_variables(model)
+    if not keras3 and training and not _accepts_training(model):
+        raise ValueError(f"training=True, but {type(model).__name__}'s call takes no `training` argument, so the "
+                         "model has no training mode to check; call check_model without training=True.")
+    compute = loss_of_outputs(loss_fn, y, sample_weight, model)
+    chosen = list(variables) if variables is not None else trainable
+    if not chosen:
+        raise ValueError("The model has no trainable variables to check; build it first (call it once on data) "
+                         "or pass variables=[...].")
+    known = {id(v) for v in every}
+    for variable in chosen:
+        if id(variable) not in known:
+            raise ValueError(f"variables contains {variable_name(variable)!r}, which does not belong to the model.")
+    names = [variable_name(v) for v in chosen]
+    values = [variable_value(v) for v in chosen]
+    chosen_ids = {id(v) for v in chosen}
+    trainable_ids = {id(v) for v in trainable}
+    # What a training-mode call updates (moving statistics, seed states): held at these values.
+    state_before = _saved([v for v in every if id(v) not in chosen_ids and id(v) not in trainable_ids]) if training else []
+    generators = _tf_keras_random_generators(model)
+
+    def real():
+        """The loss of the model called with its own variables, as a training step computes it."""
+        _restore(state_before)  # the same seed states (so the same masks) as the stateless loss
+        try:
+            with _stateless_randomness(generators):
+                return compute(_call(model, x, training))
+        finally:
+            _restore(state_before)
+
+    if keras3:
+        f = _keras3_loss(model, x, compute, every, trainable, chosen, training)
+    else:
+        f, names = _swapped_loss(model, x, compute, chosen, names, generators, training)
+        _assert_substitution_reaches_loss(f, real, chosen, values, names, every)
+    notes: tuple = ()
+    if not training:
+        return ModelLoss(f, values, names, chosen, every, real, training)
+    with preserved_variables(every):  # a tf_keras model updates its moving statistics in training mode
+        unchanged = _same_loss(f(*values), _inference_loss(model, x, compute, every, trainable, chosen))
+    if unchanged:
+        notes = ("training=True changes nothing here: the loss equals the training=False loss at this point (no "
+                 "layer of this model behaves differently in training), so this is the training=False check",)
+    else:
+        notes = ("training=True: every evaluation draws the same dropout mask (seed states passed unchanged, "
+                 "tf_keras random layers made stateless with a fixed seed), batch normalization uses the batch's "
+                 "statistics, and every moving statistic and seed state is restored bit for bit",)
+    return ModelLoss(f, values, names, chosen, every, real, training, notes)
+
+
 def _is_keras3(model) -> bool:
     return hasattr(model, "stateless_call") and hasattr(model, "non_trainable_variables")
 
@@ -36,6 +153,97 @@ def _module_variables(model) -> tuple[list, list]:
     trainable = list(getattr(model, "trainable_variables", []) or [])
     every = list(getattr(model, "variables", []) or [])
     return trainable, every
+
+
+def _call(model, x, training: bool):
+    return model(x, training=training) if _accepts_training(model) else model(x)
+
+
+def _keras3_loss(model, x, compute, every, trainable, chosen, training):
+    slots = {id(v): i for i, v in enumerate(every)}
+    # Fixed values, not the variables: a seed state read at each call would move with the real
+    # call's updates, and every evaluation must see the state the check started from.
+    fixed = [variable_value(v) for v in every]
+    count = len(trainable)
+
+    def loss(*new_values):
+        state = list(fixed)
+        for variable, value in zip(chosen, new_values):
+            state[slots[id(variable)]] = value
+        # The updated non-trainable values (moving statistics, advanced seed states) are discarded.
+        outputs, _ = model.stateless_call(state[:count], state[count:], x, training=training)
+        return compute(outputs)
+
+    return loss
+
+
+def _swapped_loss(model, x, compute, chosen, names, generators, training) -> tuple[Callable, list]:
+    places = _paths_to(model, {id(v) for v in chosen})
+    reachable = {id(v) for _, _, v, _ in places}
+    generic = [n for n in names if names.count(n) > 1 or n.startswith("Variable")]
+    if generic:  # unnamed tf.Variables: name them by where the module keeps them
+        where: dict = {}
+        for _, _, variable, path in places:
+            where.setdefault(id(variable), path)
+        names = [where.get(id(v), n) if n in generic else n for v, n in zip(chosen, names)]
+    missing = [variable_name(v) for v in chosen if id(v) not in reachable]
+    if missing:
+        raise ValueError(
+            f"Could not find where the model keeps {missing[0]!r} (not an attribute or list item of the model "
+            "or its submodules), so it cannot be substituted; pass a Keras 3 model or keep variables as attributes."
+        )
+
+    def loss(*new_values):
+        substitutes = {id(v): value for v, value in zip(chosen, new_values)}
+        with _swapped(places, substitutes), _stateless_randomness(generators):
+            return compute(_call(model, x, training))
+
+    return loss, names
+
+
+def _inference_loss(model, x, compute, every, trainable, chosen):
+    """The training=False loss at the point, to tell whether training=True changes anything."""
+    if _is_keras3(model):
+        return _keras3_loss(model, x, compute, every, trainable, chosen, False)(*[variable_value(v) for v in chosen])
+    with preserved_variables(every):
+        return compute(_call(model, x, False))
+
+
+def _same_loss(a, b) -> bool:
+    first, second = _total(a), _total(b)
+    return bool(first == second or (np.isnan(first) and np.isnan(second)))
+
+
+def _tf_keras_random_generators(model) -> list:
+    """The random generators of tf_keras layers (Dropout, GaussianNoise, ...) in the model."""
+    modules = [model, *getattr(model, "submodules", ())] if isinstance(model, tf.Module) else [model]
+    found, seen = [], set()
+    for module in modules:
+        generator = vars(module).get("_random_generator") if hasattr(module, "__dict__") else None
+        if generator is not None and hasattr(generator, "_rng_type") and id(generator) not in seen:
+            seen.add(id(generator))
+            found.append(generator)
+    return found
+
+
+@contextlib.contextmanager
+def _stateless_randomness(generators):
+    """tf_keras random layers draw from stateless ops with a fixed seed while inside.
+
+    Their default draws are stateful (a fresh mask at every call, or a
+    ``tf.random.Generator`` whose state advances): a stateless op with a fixed seed
+    draws one mask at every evaluation, in eager, ``tf.function`` and
+    ``vectorized_map`` alike.
+    """
+    saved = [(g, g._rng_type, g._seed, g._built) for g in generators]
+    try:
+        for index, generator in enumerate(generators):
+            seed = generator._seed if isinstance(generator._seed, int) else _FIXED_SEED + index
+            generator._rng_type, generator._seed, generator._built = "stateless", seed, True
+        yield
+    finally:
+        for generator, rng_type, seed, built in saved:
+            generator._rng_type, generator._seed, generator._built = rng_type, seed, built
 
 
 def _paths_to(module, wanted: set) -> list[tuple[object, object, object, str]]:
@@ -88,69 +296,7 @@ def _set_item(container, key, value):
     (storage if storage is not None else container)[key] = value
 
 
-def model_loss_function(model, loss_fn, data, variables=None):
-    """Returns (f, values, names, protected): f(*values) is the loss at those variable values."""
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable as loss_fn(y_true, y_pred); got {type(loss_fn).__name__}.")
-    if not isinstance(data, (tuple, list)) or len(data) != 2:
-        raise TypeError("data must be a pair (x, y); the loss is loss_fn(y, model(x, training=False)).")
-    x, y = data
-    if _is_keras3(model):
-        trainable = list(model.trainable_variables)
-        non_trainable = list(model.non_trainable_variables)
-        every = trainable + non_trainable
-    else:
-        trainable, every = _module_variables(model)
-    chosen = list(variables) if variables is not None else trainable
-    if not chosen:
-        raise ValueError("The model has no trainable variables to check; build it first (call it once on data) "
-                         "or pass variables=[...].")
-    known = {id(v) for v in every}
-    for variable in chosen:
-        if id(variable) not in known:
-            raise ValueError(f"variables contains {variable_name(variable)!r}, which does not belong to the model.")
-    names = [variable_name(v) for v in chosen]
-    values = [variable_value(v) for v in chosen]
-
-    if _is_keras3(model):
-        slots = {id(v): i for i, v in enumerate(every)}
-
-        def loss(*new_values):
-            state = [v.value for v in every]
-            for variable, value in zip(chosen, new_values):
-                state[slots[id(variable)]] = value
-            outputs, _ = model.stateless_call(state[: len(trainable)], state[len(trainable):], x, training=False)
-            return loss_fn(y, outputs)
-
-        return loss, values, names, every
-
-    places = _paths_to(model, {id(v) for v in chosen})
-    reachable = {id(v) for _, _, v, _ in places}
-    generic = [n for n in names if names.count(n) > 1 or n.startswith("Variable")]
-    if generic:  # unnamed tf.Variables: name them by where the module keeps them
-        where = {}
-        for _, _, variable, path in places:
-            where.setdefault(id(variable), path)
-        names = [where.get(id(v), n) if n in generic else n for v, n in zip(chosen, names)]
-    missing = [variable_name(v) for v in chosen if id(v) not in reachable]
-    if missing:
-        raise ValueError(
-            f"Could not find where the model keeps {missing[0]!r} (not an attribute or list item of the model "
-            "or its submodules), so it cannot be substituted; pass a Keras 3 model or keep variables as attributes."
-        )
-
-    def loss(*new_values):
-        substitutes = {id(v): value for v, value in zip(chosen, new_values)}
-        with _swapped(places, substitutes):
-            return loss_fn(y, model(x, training=False) if _accepts_training(model) else model(x))
-
-    _assert_substitution_reaches_loss(loss, chosen, values, names, model, loss_fn, x, y)
-    return loss, values, names, every
-
-
 def _accepts_training(model) -> bool:
-    import inspect
-
     call = getattr(model, "call", None) or type(model).__call__
     try:
         parameters = inspect.signature(call).parameters
@@ -159,44 +305,189 @@ def _accepts_training(model) -> bool:
     return "training" in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
 
 
-def _assert_substitution_reaches_loss(loss, chosen, values, names, model, loss_fn, x, y):
+def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every):
     """Every variable that the real loss depends on must also reach the substituted loss."""
-    with tf.GradientTape(persistent=True) as tape:
+    with preserved_variables(every), tf.GradientTape(persistent=True) as tape:
         tape.watch(values)
         substituted = loss(*values)
-        real = loss_fn(y, model(x, training=False) if _accepts_training(model) else model(x))
+        real_loss = real()
     for name, value, variable in zip(names, values, chosen):
-        if tape.gradient(real, variable) is not None and tape.gradient(substituted, value) is None:
+        if tape.gradient(real_loss, variable) is not None and tape.gradient(substituted, value) is None:
             raise ValueError(
                 f"Variable {name!r} is read in a way fastcheck cannot substitute (e.g. through a closure or a "
                 "tuple), so its gradient cannot be checked; keep it as a module attribute."
             )
 
 
-def training_gradients(model, loss_fn, data, variables, loss, values, names) -> list:
+def training_gradients(model_loss: ModelLoss) -> list:
     """``tape.gradient(loss, variables)`` on the real model, as a training step computes it.
 
     A layer's ``tf.custom_gradient`` that takes the layer's variables
     (``grad(dy, variables=None)``) is called only when the variables themselves
     are on the tape, so the analytical side differentiates the real variables;
     the numerical side evaluates the same loss statelessly, after checking that
-    both losses agree at the point.
+    both losses agree at the point.  With ``training=True`` the real call starts
+    from the same seed states (so it draws the same dropout mask), and the state it
+    updates is restored at once.
     """
-    x, y = data
-    chosen = list(variables) if variables is not None else list(model.trainable_variables)
     with tf.GradientTape() as tape:
-        real = loss_fn(y, model(x, training=False) if _accepts_training(model) else model(x))
-    gradients = tape.gradient(real, chosen, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    stateless = loss(*values)
+        real = model_loss.real()
+    gradients = tape.gradient(real, model_loss.chosen, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    stateless = model_loss.f(*model_loss.values)
     real_value, stateless_value = _total(real), _total(stateless)
     eps = float(np.finfo(np.float32 if real_value.dtype != np.float64 else np.float64).eps)
     if not np.isclose(real_value, stateless_value, rtol=256 * eps, atol=0) and np.isfinite(real_value):
+        cause = ("check that the model reads every variable through the model (not a copy) and is deterministic"
+                 if not model_loss.training else
+                 "with training=True, a layer probably draws random numbers outside the model's seed generators "
+                 "(e.g. keras.random.* with seed=None or a tf.random op in a custom layer): draw them from a "
+                 "keras.random.SeedGenerator the layer holds, or check with training=False")
         raise ValueError(
             f"The model's loss is {float(real_value):.9g} when called with its variables but {float(stateless_value):.9g} "
-            "when fastcheck substitutes their values, so the numerical side would differentiate another function; "
-            "check that the model reads every variable through the model (not a copy) and is deterministic."
+            f"when fastcheck substitutes their values, so the numerical side would differentiate another function; "
+            f"{cause}."
         )
-    return [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v) for g, v in zip(gradients, values)]
+    return [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v) for g, v in zip(gradients, model_loss.values)]
+
+
+# Added to a "not deterministic" verdict of a training-mode check: the check holds every
+# source of randomness it knows fixed (seed states, tf_keras random layers).
+RANDOM_IN_TRAINING = ("check_model(training=True) is the likely cause: fastcheck holds dropout masks fixed (Keras 3 "
+                      "seed generators, tf_keras random layers), so some layer draws random numbers in training mode "
+                      "that the check cannot hold fixed, e.g. tf.random.uniform without a seed or keras.random.* with "
+                      "seed=None in a custom layer. Draw them from a keras.random.SeedGenerator the layer holds "
+                      "(Keras 3) or with a stateless tf.random op and a fixed seed, or check with training=False.")
+
+
+def loss_of_outputs(loss_fn, y, sample_weight, model) -> Callable:
+    """``compute(y_pred)``: the loss of the model's outputs, per output and summed for several outputs.
+
+    ``loss_fn`` is a callable ``loss_fn(y_true, y_pred)`` (a function or a Keras
+    loss object), a Keras loss name (``"mse"``, ``"categorical_crossentropy"``), or
+    for a model with several outputs a list or dict of those (one per output; a
+    single loss applies to every output).  Names resolve with ``keras.losses.get``
+    (``tf_keras.losses.get`` for tf_keras models) into loss objects that reduce as
+    ``model.compile`` does; ``sample_weight`` goes to each loss as Keras passes it.
+    """
+    names = _output_names(model)
+
+    def compute(outputs):
+        if not isinstance(outputs, (list, tuple, dict)):
+            return _apply(_only(loss_fn), y, outputs, sample_weight, model, None)
+        keys = list(outputs) if isinstance(outputs, dict) else list(range(len(outputs)))
+        labels = [str(k) if isinstance(outputs, dict) else (names[k] if k < len(names) else f"output_{k}")
+                  for k in keys]
+        losses = _per_output("loss_fn", loss_fn, keys, labels, single_ok=True)
+        targets = _per_output("y", y, keys, labels, single_ok=False)
+        weights = _per_output("sample_weight", sample_weight, keys, labels, single_ok=True)
+        return [_apply(loss, target, outputs[key], weight, model, label)
+                for key, label, loss, target, weight in zip(keys, labels, losses, targets, weights)]
+
+    # Misuse is an error here, before the check, not in its middle.
+    if isinstance(loss_fn, (list, tuple, dict)):
+        for key, item in (loss_fn.items() if isinstance(loss_fn, dict) else enumerate(loss_fn)):
+            _resolve(item, model, sample_weight is not None, key)
+    else:
+        _resolve(loss_fn, model, sample_weight is not None, None)
+    return compute
+
+
+def _only(loss_fn):
+    """The loss of a model with one output: a list or dict of losses must then have one entry."""
+    if not isinstance(loss_fn, (list, tuple, dict)):
+        return loss_fn
+    items = list(loss_fn.values()) if isinstance(loss_fn, dict) else list(loss_fn)
+    if len(items) != 1:
+        raise ValueError(f"loss_fn has {len(items)} entries but the model has one output; pass one loss.")
+    return items[0]
+
+
+def _output_names(model) -> list:
+    names = getattr(model, "output_names", None)
+    try:
+        return [str(n) for n in names] if names else []
+    except TypeError:
+        return []
+
+
+def _per_output(what: str, value, keys: list, labels: list, single_ok: bool) -> list:
+    """``value`` aligned with the outputs: a dict by output name or key, a list by position, or one for all."""
+    if isinstance(value, dict):
+        missing = [label for key, label in zip(keys, labels) if key not in value and label not in value]
+        if missing:
+            raise ValueError(f"{what} is a dict without an entry for the model's output {missing[0]!r} (its keys: "
+                             f"{', '.join(map(repr, value))}); give one entry per output: {', '.join(map(repr, labels))}.")
+        return [value[key] if key in value else value[label] for key, label in zip(keys, labels)]
+    if isinstance(value, (list, tuple)) and not (what == "sample_weight" and _is_array_like(value)):
+        if len(value) != len(keys):
+            raise ValueError(f"{what} has {len(value)} entries but the model has {len(keys)} outputs "
+                             f"({', '.join(map(repr, labels))}); give one entry per output, in order.")
+        return list(value)
+    if not single_ok:
+        raise ValueError(f"The model has {len(keys)} outputs ({', '.join(map(repr, labels))}) but {what} is a single "
+                         f"value; pass a list (in output order) or a dict keyed by output name.")
+    return [value] * len(keys)
+
+
+def _is_array_like(value) -> bool:
+    return bool(value) and all(isinstance(v, (int, float, np.number)) for v in value)
+
+
+def _apply(loss_fn, y_true, y_pred, sample_weight, model, label):
+    loss = _resolve(loss_fn, model, sample_weight is not None, label)
+    if sample_weight is None:
+        return loss(y_true, y_pred)
+    return loss(y_true, y_pred, sample_weight=sample_weight)
+
+
+def _resolve(loss_fn, model, weighted: bool, label) -> Callable:
+    """A callable loss: names through the Keras of the model, functions wrapped when a sample weight needs it."""
+    where = "loss_fn" if label is None else f"loss_fn for output {label!r}"
+    keras = _keras_of(model)
+    if isinstance(loss_fn, str):
+        try:
+            resolved = keras.losses.get(loss_fn)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{where}={loss_fn!r} is not a loss {keras.__name__}.losses.get knows ({error}); pass a "
+                             "Keras loss name such as 'mse', 'mean_absolute_error' or 'categorical_crossentropy', a "
+                             f"{keras.__name__}.losses.Loss object, or a function loss_fn(y_true, y_pred).") from None
+        # As model.compile does: a named function reduces to the mean over the batch and takes sample weights.
+        return resolved if isinstance(resolved, keras.losses.Loss) else _as_loss_object(keras, resolved)
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(y_true, y_pred), a Keras loss name (e.g. 'mse'), or for "
+                        f"several outputs a list or dict of those; got {type(loss_fn).__name__}"
+                        f"{'' if label is None else f' for output {label!r}'}.")
+    if weighted and not isinstance(loss_fn, keras.losses.Loss) and not _takes_sample_weight(loss_fn):
+        return _as_loss_object(keras, loss_fn)
+    return loss_fn
+
+
+def _keras_of(model):
+    if type(model).__module__.startswith("tf_keras"):
+        import tf_keras
+
+        return tf_keras
+    import keras
+
+    return keras
+
+
+def _takes_sample_weight(fn) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "sample_weight" in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+
+
+def _as_loss_object(keras, fn):
+    """``fn(y_true, y_pred)`` as a Keras loss object: weighted and reduced as ``model.compile`` does."""
+
+    class FunctionLoss(keras.losses.Loss):
+        def call(self, y_true, y_pred):
+            return fn(y_true, y_pred)
+
+    return FunctionLoss(name=getattr(fn, "__name__", "loss"))
 
 
 def _total(loss) -> np.float64:

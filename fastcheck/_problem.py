@@ -9,7 +9,6 @@ function.  ``_check.run_check`` runs any of them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
-from fastcheck._model import model_loss_function, training_gradients
+from fastcheck._model import RANDOM_IN_TRAINING, model_loss_function, training_gradients
+from fastcheck._model import preserved_variables as preserved_variables  # run_check restores through it
 from fastcheck._plan import Plan, normalize_inputs, to_real_view
 
 
@@ -35,6 +35,7 @@ class Problem:
     output_name: str | None = None
     kind: str | None = None  # what the report calls the analytical side, when not the strategy's own
     notes: tuple = ()
+    if_random: str | None = None  # what to add when f turns out not to be deterministic
 
     @property
     def variables(self) -> list:
@@ -63,31 +64,30 @@ def supplied_problem(f: Callable, inputs, grads, config: CheckConfig) -> Problem
                    output_name="sum(f)")
 
 
-def model_problem(model, loss_fn: Callable, data, variables, config: CheckConfig) -> Problem:
-    """``check_model``: the loss as a pure function of the variables' values, against the real tape gradient."""
-    f, values, names, every = model_loss_function(model, loss_fn, data, variables)
-    chosen = list(variables) if variables is not None else None
+def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, training: bool = False,
+                  sample_weight=None) -> Problem:
+    """``check_model``: the loss as a pure function of the variables' values, against the real tape gradient.
+
+    A training-mode loss draws its dropout masks from stateless ops with fixed
+    seeds; routing keeps such an f off XLA (which draws other numbers from the
+    same seed).
+    """
+    loss = model_loss_function(model, loss_fn, data, variables, training=training, sample_weight=sample_weight)
+    title = "check_model (training=True)" if training else "check_model"
+    notes = loss.notes
+    if_random = RANDOM_IN_TRAINING if training else None
     if config.order == 2:
-        return Problem(gradient_function(_summed(f), values, config.seed), values,
-                       "check_model (order=2: Hessian of the loss)", names=names, protect=tuple(every))
+        with preserved_variables(loss.every):  # gradient_function calls the loss once
+            gradient = gradient_function(_summed(loss.f), loss.values, config.seed)
+        return Problem(gradient, loss.values,
+                       f"{title} (order=2: Hessian of the loss)", names=loss.names, protect=tuple(loss.every),
+                       notes=notes, if_random=if_random)
     # Called inside the check, after the determinism test, with every variable restored afterwards.
-    supplied = _supplied_gradients(values, lambda *_: training_gradients(model, loss_fn, data, chosen, f, values, names))
-    return Problem(_summed(f), values, "check_model", supplied=supplied, names=names, protect=tuple(every),
-                   output_name="loss", kind="reverse",
+    supplied = _supplied_gradients(loss.values, lambda *_: training_gradients(loss))
+    return Problem(_summed(loss.f), loss.values, title, supplied=supplied, names=loss.names,
+                   protect=tuple(loss.every), output_name="loss", kind="reverse",
                    notes=("analytical side: tape.gradient of the loss over the model's own variables, as a training "
-                          "step computes it (custom gradients with variables= included)",))
-
-
-@contextlib.contextmanager
-def preserved_variables(variables):
-    """Restore every variable to its exact bytes afterwards, whatever happens inside."""
-    saved = [(v, v.numpy().copy()) for v in variables]
-    try:
-        yield
-    finally:
-        for variable, value in saved:
-            if not np.array_equal(variable.numpy(), value, equal_nan=True) or variable.numpy().tobytes() != value.tobytes():
-                variable.assign(value)
+                          "step computes it (custom gradients with variables= included)", *notes), if_random=if_random)
 
 
 def _variables_in(inputs) -> list:

@@ -63,9 +63,10 @@ class GradientTestCase:
 
         Args:
           model: a Keras model (or layer) whose trainable variables are checked.
-          loss: ``loss(y, model(x, training=False))``, e.g. a ``keras.losses.Loss``.
+          loss: ``loss(y, model(x, training=training))``, e.g. a ``keras.losses.Loss`` or a name (``"mse"``).
           data: ``(x, y)``.
-          **options: options of ``fastcheck.check_model`` (``variables=``, ``atol``, ...).
+          **options: arguments and options of ``fastcheck.check_model`` (``variables=``, ``training=True``,
+            ``sample_weight=``, ``atol``, ...).
 
         Returns:
           The passing ``GradientReport``.

@@ -119,7 +119,7 @@ def test_the_user_example_suite_passes_and_is_recorded(pytester):
         "test_custom_op_gradient": ("check", "pass"), "test_model_gradients": ("check_model", "pass"),
         "test_bijector_log_det_jacobian": ("check", "pass")}
     assert [p["input"] for p in checks["test_model_gradients"]["report"]["pairs"]] == [
-        "sequential/dense/kernel", "sequential/dense/bias", "sequential/dense_1/kernel", "sequential/dense_1/bias"]
+        "user_model/hidden/kernel", "user_model/hidden/bias", "user_model/head/kernel", "user_model/head/bias"]
 
 
 def test_option_choices_are_those_gradient_checker_accepts():

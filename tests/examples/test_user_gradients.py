@@ -25,7 +25,8 @@ def softplus(x):
 
 def small_model():
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(2)])
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="tanh", name="hidden"),
+                             keras.layers.Dense(2, name="head")], name="user_model")
 
 
 def regression_data():

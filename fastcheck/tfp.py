@@ -1,0 +1,464 @@
+"""Gradient checks for TensorFlow Probability bijectors and distributions.
+
+    from fastcheck.tfp import check_bijector, check_distribution
+
+``check_bijector`` checks a bijector's forward Jacobian, its
+``forward_log_det_jacobian`` against the log-determinant of the *numerical*
+Jacobian of ``forward``, the inverse identities, and the gradient of the
+log-det-Jacobian.  ``check_distribution`` checks the gradients of ``log_prob``
+and, for a reparameterized distribution, of ``sample`` at a fixed stateless seed.
+
+TensorFlow Probability is imported when a check runs, not when this module is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from fastcheck._api import _config, numerical_jacobian
+from fastcheck._check import run_check
+from fastcheck._config import MACHINE_EPSILON, precision_name
+from fastcheck._plan import normalize_inputs
+from fastcheck._problem import Problem, function_problem
+from fastcheck._report import GradientReport
+
+__all__ = ["BijectorReport", "IdentityCheck", "check_bijector", "check_distribution"]
+
+# Options that shape the numerical Jacobian behind the log-det identity (the others are the checks').
+_JACOBIAN_OPTIONS = ("eps", "jit_compile", "memory_budget", "device", "precision")
+
+# Samplers whose gradient is implicit (it holds the CDF fixed, not the noise: Gamma, Beta, Dirichlet,
+# StudentT, TruncatedNormal), or a custom gradient: a fixed-seed difference quotient is not their derivative.
+_IMPLICIT_SAMPLER_OPS = ("Gamma", "ParameterizedTruncatedNormal", "Poisson", "Binomial")
+
+
+@dataclasses.dataclass
+class IdentityCheck:
+    """One identity a bijector must satisfy, checked element by element (or per batch member).
+
+    ``verdict`` is "pass", "fail" (the bijector's side is wrong), or "undecidable"
+    (the reference side is not finite).  The worst element is the one with the
+    largest ``|actual - expected| / allowed``.
+    """
+
+    name: str  # the identity, e.g. "forward_log_det_jacobian(x) = log|det J|"
+    verdict: str
+    actual_name: str
+    expected_name: str
+    where: str  # "batch member" or "element"
+    index: tuple | None = None
+    actual: float = 0.0
+    expected: float = 0.0
+    abs_error: float = 0.0
+    allowed: float = 0.0
+    failed: int = 0
+    size: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "pass"
+
+    def __str__(self) -> str:
+        label = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        at = f"{self.where} {self.index}" if self.index is not None else "the point"
+        values = (f"{self.actual_name}={self.actual:.8g}, {self.expected_name}={self.expected:.8g}, "
+                  f"|diff|={self.abs_error:.3g}, allowed={self.allowed:.3g}")
+        if self.ok:
+            return f"{self.name}: ok (worst at {at}: {values})"
+        why = "" if self.verdict == "fail" else " (the reference value is not finite: check at a point inside the domain)"
+        return f"{self.name}: {label} at {at}: {values}; {self.failed} of {self.size} fail{why}"
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["ok"] = self.ok
+        out["index"] = list(self.index) if self.index is not None else None
+        return out
+
+
+@dataclasses.dataclass
+class BijectorReport:
+    """What ``check_bijector`` found: two gradient checks and three identities.
+
+    ``forward`` checks the Jacobian of ``forward``; ``log_det_gradient`` the gradient
+    of ``forward_log_det_jacobian``; ``identities`` the log-det-Jacobian against the
+    numerical Jacobian's, ``inverse(forward(x)) = x`` and
+    ``inverse_log_det_jacobian(y) = -forward_log_det_jacobian(x)``.
+    ``bool(report)`` is ``report.ok``.
+    """
+
+    title: str
+    forward: GradientReport
+    log_det_gradient: GradientReport
+    identities: list[IdentityCheck]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def reports(self) -> list[GradientReport]:
+        return [self.forward, self.log_det_gradient]
+
+    @property
+    def verdict(self) -> str:
+        """"pass", "fail" (a gradient or an identity is wrong), or "undecidable"."""
+        verdicts = [r.verdict for r in self.reports] + [i.verdict for i in self.identities]
+        return "fail" if "fail" in verdicts else "undecidable" if "undecidable" in verdicts else "pass"
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "pass"
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @property
+    def failures(self) -> list:
+        """The failing gradient reports and identities."""
+        return [r for r in self.reports if not r.ok] + [i for i in self.identities if not i.ok]
+
+    def __repr__(self) -> str:
+        label = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        failing = self.failures
+        first = "" if not failing else f", first: {getattr(failing[0], 'title', None) or failing[0].name}"
+        return f"<BijectorReport {label}: {len(failing)} of {len(self.reports) + len(self.identities)} checks failed{first}>"
+
+    def __str__(self) -> str:
+        label = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        lines = [f"fastcheck {self.title}: {label} -- {len(self.failures)} of "
+                 f"{len(self.reports) + len(self.identities)} checks failed"]
+        for report in self.reports:
+            lines.append(f"  {report.title.split(': ', 1)[-1]}: {'ok' if report.ok else report.verdict.upper()}, "
+                         f"max abs error {report.max_abs_error:.3g}")
+        lines += [f"  {identity}" for identity in self.identities]
+        lines += [f"  note: {note}" for note in self.notes]
+        for report in self.reports:
+            if not report.ok:
+                lines += ["", str(report)]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"title": self.title, "ok": self.ok, "verdict": self.verdict, "forward": self.forward.to_dict(),
+                "log_det_gradient": self.log_det_gradient.to_dict(),
+                "identities": [i.to_dict() for i in self.identities], "notes": list(self.notes)}
+
+
+def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
+    """Check a TensorFlow Probability bijector's gradients and its log-det-Jacobian at ``x``.
+
+    Four checks:
+
+    1. the Jacobian of ``forward`` (``fastcheck.check_gradients``);
+    2. ``forward_log_det_jacobian(x, event_ndims)`` against ``log|det J|`` of the
+       numerical Jacobian of ``forward`` over each batch member's event (for
+       ``event_ndims=0`` the elementwise ``log|dy/dx|``; ``0.5 log det(J^T J)`` when
+       ``forward`` changes the event size), allowed
+       ``atol + rtol * |log|det J|| + ||J^-1||_F ||atol + rtol |J|||_F`` per member
+       (the log-determinant of any Jacobian inside the element-wise tolerance band);
+    3. ``inverse(forward(x)) = x`` and ``inverse_log_det_jacobian(forward(x)) =
+       -forward_log_det_jacobian(x)``, allowing ``atol + rtol * |value|`` plus the
+       rounding of ``y`` carried through the inverse;
+    4. the gradient of ``forward_log_det_jacobian`` with respect to ``x``.
+
+    Every call gets fresh tensors (TFP caches results per tensor object, which
+    would make the identities hold by construction).
+
+    Args:
+      bijector: a ``tfp.bijectors.Bijector`` acting on one tensor.
+      x: the point (a floating tensor-like) of shape ``batch_shape + event_shape``.
+      event_ndims: the number of rightmost dimensions of ``x`` that form one event,
+        at least ``bijector.forward_min_event_ndims``.
+      **options: as for ``fastcheck.check_gradients`` (``atol``/``rtol`` also set the
+        identities' tolerances; the defaults follow ``x``'s dtype).
+
+    Returns:
+      A ``BijectorReport``; ``bool(report)`` tells whether everything passed, and
+      ``str(report)`` names any failing identity, by how much and at which element.
+
+    Raises:
+      TypeError: ``x`` not floating, ``event_ndims`` not an integer.
+      ValueError: ``event_ndims`` larger than ``x``'s rank or smaller than the
+        bijector's minimum, ``x`` not of the bijector's dtype, or ``forward``
+        failing on ``x``.
+
+    Example:
+      >>> import tensorflow_probability as tfp
+      >>> from fastcheck.tfp import check_bijector
+      >>> check_bijector(tfp.bijectors.Softplus(), [0.5, -1.0, 2.0], event_ndims=0).ok
+      True
+    """
+    config = _config(options, "check_bijector")
+    _tfp()
+    x = _floating_tensor(x, "x")
+    name = type(bijector).__name__
+    in_ndims, out_ndims = _event_ndims(bijector, x, event_ndims)
+    title = f"check_bijector ({name}, event_ndims={in_ndims})"
+    dtype = getattr(bijector, "dtype", None)
+    if dtype is not None and tf.as_dtype(dtype) != x.dtype:
+        raise ValueError(f"x is {x.dtype.name} but {name} computes in {tf.as_dtype(dtype).name} (its parameters' "
+                         f"dtype): pass x as {tf.as_dtype(dtype).name}, or build the bijector with {x.dtype.name} "
+                         "parameters.")
+    try:
+        y = bijector.forward(tf.identity(x))
+    except Exception as error:
+        raise ValueError(f"{name}.forward failed on x of shape {tuple(x.shape)} ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0]}); pass x whose last {in_ndims} dimension(s) form an event the "
+                         "bijector accepts.") from error
+    batch_shape = tuple(x.shape[: x.shape.rank - in_ndims])
+    if tuple(y.shape[: len(batch_shape)]) != batch_shape:
+        raise ValueError(f"{name}.forward maps x of shape {tuple(x.shape)} to shape {tuple(y.shape)}: the bijector's "
+                         f"batch shape broadcasts x's batch shape {batch_shape}; pass x with the full batch shape, e.g. "
+                         f"x of shape {tuple(y.shape[: y.shape.rank - out_ndims]) + tuple(x.shape[len(batch_shape):])}.")
+
+    forward = _titled(function_problem(lambda t: bijector.forward(tf.identity(t)), x, config),
+                      f"{title}: forward Jacobian")
+    log_det = _titled(function_problem(lambda t: bijector.forward_log_det_jacobian(tf.identity(t), event_ndims=in_ndims),
+                                       x, config), f"{title}: gradient of forward_log_det_jacobian")
+    forward_report, log_det_report = run_check(forward, config), run_check(log_det, config)
+
+    atol, rtol = config.tolerances(precision_name(x.dtype))
+    jacobians = _member_jacobians(bijector, x, batch_shape, options)
+    fldj = _broadcast(bijector.forward_log_det_jacobian(tf.identity(x), event_ndims=in_ndims), batch_shape)
+    identities = [_log_det_identity(fldj, jacobians, atol, rtol, batch_shape),
+                  *_inverse_identities(bijector, x, y, fldj, jacobians, in_ndims, out_ndims, atol, rtol, batch_shape)]
+    given = options.get("atol") is not None or options.get("rtol") is not None
+    notes = [f"identities judged with atol={atol:g}, rtol={rtol:g} ({'as given' if given else x.dtype.name + ' defaults'}), "
+             "plus the numerical Jacobian's band carried into log|det J| and y's rounding carried through the inverse"]
+    return BijectorReport(title, forward_report, log_det_report, identities, notes)
+
+
+def check_distribution(make_distribution: Callable, params, x=None, *, seed: int = 0, **options) -> GradientReport:
+    """Check the gradients of a distribution's ``log_prob`` (and ``sample``) w.r.t. its parameters.
+
+    ``make_distribution(*params)`` builds the distribution.  Checked outputs:
+    ``log_prob(x)`` with respect to every floating parameter and, when given and
+    floating, ``x``; and, for a ``FULLY_REPARAMETERIZED`` distribution, ``sample``
+    drawn with the stateless seed ``(seed, 0)``, so that every evaluation uses the
+    same noise.  Samplers whose gradient is implicit (Gamma, Beta, Dirichlet,
+    StudentT, TruncatedNormal: it holds the CDF fixed, not the noise) or custom
+    are not differentiable at a fixed seed; their ``sample`` is left out, with a
+    note.
+
+    Args:
+      make_distribution: a callable taking the parameters positionally, e.g.
+        ``tfp.distributions.Normal`` or ``lambda loc, scale: tfd.Normal(loc, scale)``.
+      params: one parameter or a list of them (tensor-likes; Python floats become float64).
+      x: where ``log_prob`` is evaluated; default a sample drawn with the seed.
+      seed: the stateless sampling seed (fast mode's probe seed keeps its default).
+      **options: as for ``fastcheck.check_gradients``.
+
+    Returns:
+      A ``GradientReport`` with outputs ``log_prob`` (and ``sample``).
+
+    Raises:
+      TypeError: ``make_distribution`` not callable.
+
+    Example:
+      >>> import tensorflow_probability as tfp
+      >>> from fastcheck.tfp import check_distribution
+      >>> check_distribution(tfp.distributions.Normal, [0.5, 2.0], x=1.5).ok
+      True
+    """
+    if not callable(make_distribution):
+        raise TypeError(f"make_distribution must be callable as make_distribution(*params), e.g. "
+                        f"tfp.distributions.Normal; got {type(make_distribution).__name__}.")
+    config = _config(options, "check_distribution")
+    tfp = _tfp()
+    params = list(params) if isinstance(params, (list, tuple)) else [params]
+    values = [spec.value for spec in normalize_inputs(params)]
+    stateless_seed = tf.constant([seed, 0], tf.int32)
+    distribution = make_distribution(*values)
+    name = type(distribution).__name__
+    hint = distribution.dtype if isinstance(distribution.dtype, tf.DType) else None
+    fixed_x = distribution.sample(seed=stateless_seed) if x is None else tf.convert_to_tensor(x, dtype_hint=hint)
+    x_checked = x is not None and fixed_x.dtype.is_floating
+    notes: tuple = ()
+    sample = distribution.reparameterization_type == tfp.distributions.FULLY_REPARAMETERIZED
+    if not sample:
+        notes += (f"sample not checked: {name} is not fully reparameterized (samples carry no gradient)",)
+    elif (why := _implicit_sampler(make_distribution, values, stateless_seed)) is not None:
+        sample = False
+        notes += (f"sample not checked: {name}'s sampler {why}: an implicitly reparameterized sample's gradient holds "
+                  "the CDF fixed, not the noise, so a difference quotient at a fixed seed is not its derivative",)
+    else:
+        notes += (f"sample drawn with the stateless seed ({seed}, 0) at every evaluation (never under XLA, which "
+                  "draws other numbers from the same seed)",)
+
+    def outputs(*args):
+        distribution = make_distribution(*args[: len(values)])
+        result = {"log_prob": distribution.log_prob(args[len(values)] if x_checked else fixed_x)}
+        if sample:
+            result["sample"] = distribution.sample(seed=stateless_seed)
+        return result
+
+    inputs = [*values, fixed_x] if x_checked else values
+    problem = function_problem(outputs, inputs, config)
+    names = [f"param {i}" for i in range(len(values))] + (["x"] if x_checked else [])
+    problem = dataclasses.replace(problem, title=f"check_distribution ({name})", names=names, notes=notes)
+    return run_check(problem, config)
+
+
+def _tfp():
+    try:
+        import tensorflow_probability as tfp
+    except ImportError as error:  # pragma: no cover - a dependency of fastcheck
+        raise ImportError("fastcheck.tfp needs TensorFlow Probability: pip install 'tensorflow-probability[tf]'.") from error
+    return tfp
+
+
+def _titled(problem: Problem, title: str) -> Problem:
+    return dataclasses.replace(problem, title=title)
+
+
+def _floating_tensor(value, what: str) -> tf.Tensor:
+    tensor = normalize_inputs([value])[0].value
+    if not tensor.dtype.is_floating:
+        raise TypeError(f"{what} must be floating (a bijector maps real numbers); got {tensor.dtype.name}.")
+    return tensor
+
+
+def _event_ndims(bijector, x: tf.Tensor, event_ndims) -> tuple[int, int]:
+    """(input, output) event ndims, with errors that name the fix."""
+    name = type(bijector).__name__
+    if isinstance(event_ndims, bool) or not isinstance(event_ndims, (int, np.integer)):
+        raise TypeError(f"event_ndims must be an integer (check_bijector takes one tensor x); got {event_ndims!r}.")
+    rank = x.shape.rank
+    minimum = bijector.forward_min_event_ndims
+    if not isinstance(minimum, (int, np.integer)):
+        raise TypeError(f"{name} acts on a structure of tensors (forward_min_event_ndims={minimum!r}); check_bijector "
+                        "checks bijectors of one tensor.")
+    if event_ndims < minimum:
+        raise ValueError(f"{name} acts on events of at least {minimum} dimension(s) (forward_min_event_ndims="
+                         f"{minimum}), so event_ndims={event_ndims} is too small: pass event_ndims={minimum} (or more) "
+                         f"with x of rank >= {minimum}.")
+    if event_ndims > rank:
+        raise ValueError(f"event_ndims={event_ndims} but x has rank {rank} (shape {tuple(x.shape)}): an event cannot "
+                         f"have more dimensions than x; pass event_ndims <= {rank}, or an x with the event's shape.")
+    out = bijector.forward_event_ndims(int(event_ndims)) if hasattr(bijector, "forward_event_ndims") else event_ndims
+    return int(event_ndims), int(out)
+
+
+def _member_jacobians(bijector, x: tf.Tensor, batch_shape: tuple, options: dict) -> np.ndarray:
+    """The numerical Jacobian of ``forward`` of each batch member over its event: [B, event_out, event_in].
+
+    A member's output depends on its own event only, so one perturbation of an
+    event element moves that element of every member at once: the Jacobian of
+    ``d -> forward(x + max(1, |x|) d)`` at ``d = 0`` (2 * event_in evaluations,
+    whatever the batch size) stacks every member's block, with its columns scaled
+    by ``max(1, |x|)`` (the step fastcheck takes for x itself).
+    """
+    scale = tf.maximum(tf.ones_like(x), tf.abs(x))
+    event_shape = tuple(x.shape[len(batch_shape):])
+
+    def moved(d):
+        return bijector.forward(tf.cast(x, d.dtype) + tf.cast(scale, d.dtype) * d)
+
+    jacobian_options = {k: v for k, v in options.items() if k in _JACOBIAN_OPTIONS}
+    block = numerical_jacobian(moved, tf.zeros(event_shape, x.dtype), **jacobian_options)[0][0]
+    members = int(np.prod(batch_shape, dtype=np.int64))
+    event_in = int(np.prod(event_shape, dtype=np.int64))
+    stacked = np.asarray(block, np.float64).reshape(members, -1, event_in)
+    return stacked / scale.numpy().astype(np.float64).reshape(members, 1, event_in)
+
+
+def _log_det(jacobians: np.ndarray) -> np.ndarray:
+    """log|det J| per member; 0.5 log det(J^T J) (the volume change) when J is not square."""
+    if jacobians.shape[1] == jacobians.shape[2]:
+        return np.linalg.slogdet(jacobians)[1]
+    gram = np.einsum("bij,bik->bjk", jacobians, jacobians)
+    return 0.5 * np.linalg.slogdet(gram)[1]
+
+
+def _inverse_norms(jacobians: np.ndarray) -> np.ndarray:
+    """||J^+||_F per member (inf for a singular J)."""
+    with np.errstate(all="ignore"):
+        try:
+            return np.linalg.norm(np.linalg.pinv(jacobians), axis=(1, 2))
+        except np.linalg.LinAlgError:
+            return np.full(len(jacobians), np.inf)
+
+
+def _log_det_identity(fldj: np.ndarray, jacobians: np.ndarray, atol: float, rtol: float,
+                      batch_shape: tuple) -> IdentityCheck:
+    numerical = _log_det(jacobians)
+    band = np.linalg.norm(atol + rtol * np.abs(jacobians), axis=(1, 2))
+    allowed = atol + rtol * np.abs(numerical) + _inverse_norms(jacobians) * band
+    return _judge("forward_log_det_jacobian(x) = log|det J| of the numerical Jacobian J of forward",
+                  "forward_log_det_jacobian", fldj.reshape(-1), "numerical log|det J|", numerical, allowed,
+                  batch_shape, "batch member")
+
+
+def _inverse_identities(bijector, x, y, fldj, jacobians, in_ndims, out_ndims, atol, rtol, batch_shape):
+    eps = MACHINE_EPSILON[x.dtype]
+    members = len(jacobians)
+    y_values = y.numpy().astype(np.float64).reshape(members, -1)
+    # y itself is rounded (to 4 eps): the inverse carries that through J^-1.
+    carried = _inverse_norms(jacobians) * 4 * eps * np.max(np.abs(y_values), axis=1, initial=0.0)
+    x_values = x.numpy().astype(np.float64).reshape(members, -1)
+    back = bijector.inverse(tf.identity(y)).numpy().astype(np.float64).reshape(members, -1)
+    allowed = atol + rtol * np.abs(x_values) + carried[:, None]
+    event_shape = tuple(x.shape[len(batch_shape):])
+    inverse = _judge("inverse(forward(x)) = x", "inverse(forward(x))", back.reshape(-1), "x", x_values.reshape(-1),
+                     allowed.reshape(-1), batch_shape + event_shape, "element")
+
+    fresh = tf.identity(y)
+    with tf.GradientTape() as tape:
+        tape.watch(fresh)
+        ildj = bijector.inverse_log_det_jacobian(fresh, event_ndims=out_ndims)
+    slope = tape.gradient(ildj, fresh)
+    ildj_values = _broadcast(ildj, batch_shape).reshape(-1)
+    # The rounding of y carried through d ildj / dy, summed over the event.
+    carried = (np.zeros(members) if slope is None else
+               np.sum(np.abs(slope.numpy().astype(np.float64).reshape(members, -1)) * 4 * eps * np.abs(y_values), axis=1))
+    expected = -fldj.reshape(-1)
+    log_det = _judge("inverse_log_det_jacobian(forward(x)) = -forward_log_det_jacobian(x)",
+                     "inverse_log_det_jacobian", ildj_values, "-forward_log_det_jacobian", expected,
+                     atol + rtol * np.abs(expected) + carried, batch_shape, "batch member")
+    return [inverse, log_det]
+
+
+def _broadcast(value: tf.Tensor, batch_shape: tuple) -> np.ndarray:
+    """A log-det-Jacobian (constant ones may come unbroadcast, e.g. a scalar) over the batch."""
+    return np.broadcast_to(np.asarray(value, np.float64), batch_shape).copy()
+
+
+def _judge(name: str, actual_name: str, actual: np.ndarray, expected_name: str, expected: np.ndarray,
+           allowed: np.ndarray, shape: tuple, where: str) -> IdentityCheck:
+    """The verdict of ``|actual - expected| <= allowed`` (both finite), element by element."""
+    with np.errstate(all="ignore"):
+        error = np.abs(actual - expected)
+        reference_bad = ~np.isfinite(expected)
+        wrong = ~reference_bad & (~np.isfinite(actual) | ~(error <= allowed))
+        ratio = np.where(np.isfinite(error), error / np.maximum(allowed, np.finfo(np.float64).tiny), np.inf)
+    if wrong.any():
+        worst = int(np.flatnonzero(wrong)[np.argmax(ratio[wrong])])
+    elif reference_bad.any():
+        worst = int(np.flatnonzero(reference_bad)[0])
+    else:
+        worst = int(np.argmax(ratio)) if ratio.size else 0
+    verdict = "fail" if wrong.any() else "undecidable" if reference_bad.any() else "pass"
+    index = tuple(int(i) for i in np.unravel_index(worst, shape)) if shape else ()
+    return IdentityCheck(name, verdict, actual_name, expected_name, where, index, float(actual[worst]),
+                         float(expected[worst]), float(error[worst]), float(allowed[worst]), int((wrong | reference_bad).sum()),
+                         int(actual.size))
+
+
+def _implicit_sampler(make_distribution: Callable, values: list, seed: tf.Tensor) -> str | None:
+    """Why ``sample`` is not the derivative of a fixed-noise transform (None: it is)."""
+    try:
+        graph = tf.function(lambda *p: make_distribution(*p).sample(seed=seed)).get_concrete_function(
+            *[tf.TensorSpec(v.shape, v.dtype) for v in values]).graph.as_graph_def()
+    except Exception:  # a sampler that does not trace: judged by its reparameterization type alone
+        return None
+    nodes = [*graph.node, *[node for function in graph.library.function for node in function.node_def]]
+    for node in nodes:
+        if any(op in node.op for op in _IMPLICIT_SAMPLER_OPS):
+            return f"uses op {node.op}"
+    for node in graph.node:
+        # A custom gradient inside the sampler (TFP's implicit gradients, e.g. VonMises); one on the
+        # parameters, built before sample's name scope, is the user's and is checked.
+        if "_gradient_op_type" in node.attr and "/sample" in node.name:
+            return f"has a custom gradient ({node.name})"
+    return None
+

@@ -1,0 +1,152 @@
+"""fastcheck.tfp: check_bijector (Jacobian, log-det identity, inverse, log-det gradient) and check_distribution."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import fastcheck
+from fastcheck.tfp import BijectorReport, check_bijector, check_distribution
+
+tfb, tfd = tfp.bijectors, tfp.distributions
+RNG = np.random.default_rng(3)
+X = RNG.normal(size=(4, 3))
+SCALE_TRIL = np.array([[1.0, 0.0, 0.0], [0.5, 2.0, 0.0], [-0.3, 0.2, 0.7]])
+
+
+def f64(value):
+    return tf.constant(value, tf.float64)
+
+
+class OffLogDet(tfb.Exp):
+    """Exp whose forward_log_det_jacobian is twice the right one."""
+
+    def _forward_log_det_jacobian(self, x):
+        return 2.0 * x
+
+
+class WrongLocGradient(tfd.Normal):
+    """A Normal whose log_prob has a custom gradient 1.5 times too large with respect to loc."""
+
+    def _log_prob(self, x):
+        @tf.custom_gradient
+        def log_prob(x, loc, scale):
+            z = (x - loc) / scale
+            value = -0.5 * z**2 - tf.math.log(scale) - 0.5 * np.log(2 * np.pi)
+
+            def grad(g):
+                return -g * z / scale, 1.5 * g * z / scale, g * (z**2 - 1) / scale
+
+            return value, grad
+
+        loc, scale = tf.convert_to_tensor(self.loc), tf.convert_to_tensor(self.scale)
+        return log_prob(x, tf.broadcast_to(loc, tf.shape(x)), tf.broadcast_to(scale, tf.shape(x)))
+
+
+BIJECTORS = {
+    "exp": (lambda: tfb.Exp(), X, 0),
+    "softplus": (lambda: tfb.Softplus(), X, 0),
+    "sigmoid": (lambda: tfb.Sigmoid(), X, 0),
+    "sigmoid_float32_saturating": (lambda: tfb.Sigmoid(), (X * 4).astype("float32"), 0),
+    "chain": (lambda: tfb.Chain([tfb.Exp(), tfb.Shift(f64(0.5)), tfb.Scale(f64(2.0))]), X, 1),
+    "scale_matvec_tril": (lambda: tfb.ScaleMatvecTriL(scale_tril=f64(SCALE_TRIL)), X, 1),
+    "scale_matvec_tril_batch_of_matrices": (lambda: tfb.ScaleMatvecTriL(scale_tril=f64(SCALE_TRIL)), X[None], 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BIJECTORS))
+def test_real_bijectors_pass(name):
+    make, x, event_ndims = BIJECTORS[name]
+    report = check_bijector(make(), x, event_ndims)
+    assert isinstance(report, BijectorReport)
+    assert report.ok and bool(report) and report.verdict == "pass", str(report)
+    assert [i.verdict for i in report.identities] == ["pass"] * 3
+    assert "forward_log_det_jacobian(x) = log|det J|" in str(report)
+
+
+def test_wrong_log_det_jacobian_fails_naming_the_identity():
+    report = check_bijector(OffLogDet(), X, 0)
+    assert not report.ok and report.verdict == "fail"
+    assert report.forward.ok  # forward itself is right: only the identities catch the defect
+    log_det, inverse, inverse_log_det = report.identities
+    assert not log_det.ok and inverse.ok and not inverse_log_det.ok
+    worst = int(np.argmax(np.abs(X)))
+    assert log_det.index == np.unravel_index(worst, X.shape)
+    assert log_det.actual == pytest.approx(2 * X.flat[worst]) and log_det.expected == pytest.approx(X.flat[worst])
+    assert log_det.failed == X.size
+    text = str(report)
+    assert "forward_log_det_jacobian(x) = log|det J| of the numerical Jacobian J of forward: FAIL at batch member" in text
+    assert f"|diff|={abs(X.flat[worst]):.3g}" in text
+
+
+def test_event_ndims_misuse_names_the_fix():
+    with pytest.raises(ValueError, match=r"event_ndims=3 but x has rank 2 .*pass event_ndims <= 2"):
+        check_bijector(tfb.Exp(), X, 3)
+    with pytest.raises(ValueError, match=r"ScaleMatvecTriL acts on events of at least 1 .*pass event_ndims=1"):
+        check_bijector(tfb.ScaleMatvecTriL(scale_tril=f64(SCALE_TRIL)), X, 0)
+    with pytest.raises(ValueError, match=r"ScaleMatvecTriL.forward failed on x of shape \(4, 2\)"):
+        check_bijector(tfb.ScaleMatvecTriL(scale_tril=f64(SCALE_TRIL)), X[:, :2], 1)
+    with pytest.raises(ValueError, match="pass x as float32"):
+        check_bijector(tfb.Scale(2.0), X, 0)
+    with pytest.raises(TypeError, match="event_ndims must be an integer"):
+        check_bijector(tfb.Exp(), X, 0.5)
+
+
+@pytest.mark.parametrize("make, params, x", [
+    (tfd.Normal, [f64([0.5, 1.0]), f64([1.0, 2.0])], None),
+    (tfd.Normal, [0.5, 1.5], f64([0.3, -1.0])),
+    (tfd.Gamma, [f64([2.5, 1.5]), f64([1.3, 2.0])], None),
+    (tfd.Beta, [f64([2.5, 1.5]), f64([1.3, 2.0])], f64([0.3, 0.6])),
+    (lambda loc, tril: tfd.MultivariateNormalTriL(loc, tril), [f64([0.5, 1.0]), f64([[1.0, 0.0], [0.3, 2.0]])], None),
+], ids=["normal", "normal_x", "gamma", "beta", "mvn_tril"])
+def test_distributions_pass(make, params, x):
+    report = check_distribution(make, params, x)
+    assert report.ok, str(report)
+    outputs = {p.output_name for p in report.pairs}
+    distribution = make(*params)
+    if distribution.reparameterization_type == tfd.FULLY_REPARAMETERIZED and not isinstance(distribution, (tfd.Gamma, tfd.Beta)):
+        assert outputs == {"output['log_prob']", "output['sample']"}
+    else:  # implicit reparameterization: a fixed seed gives no derivative to compare
+        assert outputs == {"output['log_prob']"}
+        assert any("sample not checked" in note and "holds the CDF fixed" in note for note in report.notes)
+    if x is not None:
+        assert "x" in {p.input_name for p in report.pairs}
+
+
+def test_distribution_with_wrong_custom_gradient_fails():
+    report = check_distribution(WrongLocGradient, [f64([0.5, 1.0]), f64([1.0, 2.0])], f64([0.3, -1.0]))
+    assert report.verdict == "fail"
+    assert [p.title for p in report.failures] == ["output['log_prob'] / param 0"]
+    assert "factor of 1.5" in report.failures[0].hint
+    assert report.title == "check_distribution (WrongLocGradient)"
+
+
+def test_sample_is_checked_at_a_fixed_seed():
+    @tf.custom_gradient
+    def double_grad(y):
+        return tf.identity(y), lambda g: 2.0 * g
+
+    def make(loc):
+        return tfd.TransformedDistribution(tfd.Normal(f64(0.0), f64(1.0)), tfb.Shift(double_grad(loc)))
+
+    report = check_distribution(make, [f64([0.5, 1.0])], f64([0.1, 0.2]))
+    assert report.verdict == "fail"
+    assert {p.output_name for p in report.failures} == {"output['log_prob']", "output['sample']"}
+
+
+def test_check_distribution_misuse():
+    with pytest.raises(TypeError, match="make_distribution must be callable"):
+        check_distribution(3, [1.0])
+    with pytest.raises(TypeError, match="unknown option"):
+        check_distribution(tfd.Normal, [0.0, 1.0], tolerance=1e-3)
+
+
+def test_fastcheck_does_not_import_tfp_until_a_check_runs():
+    code = ("import sys, fastcheck, fastcheck.tfp; assert fastcheck.tfp.check_bijector; "
+            "print('tensorflow_probability' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+    assert fastcheck.tfp.check_distribution is check_distribution
