@@ -47,7 +47,7 @@ def _reverse_kernel(plan: Plan, path: str):
         jacobians = tape.jacobian(rows, sources, unconnected_gradients=ZERO, experimental_use_pfor=path != LOOP)
         return [tf.reshape(_densify(j), [-1, s.size]) for j, s in zip(jacobians, plan.checked)]
 
-    return compile_kernel(kernel, path)
+    return compile_kernel(kernel, path, plan.autograph)
 
 
 def _gradient_kernel(plan: Plan, path: str):
@@ -64,7 +64,7 @@ def _gradient_kernel(plan: Plan, path: str):
         grads = tape.gradient(y, sources, unconnected_gradients=ZERO)
         return [tf.reshape(_densify(g), [1, s.size]) for g, s in zip(grads, plan.checked)]
 
-    return compile_kernel(kernel, path)
+    return compile_kernel(kernel, path, plan.autograph)
 
 
 def jvp_rows(plan: Plan, position: int, path: str, values, tangents):
@@ -88,7 +88,7 @@ def _forward_kernel(plan: Plan, position: int, chunk: int, path: str):
     def kernel(values, idx):
         return jvp_rows(plan, position, path, values, tf.one_hot(idx, size, dtype=values[position].dtype))
 
-    return compile_kernel(kernel, path)
+    return compile_kernel(kernel, path, plan.autograph)
 
 
 class AutodiffJacobian:

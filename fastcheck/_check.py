@@ -29,11 +29,12 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         with timed(timings, "plan"):
             plan = kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names))
         if plan.nondeterministic:
-            return GradientReport([], "none", "-", time.perf_counter() - start, plan.notes, [plan.nondeterministic],
-                                  problem.title, timings)
+            problems = [plan.nondeterministic, *([problem.if_random] if problem.if_random else [])]
+            return GradientReport([], "none", "-", time.perf_counter() - start, [*plan.notes, *problem.notes],
+                                  problems, problem.title, timings)
         mode, why = choose_mode(plan, config, problem.supplied)
         executor = _executor(plan, config, timings)
-        outcome = STRATEGIES[mode](executor, plan, timings, problem.supplied, problem.output_name)
+        outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name)
         if mode == "full":
             # What routing predicted, against what it cost: later checks in this process route by it.
             CALIBRATION.learn_from(executor.chosen, executor.path,
@@ -49,7 +50,7 @@ def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.
     with _on_device(config.device), preserved_variables(problem.variables):
         plan = kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names))
         executor = _executor(plan, config, {})
-        blocks = (numerical_blocks if side == "numerical" else analytical_blocks)(executor, plan)
+        blocks = (numerical_blocks if side == "numerical" else analytical_blocks)(executor, executor.plan)
         by_input = {s.position: b for s, b in zip(plan.checked, blocks)}
         return [[by_input[s.position][o.offset : o.offset + o.size] if s.position in by_input else None
                  for s in plan.inputs] for o in plan.outputs]

@@ -83,17 +83,20 @@ def _differences_kernel(plan: Plan, position: int, chunk: int, path: str, flat_f
         # [m, chunk] each: the Jacobian's own layout, so the host never transposes it.
         return tf.transpose(outs[:chunk]), tf.transpose(outs[chunk:]), (picked + delta) - (picked - delta)
 
-    return compile_kernel(kernel, path)
+    return compile_kernel(kernel, path, plan.autograph)
 
 
 def _rows_kernel(plan: Plan, position: int, path: str, flat_function=None):
-    return compile_kernel(lambda values, batch: evaluate_rows(plan, position, path, values, batch, flat_function), path)
+    return compile_kernel(lambda values, batch: evaluate_rows(plan, position, path, values, batch, flat_function), path,
+                          plan.autograph)
 
 
 class Executor:
     """Evaluates f in batches for one check; see the module docstring."""
 
     def __init__(self, plan: Plan, config: CheckConfig, route: Route):
+        # Kernels trace f as the route's probe did: with AutoGraph only when f needs it.
+        plan = dataclasses.replace(plan, autograph=route.autograph) if route.autograph != plan.autograph else plan
         self.plan, self.config, self.route = plan, config, route
         self.chosen = route  # as routing chose it, before any fallback
         self.chunks = dict(route.chunks)  # input position -> perturbations per differences call

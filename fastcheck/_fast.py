@@ -48,7 +48,7 @@ ZERO = tf.UnconnectedGradients.ZERO
 
 def _jvp_kernel(plan: Plan, position: int):
     """J d for a batch of tangents [k, n] of one input, as one vectorized ForwardAccumulator pass."""
-    return tf.function(lambda values, tangents: jvp_rows(plan, position, GRAPH, values, tangents))
+    return tf.function(lambda values, tangents: jvp_rows(plan, position, GRAPH, values, tangents), autograph=plan.autograph)
 
 
 @tf.function(jit_compile=True)
@@ -117,7 +117,8 @@ class Directional:
                 tangents_native = tf.cast(tangents, self.native[self.position].dtype)
                 if self.executor.path in (XLA, GRAPH):
                     kernel = self.executor.kernel(("rjvp", self.position, int(tangents.shape[0])), lambda: tf.function(
-                        lambda values, t: reverse_jvp(self.plan, self.position, list(values), t)))
+                        lambda values, t: reverse_jvp(self.plan, self.position, list(values), t),
+                        autograph=self.plan.autograph))
                     return kernel(self.native, tangents_native)
                 return reverse_jvp(self.plan, self.position, list(self.native), tangents_native)
             except Exception as error:

@@ -123,6 +123,11 @@ CALIBRATION = Calibration()
 # 3x graph mode's FLOP rate, since pfor's transposes fuse into the dot) and on
 # the 5,000-parameter MLP (2.3e8).
 XLA_MIN_WORK = 20_000_000
+def _is_random(op_type: str) -> bool:
+    """Random-number ops (stateless ones with a fixed seed are how a check holds dropout fixed)."""
+    return "Random" in op_type or op_type.startswith("StatelessTruncated") or op_type.startswith("StatelessMultinomial")
+
+
 # Ops whose XLA CPU kernels are far slower than TF's own (betainc: 40x).
 XLA_SLOW_OPS = frozenset({"Betainc", "Igamma", "Igammac", "IgammaGradA"})
 # A batched evaluation of f doing fewer FLOPs than this per element of its
@@ -157,6 +162,7 @@ class Route:
     flat_function: object = None  # the probe's traced tf.function of the flat function
     flops_per_eval: int = 0
     chunk_reason: str = "to fit memory_budget"
+    autograph: bool = False  # kernels are traced with AutoGraph (f needs it)
     predicted: tuple = (0.0, 0.0)  # (eager loop, traced) seconds predicted for the check; 0: not predicted
 
     @property
@@ -298,7 +304,14 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     chunks = {s.position: int(min(s.size, chunk_rows)) for s in plan.checked}
     output_chunk = int(max(1, min(m, config.budget // (2 * per_eval + 8 * plan.n))))
     work = 2 * n * elements
-    if config.jit_compile is True:
+    random = sorted(op for op in op_types if _is_random(op))
+    if random and config.jit_compile is not False and not has_loops:
+        # XLA draws different numbers than TensorFlow's kernels from the same seed: the
+        # compiled evaluations would see another dropout mask than the eager ones.
+        path, reason = GRAPH, (f"f draws random numbers (op {random[0]}) and XLA draws different ones than "
+                               "TensorFlow's kernels from the same seed, so f runs without XLA"
+                               + (" (jit_compile=True overridden)" if config.jit_compile is True else ""))
+    elif config.jit_compile is True:
         path, reason = XLA, "jit_compile=True"
     elif has_loops:
         path, reason = LOOP, "f contains while_loops: pfor conversion would cost more than it saves"
@@ -311,7 +324,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     else:
         path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
-                 (predicted_eager, predicted_traced))
+                 probe.autograph, (predicted_eager, predicted_traced))
 
 
 
@@ -360,6 +373,7 @@ class Probe:
     flops: int  # rough FLOPs of those ops, per evaluation
     function: object  # the tf.function of the flat function, reused by the loop path
     op_types: frozenset
+    autograph: bool  # f traces only with AutoGraph (Python control flow on tensors)
 
 
 def probe_graph(plan: Plan) -> Probe:
@@ -370,8 +384,17 @@ def probe_graph(plan: Plan) -> Probe:
     """
     values = plan.eval_values()
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in values]
-    function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast))
-    concrete = function.get_concrete_function(*signature)
+    # Without AutoGraph first: converting fastcheck's kernels and f costs most of a cold
+    # process's first trace (dense n=1024: 0.78 s -> 0.35 s).  Only an f with Python
+    # control flow on tensors needs it, and says so by failing to trace without it.
+    autograph = False
+    try:
+        function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast), autograph=False)
+        concrete = function.get_concrete_function(*signature)
+    except Exception:
+        autograph = True
+        function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast))
+        concrete = function.get_concrete_function(*signature)
     graph = concrete.graph
     # Per-evaluation memory: only tensors that depend on the arguments are
     # batched by vectorized_map; captured weights and constants are shared.
@@ -396,7 +419,7 @@ def probe_graph(plan: Plan) -> Probe:
     op_types = {op.type for op in graph.get_operations()}
     for function_def in graph.as_graph_def().library.function:
         op_types |= {node.op for node in function_def.node_def}
-    return Probe(bool(op_types & _LOOP_OPS), max(elements, 1), max(flops, 1), function, frozenset(op_types))
+    return Probe(bool(op_types & _LOOP_OPS), max(elements, 1), max(flops, 1), function, frozenset(op_types), autograph)
 
 
 class Progress:
@@ -425,10 +448,11 @@ class Progress:
             self.bar.close()
 
 
-def compile_kernel(fn, path: str):
+def compile_kernel(fn, path: str, autograph: bool = False):
+    """A tf.function of a kernel on ``path``; AutoGraph only for an f that needs it (see ``probe_graph``)."""
     if path == XLA:
-        return tf.function(fn, jit_compile=True)
-    return tf.function(fn)
+        return tf.function(fn, jit_compile=True, autograph=autograph)
+    return tf.function(fn, autograph=autograph)
 
 
 def is_compile_failure(error: Exception) -> bool:

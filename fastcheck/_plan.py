@@ -184,6 +184,7 @@ class Plan:
     noise: Noise | None = None  # measured noise of the numerical side's evaluations
     precision: str = "float64"  # the precision the analytical side computes in (tolerance row)
     precision_reason: str | None = None  # why it is lower than the dtypes say
+    autograph: bool = False  # kernels trace f with AutoGraph (set from the route: f needs it)
 
     @property
     def noise_epsilon(self) -> float:

@@ -542,3 +542,34 @@ def test_checks_do_not_keep_the_function_alive_or_warn_about_retracing(caplog):
     gc.collect()
     assert all(ref() is None for ref in refs)  # compiled kernels went with their function
     assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_python_control_flow_on_tensors_is_traced_with_autograph(jit_compile):
+    # Kernels trace without AutoGraph (it costs most of a cold first trace); an f with
+    # Python `if`/`for` on tensors needs it, and gets it, on the same path.
+    def f(x):
+        total = tf.reduce_sum(tf.sin(x))
+        if total > 0:  # a Python `if` on a tensor: AutoGraph makes it a tf.cond
+            return total * x
+        return -total * x
+
+    x = tf.constant(RNG.uniform(0.1, 0.5, size=40))
+    report = fastcheck.check_gradients(f, x, jit_compile=jit_compile)
+    assert report.ok, str(report)
+    assert report.path == ("xla" if jit_compile else "graph")
+    wrong = fastcheck.check_gradients(lambda x: f(x) + tf.stop_gradient(x * x), x, jit_compile=jit_compile)
+    assert not wrong.ok
+
+
+@pytest.mark.parametrize("jit_compile", ["auto", True])
+def test_seeded_random_ops_never_run_under_xla(jit_compile):
+    # XLA draws other numbers than TensorFlow's kernels from the same stateless seed: the
+    # batched evaluations would differentiate another function than the eager calls.
+    def f(x):
+        return tf.tanh(x) * tf.random.stateless_uniform(x.shape, seed=[1, 2], dtype=x.dtype)
+
+    x = tf.constant(RNG.normal(size=(64, 64)))
+    report = fastcheck.check_gradients(f, x, jit_compile=jit_compile)
+    assert report.ok, str(report)
+    assert report.path == "graph" and "XLA draws different ones" in str(report)
