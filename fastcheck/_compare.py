@@ -260,16 +260,27 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
     return None
 
 
+# Rows per block when a pass over an [m, n] Jacobian is memory-bound.
+ROW_BLOCK = 256
+
+
 def directions_agree(jvp: np.ndarray, directions: list, numerical: list, band: list) -> bool:
     """Whether JVPs ``J v`` [k, m] match the numerical ``N v`` within the element bands.
 
     Per probe and output row i: ``|JVP_i - (N v)_i| <= ||band_i * v||_2``
     (independent element errors add up like 2-norms, never a multiple of n).
     """
-    def clean(x):  # columns left out of the directions may hold NaN
-        return np.where(np.isfinite(x), x, 0.0)
-
-    predicted = sum(d @ clean(n).T for d, n in zip(directions, numerical))
-    allowed = np.sqrt(sum((d**2) @ (clean(b).T ** 2) for d, b in zip(directions, band)))
+    k, m = jvp.shape
+    predicted, allowed = np.zeros((k, m)), np.zeros((k, m))
+    for d, n, b in zip(directions, numerical, band):
+        for start in range(0, m, ROW_BLOCK):  # a block of rows at a time: [m, n] arrays stay in cache
+            rows = slice(start, start + ROW_BLOCK)
+            n_rows, b_rows = n[rows], b[rows]
+            if not (np.all(np.isfinite(n_rows)) and np.all(np.isfinite(b_rows))):
+                # columns left out of the directions may hold NaN
+                n_rows, b_rows = np.where(np.isfinite(n_rows), n_rows, 0.0), np.where(np.isfinite(b_rows), b_rows, 0.0)
+            predicted[:, rows] += d @ n_rows.T
+            allowed[:, rows] += (d * d) @ (b_rows * b_rows).T
+    allowed = np.sqrt(allowed)
     with np.errstate(invalid="ignore"):
         return bool(np.all(np.abs(jvp - predicted) <= allowed))

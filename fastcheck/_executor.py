@@ -71,7 +71,15 @@ def evaluate_rows(plan: Plan, position: int, path: str, values, batch, flat_func
     return tf.vectorized_map(evaluate, batch)
 
 
-def _differences_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None):
+def view(tensor: tf.Tensor) -> np.ndarray:
+    """A read-only numpy view of an eager tensor's buffer (``.numpy()`` copies it)."""
+    try:
+        return np.asarray(memoryview(tensor))
+    except (TypeError, ValueError, BufferError):  # no buffer to view (e.g. on some devices): copy
+        return tensor.numpy()
+
+
+def _differences_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None, sides: bool = True):
     size = plan.inputs[position].size
 
     def kernel(values, idx, delta):
@@ -80,8 +88,15 @@ def _differences_kernel(plan: Plan, position: int, chunk: int, path: str, flat_f
         batch = tf.concat([flat[None] + perturbation, flat[None] - perturbation], axis=0)
         outs = evaluate_rows(plan, position, path, values, batch, flat_function)
         picked = tf.gather(flat, idx)
-        # [m, chunk] each: the Jacobian's own layout, so the host never transposes it.
-        return tf.transpose(outs[:chunk]), tf.transpose(outs[chunk:]), (picked + delta) - (picked - delta)
+        span = (picked + delta) - (picked - delta)
+        # [m, chunk]: the Jacobian's own layout, so the host never transposes it.
+        plus, minus = tf.transpose(outs[:chunk]), tf.transpose(outs[chunk:])
+        if sides:
+            return plus, minus, span
+        # The quotient alone (the first sweep): half the host memory; subtracted in float64,
+        # where the difference of two float32 values is exact.
+        wide = tf.cast(span, tf.float64)
+        return (tf.cast(plus, tf.float64) - tf.cast(minus, tf.float64)) / wide[None, :], wide
 
     return compile_kernel(kernel, path, plan.autograph)
 
@@ -180,25 +195,45 @@ class Executor:
 
     # -- full mode: columns ----------------------------------------------------
 
+    def quotients(self, position: int, idx: np.ndarray, delta: np.ndarray):
+        """Central difference quotients [m, len(idx)] float64 and the spans [len(idx)] (the first sweep)."""
+        dtype = self.values[position].dtype.as_numpy_dtype
+        quotient, span = np.empty((self.plan.m, len(idx))), np.empty(len(idx))
+
+        def call(chunk, part, count):
+            kernel = self.kernel(("quotients", position, chunk), lambda: _differences_kernel(
+                self.plan, position, chunk, self.path, self.route.flat_function, sides=False))
+            block, spans = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
+                                  tf.constant(pad(delta[part], chunk).astype(dtype)))
+            quotient[:, part] = view(block)[:, :count]
+            span[part] = view(spans)[:count]
+
+        def eager():
+            plus, minus, spans = self._eager_differences(position, idx, delta)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return (plus - minus) / spans[None, :], spans
+
+        parts = self._batched("numerical differences", position, len(idx), call, eager)
+        return parts[0] if parts[0] is not None else (quotient, span)
+
     def differences(self, position: int, idx: np.ndarray, delta: np.ndarray):
         """f(x + d e_j) and f(x - d e_j) as [m, len(idx)] float64, and the spans [len(idx)]."""
         dtype = self.values[position].dtype.as_numpy_dtype
+        # Each chunk lands in its place in the result: no concatenation of [m, n] arrays.
+        plus, minus, span = np.empty((self.plan.m, len(idx))), np.empty((self.plan.m, len(idx))), np.empty(len(idx))
 
         def call(chunk, part, count):
             kernel = self.kernel(("differences", position, chunk), lambda: _differences_kernel(
                 self.plan, position, chunk, self.path, self.route.flat_function))
-            plus, minus, span = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
-                                       tf.constant(pad(delta[part], chunk).astype(dtype)))
-            return (plus.numpy()[:, :count].astype(np.float64, copy=False),
-                    minus.numpy()[:, :count].astype(np.float64, copy=False),
-                    span.numpy()[:count].astype(np.float64, copy=False))
+            out = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
+                         tf.constant(pad(delta[part], chunk).astype(dtype)))
+            for target, result in zip((plus, minus), out[:2]):
+                target[:, part] = view(result)[:, :count]
+            span[part] = view(out[2])[:count]
 
         parts = self._batched("numerical differences", position, len(idx), call,
                               lambda: self._eager_differences(position, idx, delta))
-        if len(parts) == 1:
-            return parts[0]
-        pluses, minuses, spans = zip(*parts)
-        return np.concatenate(pluses, axis=1), np.concatenate(minuses, axis=1), np.concatenate(spans)
+        return parts[0] if parts[0] is not None else (plus, minus, span)
 
     def _eager_differences(self, position, idx, delta):
         plan = self.plan

@@ -55,7 +55,7 @@ class _Jacobians:
         if not len(columns):
             return np.zeros((self.plan.m, 0)), np.zeros((self.plan.m, 0)), np.zeros(0)
         delta = steps(self.plan, self.config, position)[columns] / divide
-        jacobian, _, _, spans = numerical_columns(self.executor, position, columns, delta)
+        jacobian, spans = self.executor.quotients(position, columns, delta)
         return jacobian, self.noise(spans), spans
 
     def refined(self, position: int, columns: np.ndarray, first: np.ndarray | None, first_noise, levels: int,

@@ -36,15 +36,17 @@ FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
 # TRACE_SECONDS + TRACE_CALLS eager calls of f, and the first traced check in a
 # process pays TensorFlow's own warm-up of tracing, pfor and graph optimisation,
 # FIRST_TRACE_SECONDS more -- on the machine where they were measured (AMD EPYC,
-# TF 2.21 CPU, over the verdict corpus; dense n=256 as the first check in a process:
-# 0.63 s traced against 0.12 s eager, 0.085 s traced after), whose eager dispatch of
-# one small op takes REFERENCE_DISPATCH seconds.  Both are Python-side work, so on
+# TF 2.21 CPU, kernels traced without AutoGraph; routing and both Jacobians of
+# dense n=256: 0.108 s traced as the first check in a process, 0.09 s after, 0.10 s
+# eager), whose eager dispatch of one small op takes REFERENCE_DISPATCH seconds.
+# An eager reverse-mode row costs about VJP_CALLS calls of f (tape walk, cotangent).  Both are Python-side work, so on
 # another machine they start scaled by its measured dispatch time; then
 # ``CALIBRATION`` corrects every prediction by what this process's checks actually
 # took (see ``Calibration``).
-TRACE_SECONDS = 0.1
+TRACE_SECONDS = 0.08
 TRACE_CALLS = 40
-FIRST_TRACE_SECONDS = 0.5
+FIRST_TRACE_SECONDS = 0.05
+VJP_CALLS = 4
 REFERENCE_DISPATCH = 7.5e-6
 _traced = False  # whether this process has already traced a fastcheck kernel
 
@@ -90,7 +92,7 @@ class Calibration:
     def predict(self, plan: Plan) -> tuple[float, float]:
         """(eager loop, traced) seconds predicted for a full check of ``plan`` in this process."""
         passes = 1 if plan.m == 1 else min(plan.n, plan.m)
-        eager = (2 * plan.n + passes + 1) * plan.call_seconds
+        eager = (2 * plan.n + VJP_CALLS * passes + 1) * plan.call_seconds
         machine = self.dispatch / REFERENCE_DISPATCH
         traced = (TRACE_SECONDS + (0.0 if _traced else FIRST_TRACE_SECONDS)) * machine + TRACE_CALLS * plan.call_seconds
         return eager * self.scale(EAGER), traced * self.scale("traced")
