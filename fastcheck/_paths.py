@@ -125,6 +125,13 @@ CALIBRATION = Calibration()
 # 3x graph mode's FLOP rate, since pfor's transposes fuse into the dot) and on
 # the 5,000-parameter MLP (2.3e8).
 XLA_MIN_WORK = 20_000_000
+def _runs_on_cpu(config: CheckConfig) -> bool:
+    """Whether the check's kernels run on a CPU (``device``, or no GPU to place them on)."""
+    if config.device is not None:
+        return (tf.DeviceSpec.from_string(config.device).device_type or "CPU").upper() == "CPU"
+    return not tf.config.list_logical_devices("GPU")
+
+
 def _is_random(op_type: str) -> bool:
     """Random-number ops (stateless ones with a fixed seed are how a check holds dropout fixed)."""
     return "Random" in op_type or op_type.startswith("StatelessTruncated") or op_type.startswith("StatelessMultinomial")
@@ -132,6 +139,9 @@ def _is_random(op_type: str) -> bool:
 
 # Ops whose XLA CPU kernels are far slower than TF's own (betainc: 40x).
 XLA_SLOW_OPS = frozenset({"Betainc", "Igamma", "Igammac", "IgammaGradA"})
+# ... and on CPU only: XLA's CPU convolutions against TensorFlow's oneDNN ones, cold,
+# AMD EPYC: conv 3x3 of 32x32x4 2.71 s graph against 3.08 s XLA, of 16x16x4 0.46 against 0.65.
+XLA_SLOW_CPU_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
 # A batched evaluation of f doing fewer FLOPs than this per element of its
 # intermediates is memory-bound; its calls are then kept to CACHE_BYTES of
 # intermediates (but at least MIN_CACHED_CHUNK perturbations, to amortise the
@@ -321,6 +331,8 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         path, reason = GRAPH, "jit_compile=False"
     elif op_types & XLA_SLOW_OPS:
         path, reason = GRAPH, f"{sorted(op_types & XLA_SLOW_OPS)[0]} is slow under XLA on this backend"
+    elif op_types & XLA_SLOW_CPU_OPS and _runs_on_cpu(config):
+        path, reason = GRAPH, f"{sorted(op_types & XLA_SLOW_CPU_OPS)[0]} is slower under XLA than TensorFlow's own on CPU"
     elif work >= XLA_MIN_WORK:
         path, reason = XLA, f"batched work of {work:.2g} element-evaluations pays for XLA compilation"
     else:
