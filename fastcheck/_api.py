@@ -15,7 +15,7 @@ from fastcheck._report import GradientCheckError, GradientReport
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
                     memory_budget=None, device=None, precision="auto", mode="auto", probes=4, seed=0,
-                    order=1, progress=None, autodiff="auto") -> GradientReport:
+                    order=1, progress=None, autodiff="auto", wrt=None) -> GradientReport:
     """Compare autodiff Jacobians of ``f`` with batched central differences.
 
     Every floating or complex input is checked (complex ones as (real, imag)
@@ -49,6 +49,14 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         products for scalar f; the gradient of u.f for a fixed seeded u otherwise).
       progress: a progress bar for long sweeps: None shows one on a terminal when
         the sweep will take more than 2 s, True always, False never.
+      autodiff: the analytical side: "auto" (reverse mode, the gradient training
+        uses, with a forward-mode spot check), "reverse", "forward" or "both".
+      wrt: which inputs to check (default: every floating one): positions, path
+        tuples into structured inputs (``(0, 'dense', 'kernel')``) or report names
+        (``"input 0['dense']"``).  Inputs may be any ``tf.nest`` structure (dicts,
+        nested lists/tuples, namedtuples), ``tf.SparseTensor`` (values checked) or
+        ``tf.RaggedTensor`` (flat values checked); unchecked ones reach f unchanged,
+        Python ints and bools as Python numbers.
 
     Returns:
       A ``GradientReport``; ``bool(report)`` tells whether every element passed.
@@ -65,7 +73,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
     """
     config = CheckConfig(eps, atol, rtol, jit_compile, memory_budget, device, precision, mode, probes, seed, order,
                          progress, autodiff)
-    return run_check(function_problem(f, inputs, config), config)
+    return run_check(function_problem(f, inputs, config, wrt), config)
 
 
 def _config(options: dict, entry: str) -> CheckConfig:
@@ -91,20 +99,20 @@ def assert_gradients_close(f: Callable, inputs, **options) -> GradientReport:
     return report
 
 
-def numerical_jacobian(f: Callable, inputs, **options) -> list[list[np.ndarray | None]]:
+def numerical_jacobian(f: Callable, inputs, *, wrt=None, **options) -> list[list[np.ndarray | None]]:
     """Batched central-difference Jacobians: ``result[output][input]`` of shape (output_size, input_size).
 
     Outputs are the floating leaves of ``f``'s result in ``tf.nest.flatten``
     order; non-floating inputs get ``None``.  Options as for ``check_gradients``.
     """
     config = _config(options, "numerical_jacobian")
-    return jacobians(function_problem(f, inputs, config), config, "numerical")
+    return jacobians(function_problem(f, inputs, config, wrt), config, "numerical")
 
 
-def autodiff_jacobian(f: Callable, inputs, **options) -> list[list[np.ndarray | None]]:
+def autodiff_jacobian(f: Callable, inputs, *, wrt=None, **options) -> list[list[np.ndarray | None]]:
     """Autodiff Jacobians in the same layout as ``numerical_jacobian``."""
     config = _config(options, "autodiff_jacobian")
-    return jacobians(function_problem(f, inputs, config), config, "analytical")
+    return jacobians(function_problem(f, inputs, config, wrt), config, "analytical")
 
 
 class GradientChecker:

@@ -19,7 +19,8 @@ import tensorflow as tf
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._model import RANDOM_IN_TRAINING, model_loss_function, training_gradients
 from fastcheck._model import preserved_variables as preserved_variables  # run_check restores through it
-from fastcheck._plan import Plan, normalize_inputs, to_real_view
+from fastcheck._plan import UPCAST_MAX_ELEMENTS, Plan, normalize_inputs, to_real_view
+from fastcheck._structure import flatten, needs_flattening
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +44,19 @@ class Problem:
         return [*[item for item in items if isinstance(item, tf.Variable)], *self.protect]
 
 
-def function_problem(f: Callable, inputs, config: CheckConfig) -> Problem:
-    """``check_gradients``, ``numerical_jacobian``, ``autodiff_jacobian``: f's own Jacobian (or its gradient's)."""
+def function_problem(f: Callable, inputs, config: CheckConfig, wrt=None) -> Problem:
+    """``check_gradients``, ``numerical_jacobian``, ``autodiff_jacobian``: f's own Jacobian (or its gradient's).
+
+    Structured inputs (and ``wrt``) become a function of the checked leaves (``_structure``).
+    """
+    if not callable(f):
+        raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
+    names = None
+    if needs_flattening(inputs, wrt):
+        f, inputs, names = flatten(f, inputs, wrt)
     if config.order == 2:
-        return Problem(gradient_function(f, inputs, config.seed), inputs, "second-order check")
-    return Problem(f, inputs)
+        return Problem(gradient_function(f, inputs, config.seed), inputs, "second-order check", names=names)
+    return Problem(f, inputs, names=names)
 
 
 def supplied_problem(f: Callable, inputs, grads, config: CheckConfig) -> Problem:
@@ -72,7 +81,8 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
     seeds; routing keeps such an f off XLA (which draws other numbers from the
     same seed).
     """
-    loss = model_loss_function(model, loss_fn, data, variables, training=training, sample_weight=sample_weight)
+    loss = model_loss_function(model, loss_fn, data, variables, training=training, sample_weight=sample_weight,
+                               precision=config.precision, upcast_limit=UPCAST_MAX_ELEMENTS)
     title = "check_model (training=True)" if training else "check_model"
     notes = loss.notes
     if_random = RANDOM_IN_TRAINING if training else None
