@@ -112,12 +112,13 @@ def test_the_user_example_suite_passes_and_is_recorded(pytester):
     result = pytester.runpytest_inprocess(*PLUGIN, "-p", "no:xdist", "-p", "no:cacheprovider", "--fastcheck-report",
                                           "user.json")
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 6 and "failed" not in outcomes and "errors" not in outcomes, result.stdout.str()
+    assert outcomes.get("passed") == 7 and "failed" not in outcomes and "errors" not in outcomes, result.stdout.str()
     document = json.loads((pytester.path / "user.json").read_text())
     checks = {check["test"].split("::")[1]: check for check in document["checks"]}
     assert {name: (c["call"], c["verdict"]) for name, c in checks.items()} == {
         "test_custom_op_gradient": ("check", "pass"), "test_model_gradients": ("check_model", "pass"),
-        "test_bijector_log_det_jacobian": ("check", "pass")}
+        "test_model_gradients_in_training_mode": ("check_model", "pass"), "test_bijector_log_det_jacobian": ("check", "pass")}
+    assert "training=True" in checks["test_model_gradients_in_training_mode"]["report"]["title"]
     assert [p["input"] for p in checks["test_model_gradients"]["report"]["pairs"]] == [
         "user_model/hidden/kernel", "user_model/hidden/bias", "user_model/head/kernel", "user_model/head/bias"]
 

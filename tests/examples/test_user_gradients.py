@@ -46,6 +46,14 @@ def test_model_gradients(gradcheck):
     assert gradcheck.check_model(small_model(), keras.losses.MeanSquaredError(), regression_data())
 
 
+def test_model_gradients_in_training_mode(gradcheck):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="tanh", name="hidden"),
+                              keras.layers.BatchNormalization(name="norm"), keras.layers.Dropout(0.3, name="drop"),
+                              keras.layers.Dense(2, name="head")], name="training_model")
+    assert gradcheck.check_model(model, "mse", regression_data(), training=True)
+
+
 def test_bijector_log_det_jacobian(gradcheck):
     bijector = tfp.bijectors.Sigmoid()
     x = np.random.default_rng(1).normal(size=(5, 3))
