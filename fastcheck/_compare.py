@@ -235,8 +235,9 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
         return ("f jumps at the point (its difference quotients grow like 1/step): it has no derivative there to "
                 "check; check at a point away from the jump.")
     if np.any(status == UNRESOLVED) and not bad.any():
-        return ("the central differences did not converge even at steps 4**12 times smaller: f varies on a scale "
-                "far below the step (or is noisy); pass a smaller eps, or check at a point where f is smoother.")
+        return ("the central differences did not settle at any step tried (down to 4**12 times smaller than the "
+                "first, or, for a noisy f, up to the largest step its noise allows): f varies on a scale far below "
+                "the step, or its noise swamps every step; pass a smaller eps, or check at a point where f is smoother.")
     if not bad.any():
         return None
     a, n = analytical[bad], numerical[bad]
