@@ -15,7 +15,7 @@ from fastcheck._report import GradientCheckError, GradientReport
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
                     memory_budget=None, device=None, precision="auto", mode="auto", probes=4, seed=0,
-                    order=1, progress=None, autodiff="auto", wrt=None) -> GradientReport:
+                    order=1, progress=None, autodiff="auto", wrt=None, time_budget=None) -> GradientReport:
     """Compare autodiff Jacobians of ``f`` with batched central differences.
 
     Every floating or complex input is checked (complex ones as (real, imag)
@@ -40,10 +40,13 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       precision: "auto" evaluates the numerical side in float64 when f accepts
         float64 inputs, "native" never, "float64" always (error if f cannot).
       mode: "full" (whole Jacobians), "fast" (``probes`` random projections
-        u.J.d checked against both a JVP and a VJP, with localisation of a
-        defect), or "auto": full when the Jacobian fits ``memory_budget`` and
-        inputs have at most 200,000 elements; the report says which ran.
-      probes, seed: number of random probe pairs in fast mode, and the seed of
+        spanning every checked input at once, J d checked element by element
+        against the reverse-mode gradient and u.J.d against one VJP, a failing
+        projection localised to an input and a region of it), or "auto": full
+        when the Jacobian fits ``memory_budget``, inputs have at most 200,000
+        elements and the full check is predicted to take at most
+        ``time_budget`` seconds; the report says which ran, and why.
+      probes, seed: number of random probes in fast mode, and the seed of
         their private generator (global RNG state is never touched).
       order: 1 checks gradients; 2 checks gradients of gradients (Hessian-vector
         products for scalar f; the gradient of u.f for a fixed seeded u otherwise).
@@ -57,6 +60,9 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         nested lists/tuples, namedtuples), ``tf.SparseTensor`` (values checked) or
         ``tf.RaggedTensor`` (flat values checked); unchecked ones reach f unchanged,
         Python ints and bools as Python numbers.
+      time_budget: seconds ``mode="auto"`` may spend on full Jacobians (default
+        60): when the full check is predicted to take longer it runs fast mode,
+        and the report's mode note gives the predicted time.
 
     Returns:
       A ``GradientReport``; ``bool(report)`` tells whether every element passed.
@@ -72,7 +78,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       True
     """
     config = CheckConfig(eps, atol, rtol, jit_compile, memory_budget, device, precision, mode, probes, seed, order,
-                         progress, autodiff)
+                         progress, autodiff, time_budget)
     return run_check(function_problem(f, inputs, config, wrt), config)
 
 

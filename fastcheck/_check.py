@@ -13,7 +13,7 @@ from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._paths import CALIBRATION, choose_route, kernel_plan
+from fastcheck._paths import CALIBRATION, EAGER, VJP_CALLS, Route, choose_route, kernel_plan
 from fastcheck._plan import Plan, build_plan
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._report import GradientReport, describe_nonfinite, run_notes
@@ -32,8 +32,11 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             problems = [plan.nondeterministic, *([problem.if_random] if problem.if_random else [])]
             return GradientReport([], "none", "-", time.perf_counter() - start, [*plan.notes, *problem.notes],
                                   problems, problem.title, timings)
-        mode, why = choose_mode(plan, config, problem.supplied)
+        if config.mode == "full":
+            _require_memory(plan, config)  # before routing: a refused check traces nothing
+        # Routing first (it only routes): the time a full check would take depends on its path.
         executor = _executor(plan, config, timings)
+        mode, why = choose_mode(plan, config, executor.route, lambda: _traced_call_seconds(executor))
         outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name)
         if mode == "full":
             # What routing predicted, against what it cost: later checks in this process route by it.
@@ -41,7 +44,8 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
                                    sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
         notes = run_notes(outcome, executor, config, mode, why, problem.notes)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
-        return GradientReport(outcome.pairs, executor.path, problem.kind or outcome.kind, time.perf_counter() - start,
+        kind = outcome.kind if mode == "fast" else problem.kind or outcome.kind
+        return GradientReport(outcome.pairs, executor.path, kind, time.perf_counter() - start,
                               notes, problems, problem.title, timings, outcome.warnings)
 
 
@@ -62,34 +66,109 @@ def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:
 
 
 # mode="auto" runs full Jacobians up to these sizes (elements of one Jacobian
-# block, and elements of one input), random projections beyond.
+# block, and elements of one input), and within config.seconds (time_budget) of
+# predicted time; random projections beyond.
 FULL_MAX_ENTRIES_PER_GIB = 25_000_000
 FULL_MAX_INPUT = 200_000
+# One batched evaluation of a full sweep (vectorized_map chunks) costs about
+# max(BATCHED_PER_CALL single calls of f's traced function, flops / BATCHED_FLOPS +
+# elements / BATCHED_ELEMENTS), with f's FLOPs and intermediate elements as the route's
+# probe counted them.  Measured on an AMD EPYC x 2 with TF 2.21, per evaluation, predicted /
+# measured: dense 4096 0.08 / 0.05 ms, dense 16384 0.13 / 0.09, MLP 20,000 0.12 / 0.14,
+# MLP 100,000 0.44 / 0.46, conv 32x32x4 0.1 / 0.13, MobileNetV2 in float64 0.85 / 0.45.
+# (The call alone misses memory-bound f, whose batches gain little -- MLP 100,000: 0.45 of
+# a 1.07 ms call; the FLOPs and elements alone miss small convolutions -- 4 channels run
+# 17x slower per element than MobileNetV2's.)
+BATCHED_PER_CALL = 1 / 8
+BATCHED_FLOPS = 3e10
+BATCHED_ELEMENTS = 2e9
 
 
-def choose_mode(plan: Plan, config: CheckConfig, supplied=None) -> tuple[str, str]:
-    """("full" | "fast", why): full Jacobians when they fit the budget and a time estimate."""
-    if supplied is not None:
-        return "full", "supplied gradients are compared element by element"
-    entries = plan.m * plan.n
-    if config.mode == "full":
-        needed = FULL_BYTES_PER_ENTRY * entries
-        limit, what = _memory_limit(config)
-        if needed > limit:
-            raise ValueError(
-                f"mode='full' needs about {needed / 2**30:.3g} GiB for the {plan.m} x {plan.n} numerical and analytical "
-                f"Jacobians and their verdicts, more than the {limit / 2**30:.3g} GiB it may hold ({what}). Pass mode='fast' "
-                "(random projections: memory linear in the sizes) or mode='auto', or a larger memory_budget if "
-                "the machine has the memory."
-            )
+def predict_full_seconds(plan: Plan, route: Route, budget: float, call_seconds) -> tuple[float, str]:
+    """(seconds, how) a full check of ``plan`` on ``route`` is predicted to take after routing.
+
+    Eager path: routing's prediction of the eager loop (2n + a few calls of f at f's
+    measured eager call, corrected by what this process's eager checks took).  Traced
+    paths: one kernel per checked input plus the autodiff kernel, each costing what
+    routing predicts for tracing one (from f's measured eager call and this process's
+    dispatch), then 2n batched evaluations (plus a few per row of a Jacobian with m > 1
+    rows) at the cost above, with ``call_seconds()`` measuring one call of f's traced
+    function -- only when the tracing alone fits ``budget``.
+    """
+    eager, traced = CALIBRATION.predict(plan)
+    if route.path == EAGER:
+        return eager, f"an eager loop of {2 * plan.n} calls of f at {plan.call_seconds * 1e3:.2g} ms"
+    kernels = len(plan.checked) + 1
+    tracing = kernels * traced
+    if tracing > budget:
+        return tracing, f"{kernels} kernels to trace at ~{traced:.2g} s each, before any evaluation"
+    per_eval = max(BATCHED_PER_CALL * call_seconds(),
+                   route.flops_per_eval / BATCHED_FLOPS + route.elements_per_eval / BATCHED_ELEMENTS)
+    evaluations = 2 * plan.n + (VJP_CALLS * plan.m if plan.m > 1 else 0)
+    return tracing + evaluations * per_eval, (f"{kernels} kernels to trace at ~{traced:.2g} s and {evaluations:.3g} "
+                                              f"batched evaluations at ~{per_eval * 1e3:.2g} ms")
+
+
+# The time rule applies only to checks this large: a small one is cheap in full whatever
+# a momentary load makes its measured costs look like (one slow call must not turn a
+# 16-element check into projections).
+TIME_RULE_MIN_INPUTS = 16
+TIME_RULE_MIN_ELEMENTS = 20_000
+
+
+def choose_mode(plan: Plan, config: CheckConfig, route: Route, call_seconds) -> tuple[str, str]:
+    """("full" | "fast", why) for ``config.mode``.
+
+    ``mode="auto"``: full Jacobians when they fit memory_budget, every input has at
+    most ``FULL_MAX_INPUT`` elements, and the full check is predicted to take at most
+    ``time_budget`` seconds (``predict_full_seconds``); random projections otherwise.
+    ``call_seconds()`` measures one call of f's traced function (when needed).
+    """
     if config.mode != "auto":
         return config.mode, "as requested"
+    entries = plan.m * plan.n
     fitting = FULL_MAX_ENTRIES_PER_GIB * config.budget / (1 << 30)
     if entries > fitting:
         return "fast", f"the full Jacobian has {entries:.3g} entries, more than {fitting:.3g} fit memory_budget"
     if max((s.size for s in plan.checked), default=0) > FULL_MAX_INPUT:
         return "fast", f"an input has more than {FULL_MAX_INPUT} elements: 2n evaluations would take too long"
-    return "full", f"the full Jacobian ({entries:.3g} entries) fits memory_budget"
+    if len(plan.checked) <= TIME_RULE_MIN_INPUTS and plan.n <= TIME_RULE_MIN_ELEMENTS:
+        return "full", f"the full Jacobian ({entries:.3g} entries) fits memory_budget"
+    seconds, how = predict_full_seconds(plan, route, config.seconds, call_seconds)
+    if seconds > config.seconds:
+        return "fast", (f"full Jacobians predicted to take {seconds:.3g} s ({how}), more than time_budget="
+                        f"{config.seconds:g} s; pass mode='full' to run them anyway, or a larger time_budget")
+    return "full", (f"the full Jacobian ({entries:.3g} entries) fits memory_budget, and is predicted to take "
+                    f"{seconds:.2g} s, within time_budget={config.seconds:g} s")
+
+
+def _traced_call_seconds(executor: Executor) -> float:
+    """Seconds of one call of f's traced function (the route's probe), the first call (graph
+    optimisation) aside; f's eager call where there is none or it fails."""
+    function = executor.route.flat_function
+    if not callable(function):
+        return executor.plan.call_seconds
+    try:
+        function(*executor.values).numpy()
+        start = time.perf_counter()
+        function(*executor.values).numpy()
+        return time.perf_counter() - start
+    except Exception:  # f runs eagerly only: the batched kernels fall back to the eager path anyway
+        return executor.plan.call_seconds
+
+
+def _require_memory(plan: Plan, config: CheckConfig) -> None:
+    """mode='full' refuses a check whose Jacobians would not fit the memory it may hold."""
+    entries = plan.m * plan.n
+    needed = FULL_BYTES_PER_ENTRY * entries
+    limit, what = _memory_limit(config)
+    if needed > limit:
+        raise ValueError(
+            f"mode='full' needs about {needed / 2**30:.3g} GiB for the {plan.m} x {plan.n} numerical and analytical "
+            f"Jacobians and their verdicts, more than the {limit / 2**30:.3g} GiB it may hold ({what}). Pass mode='fast' "
+            "(random projections: memory linear in the sizes) or mode='auto', or a larger memory_budget if "
+            "the machine has the memory."
+        )
 
 
 # Peak host memory of a full check per Jacobian entry: numerical, analytical, noise and

@@ -58,6 +58,8 @@ MODES = ("auto", "full", "fast")
 # forward mode (JVPs) as an extra check where TensorFlow supports it ("auto").
 AUTODIFF = ("auto", "reverse", "forward", "both")
 DEFAULT_PROBES = 4
+# mode="auto" runs the full Jacobians only when they are predicted to take at most this long.
+DEFAULT_TIME_BUDGET = 60.0  # seconds
 
 
 def real_dtype(dtype: tf.DType) -> tf.DType:
@@ -106,6 +108,7 @@ class CheckConfig:
     order: int = 1
     progress: bool | None = None
     autodiff: str = "auto"
+    time_budget: float | None = None
 
     def __post_init__(self):
         for name in ("eps", "atol", "rtol"):
@@ -130,12 +133,24 @@ class CheckConfig:
             raise ValueError(f"autodiff={self.autodiff!r} is not valid: pass one of {AUTODIFF}.")
         if self.device is not None and not isinstance(self.device, str):
             raise TypeError(f"device={self.device!r} is not valid: pass a device name such as '/GPU:0', or None.")
+        if self.time_budget is not None:
+            if isinstance(self.time_budget, bool) or not isinstance(self.time_budget, (int, float, np.integer, np.floating)):
+                raise TypeError(f"time_budget={self.time_budget!r} is not a number: pass the seconds mode='auto' may "
+                                f"spend on full Jacobians, e.g. 60, or None for the default ({DEFAULT_TIME_BUDGET:g} s).")
+            if not np.isfinite(self.time_budget) or self.time_budget <= 0:
+                raise ValueError(f"time_budget={self.time_budget!r} is not valid: pass a finite positive number of "
+                                 f"seconds, e.g. 60, or None for the default ({DEFAULT_TIME_BUDGET:g} s).")
         if self.progress not in (None, True, False):
             raise ValueError(f"progress={self.progress!r} is not valid: pass True, False or None (on a terminal only).")
 
     @property
     def budget(self) -> int:
         return int(self.memory_budget or DEFAULT_MEMORY_BUDGET)
+
+    @property
+    def seconds(self) -> float:
+        """The time budget of mode="auto": full Jacobians only when predicted to take at most this long."""
+        return float(DEFAULT_TIME_BUDGET if self.time_budget is None else self.time_budget)
 
     def tolerances(self, precision: str) -> tuple[float, float]:
         """(atol, rtol): the user's, else the table row of the precision the analytical side computes in."""

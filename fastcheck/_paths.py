@@ -93,7 +93,8 @@ class Calibration:
         """(eager loop, traced) seconds predicted for a full check of ``plan`` in this process."""
         passes = 1 if plan.m == 1 else min(plan.n, plan.m)
         eager = (2 * plan.n + VJP_CALLS * passes + 1) * plan.call_seconds
-        machine = self.dispatch / REFERENCE_DISPATCH
+        # Clipped: one measurement under a momentary load must not make tracing look 100x dearer.
+        machine = min(max(self.dispatch / REFERENCE_DISPATCH, 0.25), 8.0)
         traced = (TRACE_SECONDS + (0.0 if _traced else FIRST_TRACE_SECONDS)) * machine + TRACE_CALLS * plan.call_seconds
         return eager * self.scale(EAGER), traced * self.scale("traced")
 
@@ -108,10 +109,11 @@ class Calibration:
         eager, traced = route.predicted
         if not eager or not traced or path != route.path:
             return  # not predicted (jit_compile given), or a fallback changed the path
+        # Ratios are against the uncorrected prediction, so the correction settles instead of drifting.
         if path == EAGER:
-            self.learn(EAGER, eager, seconds)
+            self.learn(EAGER, eager / self.scale(EAGER), seconds)
         elif max(eager, traced) < CLOSE_CALL * min(eager, traced):
-            self.learn("traced", traced, seconds)
+            self.learn("traced", traced / self.scale("traced"), seconds)
 
 
 CLOSE_CALL = 4.0

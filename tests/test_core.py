@@ -522,6 +522,10 @@ def test_routing_predictions_follow_this_process_measured_costs(monkeypatch):
     assert calibration.ratios["traced"] == []
     calibration.learn_from(route, "graph", 2 * route.predicted[1])
     assert calibration.scale("traced") == pytest.approx(2.0)
+    # Predictions made after that carry the correction; the same cost again keeps it (no drift).
+    corrected = dataclasses.replace(route, predicted=(0.2, 0.4))  # 0.4 s = 2 x the uncorrected 0.2 s
+    calibration.learn_from(corrected, "graph", 0.4)
+    assert calibration.scale("traced") == pytest.approx(2.0)
     calibration.learn_from(route, "eager", 1.0)  # a fallback changed the path: not a measurement of either
     assert len(calibration.ratios["eager"]) == 3
 
