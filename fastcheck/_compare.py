@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 OK, MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, NONDIFFERENTIABLE, UNRESOLVED, DISCONTINUOUS = 0, 1, 2, 3, 4, 5, 6
+UNRESOLVED_KINK = 7
 STATUS_NAMES = {
     OK: "ok",
     MISMATCH: "mismatch",
@@ -23,12 +24,17 @@ STATUS_NAMES = {
     NONDIFFERENTIABLE: "not differentiable here",
     UNRESOLVED: "numerical derivative unresolved",
     DISCONTINUOUS: "f jumps here",
+    UNRESOLVED_KINK: "kinks no step resolves",
 }
 # Statuses that make a check fail.  A kink whose analytical value is one of the
 # one-sided derivatives (or between them) is reported but is not a wrong gradient.
-FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS)
+# Outside them it is undecidable (UNRESOLVED_KINK), not wrong: every step crossed
+# the kink, and several kinks closer together than any step (ReLUs whose inputs all
+# lie within 1e-11 of 0, as in a freshly initialised deep network) look like one
+# from outside, with a derivative at the point that need not lie between the sides.
+FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK)
 # Statuses that say "the numerics cannot decide here", as opposed to "the gradient is wrong".
-UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS)
+UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK)
 # Elements per block of the element-wise rule (a few arrays of it stay in cache).
 VERDICT_BLOCK = 1 << 14
 # Rounding error of one evaluation of f, in units of eps * |f|.
@@ -109,12 +115,22 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
     edge never look precise.  Per element, the settled pair with the smallest
     error (truncation + rounding) wins; an unsettled pair only where none settled.
 
+    Kinks are read off the one-sided quotients ``(f(x+h) - f(x)) / h`` and
+    ``(f(x) - f(x-h)) / h`` of every level: a step that crosses a kink (a ReLU
+    whose input lies within h of 0) sees them differ by a gap that stays as h
+    shrinks (a smooth f's gap shrinks like h), while the central difference stays
+    put and would look converged.  Where a kink was crossed, only finer steps that
+    resolve it (see ``_kinks``) may give a settled estimate; one resolving step alone
+    gives an unsettled one.
+
     Returns (estimate, error estimate, settled mask, kink mask, right-sided,
-    left-sided, jump mask, chosen pair k (-1: none)): ``settled`` says the estimate came from a pair in the
-    h^2 regime; an element is a kink when its one-sided derivatives at the two
-    finest steps are each settled and differ by about the same amount (a smooth
-    function's gap shrinks with h); a jump when the gap grows as h shrinks (the
-    quotients grow like 1/h: f itself is discontinuous at the point).
+    left-sided, jump mask, chosen pair k (-1: none), error of the one-sided values):
+    ``settled`` says the estimate came from a pair in the h^2 regime, confirmed by
+    every finer step within its rounding; an element is a kink when its steps
+    crossed kinks (``_kinks``; right- and left-sided are the one-sided derivatives
+    of the most certain steady pair, NaN where none was steady); a jump when the
+    gap grows as h shrinks (the quotients grow like 1/h: f itself is discontinuous
+    at the point).
     """
     if sigma is not None:
         levels = _below_quantum(levels, y0, sigma)
@@ -123,6 +139,7 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
     settled_best = np.zeros(best.shape, bool)
     chosen = np.full(best.shape, -1)
     factor = ratio**2
+    kink, right, left, sides_error, usable, resolved, resolved_error = _kinks(levels, y0)
     with np.errstate(invalid="ignore", over="ignore"):
         gaps = [np.abs(a[0] - b[0]) for a, b in zip(levels, levels[1:])]
         # Second differences |f(x+h) + f(x-h) - 2 f(x)| and their noise, per level with
@@ -147,12 +164,24 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
             # of 300 gives two nearly equal quotients before the steps resolve it).
             # The second differences must shrink too (by 16 in the h^2 regime) at every
             # finer level: where a step spans periods of f they do not, whatever the gaps do.
+            # Steps that cross a kink give the mean of its one-sided derivatives, steadily:
+            # where one was crossed, only steps that resolve it may settle a pair or confirm it.
             if k + 2 < len(gaps):
                 settled = ((gaps[k + 1] <= gaps[k] / 4 + 2 * (fine_noise + levels[k + 2][1]))
                            & (gaps[k + 2] <= gaps[k + 1] / 4 + 2 * (levels[k + 2][1] + levels[k + 3][1]))
-                           & shrinking[k + 1])
+                           & shrinking[k + 1] & usable[k] & usable[k + 1] & usable[k + 2] & usable[k + 3]
+                           # Past kinks f is piecewise smooth at these steps: the pair itself must agree
+                           # within rounding (a drop of its gap may be the last kink left behind).
+                           & (~kink | (gaps[k] <= 2 * (coarse_noise + fine_noise))))
             else:
                 settled = np.zeros(best.shape, bool)
+            # Every finer step must agree with a settled estimate within its rounding: one that
+            # departs shows a feature of f below the pair's steps (kinks within 1e-9 of the
+            # point, a bump a coarse step steps over), which the pair cannot have converged past.
+            for j in range(k + 2, len(levels)):
+                finer, finer_noise = levels[j][0], levels[j][1]
+                departs = np.abs(finer - estimate) > gaps[k] + truncation + rounding + 2 * finer_noise
+                settled &= ~(departs & np.isfinite(finer))
             total = np.where(settled, truncation, gaps[k]) + rounding
             # A settled pair beats any unsettled one: two steps that agree without the
             # h^2 regime confirmed may agree by coincidence (aliasing of a periodic f).
@@ -160,29 +189,98 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
                 (settled & ~settled_best) | ((settled == settled_best) & (total < error)))
             best[better], error[better], settled_best[better] = estimate[better], total[better], settled[better]
             chosen[better] = k
+    # Where a kink was crossed and no pair of resolving steps settled, a single resolving
+    # step is the estimate (unsettled: it can pass an element, never fail one).
+    single = kink & ~settled_best & np.isfinite(resolved)
+    best[single], error[single], chosen[single] = resolved[single], resolved_error[single], -1
     # Where no pair is finite, fall back to the finest finite single estimate.
     for derivative, noise, *_ in reversed(levels):
         missing = ~np.isfinite(best) & np.isfinite(derivative)
         best[missing], error[missing] = derivative[missing], noise[missing]
 
-    def one_sided(level):
-        _, noise, plus, minus, span = level
-        half = span[None, :] / 2
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            return (plus - y0[:, None]) / half, (y0[:, None] - minus) / half, noise
-
-    right_fine, left_fine, noise_fine = one_sided(levels[-1])
-    right_coarse, left_coarse, noise_coarse = one_sided(levels[-2])
+    right_fine, left_fine, noise_fine = _one_sided(levels[-1], y0)
+    right_coarse, left_coarse, _ = _one_sided(levels[-2], y0)
     with np.errstate(invalid="ignore"):
         gap_fine, gap_coarse = np.abs(right_fine - left_fine), np.abs(right_coarse - left_coarse)
-        visible = (gap_fine > 20 * noise_fine) & np.isfinite(gap_fine)
+        visible = (gap_fine > JUMP_VISIBLE * noise_fine) & np.isfinite(gap_fine)
         # A jump of f itself: one-sided quotients grow like 1/h (4x per level), never settle.
         jump = visible & (gap_fine > 2 * gap_coarse)
-        # A kink: both one-sided derivatives settled (they move by O(h), far less than their gap).
-        steady = ((np.abs(right_fine - right_coarse) <= 0.25 * gap_fine + 2 * (noise_fine + noise_coarse))
-                  & (np.abs(left_fine - left_coarse) <= 0.25 * gap_fine + 2 * (noise_fine + noise_coarse)))
-        kink = visible & ~jump & (gap_fine > 0.5 * gap_coarse) & steady
-    return best, error, settled_best, kink, right_fine, left_fine, jump, chosen
+    kink &= ~jump
+    return best, error, settled_best, kink, right, left, jump, chosen, sides_error
+
+
+# One-sided quotients differ "visibly" when their gap exceeds this many times the level's
+# noise (the central difference's rounding bound; each side carries up to 4 of them):
+# a step crosses a kink only where its sides differ visibly, and resolves one only where
+# they would.  A jump of f needs a wider margin (its test compares just the two finest
+# steps, with no steadiness to confirm it).
+KINK_VISIBLE = 8.0
+JUMP_VISIBLE = 20.0
+
+
+def _one_sided(level, y0: np.ndarray):
+    """(right, left, noise) one-sided quotients [m, k] of a level with evaluations."""
+    _, noise, plus, minus, span = level
+    half = span[None, :] / 2
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return (plus - y0[:, None]) / half, (y0[:, None] - minus) / half, noise
+
+
+def _kinks(levels: list, y0: np.ndarray):
+    """(kink, right, left, their error, usable per level, resolved estimate, its error).
+
+    A smooth f's one-sided quotients differ by h |f''|, a gap that shrinks 4x per
+    level.  A level whose gap is far above its noise and did not shrink (at most
+    halved since the coarser level) crosses kinks: *steadily* when its sides barely
+    moved (one kink, or a cluster closer together than the step: the one-sided
+    derivatives come from the steady pair where they are most certain, the least
+    movement between its two levels plus rounding), or, by a wider margin over the
+    noise, unsteadily (kinks at several distances within the step).  Where kinks
+    were crossed, only *resolving* levels may give a settled estimate: finer than
+    every crossing one, with sides that agree within their rounding although it
+    would show the largest gap crossed (f is then differentiable at the point, the
+    kinks lie between the steps).  Levels in between (a step about as long as the
+    distance to a kink, or swamped by rounding) agree or disagree by chance, and are
+    never trusted.  The most certain single resolving level gives an estimate of the
+    derivative at the point.
+    """
+    shape = levels[0][0].shape
+    evaluated = [j for j, level in enumerate(levels) if level[2] is not None]
+    finest = np.full(shape, -1)
+    right, left, gap = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape)
+    uncertainty = np.full(shape, np.inf)
+    sides = {j: _one_sided(levels[j], y0) for j in evaluated}
+    with np.errstate(invalid="ignore"):
+        for a, b in zip(evaluated, evaluated[1:]):
+            (right_a, left_a, noise_a), (right_b, left_b, noise_b) = sides[a], sides[b]
+            gap_a, gap_b = np.abs(right_a - left_a), np.abs(right_b - left_b)
+            slack = 0.25 * gap_b + 2 * (noise_a + noise_b)
+            moved = np.maximum(np.abs(right_b - right_a), np.abs(left_b - left_a))
+            unshrunk = np.isfinite(gap_b) & (gap_b > 0.5 * gap_a)
+            steady = unshrunk & (gap_b > KINK_VISIBLE * noise_b) & (gap_b <= 2 * gap_a) & (moved <= slack)
+            crossed = steady | (unshrunk & (gap_b > JUMP_VISIBLE * noise_b))
+            finest = np.where(crossed, b, finest)
+            gap = np.where(crossed, np.maximum(gap, gap_b), gap)
+            # A one-sided quotient carries the rounding of two evaluations: 4x the central one's noise.
+            certain = moved + 4 * noise_b
+            better = steady & (certain < uncertainty)
+            right, left = np.where(better, right_b, right), np.where(better, left_b, left)
+            uncertainty = np.where(better, certain, uncertainty)
+        kink = finest >= 0
+        usable = [~kink for _ in levels]
+        # The most certain single resolving level: its central difference, with its
+        # rounding and the sides' disagreement (curvature within 2h) as the error.
+        resolved, resolved_error = np.full(shape, np.nan), np.full(shape, np.inf)
+        for b in evaluated:
+            right_b, left_b, noise_b = sides[b]
+            disagree = np.abs(right_b - left_b)
+            # Sides that agree within their rounding, at a step whose rounding would show the gaps crossed.
+            resolving = kink & (b > finest) & (disagree <= KINK_VISIBLE * noise_b) & (KINK_VISIBLE * noise_b < gap)
+            usable[b] = usable[b] | resolving
+            level_error = disagree / 2 + 2 * noise_b
+            better = resolving & (level_error < resolved_error)
+            resolved, resolved_error = np.where(better, levels[b][0], resolved), np.where(better, level_error, resolved_error)
+    return kink, right, left, uncertainty, usable, resolved, resolved_error
 
 
 def _below_quantum(levels: list, y0: np.ndarray, sigma: np.ndarray) -> list:
@@ -234,6 +332,11 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
     if np.any(status == DISCONTINUOUS) and not bad.any():
         return ("f jumps at the point (its difference quotients grow like 1/step): it has no derivative there to "
                 "check; check at a point away from the jump.")
+    if np.any(status == UNRESOLVED_KINK) and not bad.any():
+        return ("every step crossed a kink of f (e.g. ReLU inputs at or within a step of 0) and the analytical value "
+                "lies outside the one-sided derivatives: several kinks closer together than any step give that, so "
+                "these elements are undecidable, not wrong; check at a point away from the kinks (e.g. nonzero biases "
+                "or trained weights).")
     if np.any(status == UNRESOLVED) and not bad.any():
         return ("the central differences did not settle at any step tried (down to 4**12 times smaller than the "
                 "first, or, for a noisy f, up to the largest step its noise allows): f varies on a scale far below "

@@ -143,7 +143,11 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
        error bound instead of a false alarm;
     3. still unsettled ones (features far below the step) go down to h/4**12;
        if even that does not settle, the element is UNRESOLVED (undecidable),
-       not a wrong gradient.
+       not a wrong gradient;
+    4. an element whose steps crossed a kink (``_compare._kinks``) and that no
+       resolving steps settled is NONDIFFERENTIABLE when the analytical value lies
+       between the one-sided derivatives, else UNRESOLVED_KINK (undecidable): only
+       a settled, confirmed estimate makes a mismatch.
     """
     atol, rtol = tolerances
     coarsened = _coarsen(jac, position, a, numerical, noise, status, band, tolerances) if jac.noisy else np.zeros(0, int)
@@ -188,8 +192,8 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
     if not len(suspicious):
         return status, band, {}
 
-    estimate, error, settled, kink, right, left, jump, chosen = jac.refined(position, suspicious, first, first_noise,
-                                                                          REFINE_LEVELS)
+    estimate, error, settled, kink, right, left, jump, chosen, sides_error = jac.refined(
+        position, suspicious, first, first_noise, REFINE_LEVELS)
     numerical[:, suspicious], noise[:, suspicious] = estimate, error
     status, band = _compare.verdicts(a, numerical, noise, atol, rtol)
     # Deeper where a mismatch is not settled or not confirmed, or where every step so
@@ -204,7 +208,7 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
         outside = np.any(~np.isfinite(estimate[:, keep]), axis=0).any()
         deeper = jac.refined(position, suspicious[keep], first[:, keep], first_noise[:, keep],
                              EDGE_LEVELS if outside else DEEP_LEVELS)
-        for target, value in zip((estimate, error, settled, kink, right, left, jump, chosen), deeper):
+        for target, value in zip((estimate, error, settled, kink, right, left, jump, chosen, sides_error), deeper):
             target[:, keep] = value
         numerical[:, suspicious], noise[:, suspicious] = estimate, error
         status, band = _compare.verdicts(a, numerical, noise, atol, rtol)
@@ -212,21 +216,27 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
         again = _confirmed(jac, position, suspicious[keep], a[:, suspicious[keep]], estimate[:, keep], error[:, keep],
                            chosen[:, keep], mismatch[:, keep] & settled[:, keep])
         settled[:, keep] &= again[None, :]  # still unconfirmed after the deep steps: unresolved
-    kink &= settled  # a kink shows as settled central differences with unequal sides
     one_sided = {}
     for row, k in zip(*np.nonzero(status[:, suspicious] == _compare.MISMATCH)):
         column = suspicious[k]
         if jump[row, k]:
             status[row, column] = _compare.DISCONTINUOUS
-        elif not settled[row, k]:
-            status[row, column] = _compare.UNRESOLVED
+        elif settled[row, k]:
+            continue  # a confirmed estimate from steps that cross no kink (or resolve it): a wrong gradient
         elif kink[row, k]:
-            # A kink at the point itself: both one-sided derivatives are reported;
-            # the analytical value is wrong only if it lies outside their range.
+            # Steps crossed a kink that no finer step resolved: both one-sided
+            # derivatives are reported.  Between them the analytical value is a valid
+            # one-sided derivative; outside them it is undecidable, not wrong: several
+            # kinks closer together than any step look like one from outside.
+            # (No steady pair: kinks at several distances within every step, no sides to report.)
             low, high = sorted((left[row, k], right[row, k]))
-            one_sided[(int(row), int(column))] = (float(left[row, k]), float(right[row, k]))
-            if low - band[row, column] <= a[row, column] <= high + band[row, column]:
-                status[row, column] = _compare.NONDIFFERENTIABLE
+            if np.isfinite(low) and np.isfinite(high):
+                one_sided[(int(row), int(column))] = (float(left[row, k]), float(right[row, k]))
+            allowed = band[row, column] + sides_error[row, k]
+            inside = bool(low - allowed <= a[row, column] <= high + allowed)
+            status[row, column] = _compare.NONDIFFERENTIABLE if inside else _compare.UNRESOLVED_KINK
+        else:
+            status[row, column] = _compare.UNRESOLVED
     return status, band, one_sided
 
 

@@ -18,6 +18,15 @@ unchanged), and tf_keras random layers (Dropout, GaussianNoise, ...) draw from a
 stateless generator with a fixed seed while the loss is computed.  The real call
 that gives the analytical side runs with the same state and the same seeds, and
 every state it updates (moving statistics, seed states) is restored bit for bit.
+
+Float64 numerics for a float32 model: the loss function, given float64 values,
+evaluates a float64 *copy* of the model (a Keras 3 or tf_keras Sequential or
+functional model cloned layer by layer under a float64 dtype policy; a plain
+``tf.Module`` called with float64 values and data), so the plan's float64
+evaluation succeeds and the numerical side's steps and rounding are float64's.
+The copy is used only when its loss at the point equals the model's own within
+float32 rounding (``FLOAT64_COPY_ROUNDINGS``); otherwise the loss stays native and
+a note says why.  The analytical side is always the real model's ``tape.gradient``.
 """
 
 from __future__ import annotations
@@ -33,6 +42,20 @@ import tensorflow as tf
 # tf_keras random layers draw from stateless ops seeded from this while the loss is computed
 # (a layer's own integer seed is used when it has one).
 _FIXED_SEED = 1234
+
+# The float64 copy of a model stands in for it on the numerical side when its loss
+# equals the model's within this many float32 roundings (machine epsilons) of the
+# loss's magnitude.  A float32 forward pass rounds every op's result (relative error
+# eps / 2 each); those errors reach the loss scaled by the network's conditioning and
+# mostly cancel.  Measured: MobileNetV2 (alpha 0.35) at random init 0.1 eps, with its
+# batch-norm statistics calibrated on 256 images 9 eps; a small ReLU6 CNN or a
+# Transformer encoder block 0.1 to 2 eps.  256 eps (3e-5 relative), the allowance of the
+# real-vs-stateless comparison in ``training_gradients``, leaves a wide margin.  Beyond
+# it the copy computes another function (a dtype-dependent layer), or the model's
+# float32 evaluation is so ill-conditioned (MobileNetV2 with statistics of 4 images:
+# 4000 eps, and float32 gradients 1% from exact) that exact derivatives would judge its
+# float32 rounding, not its gradient code, at float32 tolerances.
+FLOAT64_COPY_ROUNDINGS = 256
 
 
 def variable_name(variable) -> str:
@@ -82,8 +105,14 @@ class ModelLoss:
 
 
 def model_loss_function(model, loss_fn, data, variables=None, *, training: bool = False,
-                        sample_weight=None) -> ModelLoss:
-    """The loss of ``model`` on ``data`` as a pure function of the chosen variables' values."""
+                        sample_weight=None, precision: str = "native", upcast_limit: int | None = None) -> ModelLoss:
+    """The loss of ``model`` on ``data`` as a pure function of the chosen variables' values.
+
+    ``precision`` is the check's: unless it is ``"native"``, a model with float32 (or
+    lower) variables gets a float64 copy that the loss evaluates when given float64
+    values (see the module docstring), up to ``upcast_limit`` checked elements with
+    ``"auto"``.  ``"float64"`` insists: a model that cannot be copied is a ValueError.
+    """
     if not isinstance(data, (tuple, list)) or len(data) != 2:
         raise TypeError(f"data must be a pair (x, y); the loss is loss_fn(y, model(x, training={training})).")
     if not isinstance(training, bool):
@@ -131,18 +160,29 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
         f, names = _swapped_loss(model, x, compute, chosen, names, generators, training)
         _assert_substitution_reaches_loss(f, real, chosen, values, names, every)
     notes: tuple = ()
-    if not training:
-        return ModelLoss(f, values, names, chosen, every, real, training)
-    with preserved_variables(every):  # a tf_keras model updates its moving statistics in training mode
-        unchanged = _same_loss(f(*values), _inference_loss(model, x, compute, every, trainable, chosen))
-    if unchanged:
-        notes = ("training=True changes nothing here: the loss equals the training=False loss at this point (no "
-                 "layer of this model behaves differently in training), so this is the training=False check",)
-    else:
-        notes = ("training=True: every evaluation draws the same dropout mask (seed states passed unchanged, "
-                 "tf_keras random layers made stateless with a fixed seed), batch normalization uses the batch's "
-                 "statistics, and every moving statistic and seed state is restored bit for bit",)
-    return ModelLoss(f, values, names, chosen, every, real, training, notes)
+    if training:
+        with preserved_variables(every):  # a tf_keras model updates its moving statistics in training mode
+            unchanged = _same_loss(f(*values), _inference_loss(model, x, compute, every, trainable, chosen))
+        if unchanged:
+            notes = ("training=True changes nothing here: the loss equals the training=False loss at this point (no "
+                     "layer of this model behaves differently in training), so this is the training=False check",)
+        else:
+            notes = ("training=True: every evaluation draws the same dropout mask (seed states passed unchanged, "
+                     "tf_keras random layers made stateless with a fixed seed), batch normalization uses the batch's "
+                     "statistics, and every moving statistic and seed state is restored bit for bit",)
+    low = [v.dtype for v in values if v.dtype.is_floating and v.dtype != tf.float64]
+    size = sum(int(np.prod(v.shape, dtype=np.int64)) for v in values)
+    if precision == "native" or not low or (precision == "auto" and upcast_limit is not None and size > upcast_limit):
+        return ModelLoss(f, values, names, chosen, every, real, training, notes)
+    float64_copy = _Float64Copy(model, keras3, x, data[1], loss_fn, sample_weight, every, trainable, chosen, training,
+                                generators)
+    twin, note = float64_copy.loss(f, values)
+    if twin is None and precision == "float64":
+        raise ValueError(f"precision='float64' was requested, but {note}; pass precision='native' or 'auto'.")
+    prefix = ("numerical side on a float64 copy of the model: " if twin is not None else
+              "numerical side in the model's own precision: ")
+    return ModelLoss(f if twin is None else _by_dtype(f, twin), values, names, chosen, every, real, training,
+                     (*notes, prefix + note))
 
 
 def _is_keras3(model) -> bool:
@@ -159,19 +199,24 @@ def _call(model, x, training: bool):
     return model(x, training=training) if _accepts_training(model) else model(x)
 
 
-def _keras3_loss(model, x, compute, every, trainable, chosen, training):
+def _keras3_loss(model, x, compute, every, trainable, chosen, training, runner=None, dtype=None):
+    """The loss at given values of ``chosen``; ``runner`` (a copy of ``model`` whose variables
+    correspond one to one) computes it instead, with every fixed floating value cast to ``dtype``."""
     slots = {id(v): i for i, v in enumerate(every)}
     # Fixed values, not the variables: a seed state read at each call would move with the real
     # call's updates, and every evaluation must see the state the check started from.
     fixed = [variable_value(v) for v in every]
+    if dtype is not None:
+        fixed = [tf.cast(value, dtype) if value.dtype.is_floating else value for value in fixed]
     count = len(trainable)
+    runner = model if runner is None else runner
 
     def loss(*new_values):
         state = list(fixed)
         for variable, value in zip(chosen, new_values):
             state[slots[id(variable)]] = value
         # The updated non-trainable values (moving statistics, advanced seed states) are discarded.
-        outputs, _ = model.stateless_call(state[:count], state[count:], x, training=training)
+        outputs, _ = runner.stateless_call(state[:count], state[count:], x, training=training)
         return compute(outputs)
 
     return loss
@@ -207,6 +252,218 @@ def _inference_loss(model, x, compute, every, trainable, chosen):
         return _keras3_loss(model, x, compute, every, trainable, chosen, False)(*[variable_value(v) for v in chosen])
     with preserved_variables(every):
         return compute(_call(model, x, False))
+
+
+def _by_dtype(native: Callable, twin: Callable) -> Callable:
+    """The loss that evaluates ``twin`` (the float64 copy) for float64 values and the model itself otherwise."""
+
+    def loss(*new_values):
+        if new_values and all(tf.as_dtype(value.dtype) == tf.float64 for value in new_values):
+            return twin(*new_values)
+        return native(*new_values)
+
+    return loss
+
+
+class _Float64Copy:
+    """A float64 copy of a model, and its loss as a function of the chosen variables' (float64) values.
+
+    Keras 3 and tf_keras Sequential and functional models are cloned layer by layer
+    (nested models included) with each layer's config under the float64 dtype
+    policy; the copy's variables must correspond one to one with the model's (same
+    count, shapes and, for Keras 3, paths).  It is evaluated at the model's own
+    values, cast to float64: Keras 3 through ``stateless_call``, tf_keras by
+    substituting every variable as the model's loss does.  A ``tf.Module`` that is
+    not a Keras model is its own copy: called with every floating variable and the
+    data cast to float64, it computes in float64 when its code is dtype-generic.
+    """
+
+    def __init__(self, model, keras3: bool, x, y, loss_fn, sample_weight, every, trainable, chosen, training,
+                 generators):
+        self.model, self.keras3, self.x, self.y = model, keras3, x, y
+        self.loss_fn, self.sample_weight = loss_fn, sample_weight
+        self.every, self.trainable, self.chosen, self.training = every, trainable, chosen, training
+        self.generators = generators
+
+    def loss(self, native: Callable, values: list) -> tuple[Callable | None, str]:
+        """(the copy's loss, a note saying what was compared), or (None, why no copy stands in)."""
+        why = self._refusal()
+        if why is not None:
+            return None, why
+        try:
+            twin, what = self._twin()
+        except _NoCopy as reason:
+            return None, str(reason)
+        except Exception as error:  # a layer that cannot be rebuilt from its config, a subclassed model
+            return None, f"the model cannot be copied in float64 ({type(error).__name__}: {_gist(error)})"
+        values64 = [tf.cast(value, tf.float64) for value in values]
+        try:
+            with preserved_variables(self.every):
+                upcast = twin(*values64)
+                own = native(*values)
+        except Exception as error:
+            return None, f"its float64 copy ({what}) fails ({type(error).__name__}: {_gist(error)})"
+        dtypes = {tf.as_dtype(t.dtype).name for t in tf.nest.flatten(upcast)}
+        if dtypes != {"float64"}:
+            return None, (f"its float64 copy ({what}) returned a {', '.join(sorted(dtypes))} loss: a layer or the loss "
+                          "computes in a fixed dtype")
+        copied, original = _total(upcast), _total(own)
+        scale = float(sum(np.sum(np.abs(np.asarray(t, np.float64))) for t in tf.nest.flatten(own)))
+        eps = max(float(np.finfo(v.dtype.as_numpy_dtype).eps) for v in values)
+        difference = abs(copied - original)
+        if not (np.isfinite(copied) and np.isfinite(original)):
+            return None, f"the loss is not finite at the point ({float(original):.9g})"
+        if difference > FLOAT64_COPY_ROUNDINGS * eps * scale:
+            return None, (f"its float64 copy ({what}) has loss {copied:.9g}, but the model's own is {original:.9g}: "
+                          f"{difference / (eps * scale):.3g} roundings of the loss apart, more than the "
+                          f"{FLOAT64_COPY_ROUNDINGS} allowed, so the copy computes another function or the model's "
+                          "float32 evaluation is too ill-conditioned to be judged against exact derivatives")
+        return twin, (f"{what}; its loss {copied:.9g} equals the model's {original:.9g} within "
+                      f"{difference / (eps * scale):.2g} roundings (at most {FLOAT64_COPY_ROUNDINGS} allowed); the "
+                      f"analytical side is the model's own tape.gradient in its own precision")
+
+    def _refusal(self) -> str | None:
+        """Why no float64 copy can stand in for the model, known before making one."""
+        for layer in _layers(self.model):
+            compute = _compute_dtype(layer)
+            if compute in ("float16", "bfloat16"):
+                policy = getattr(getattr(layer, "dtype_policy", None), "name", compute)
+                return (f"layer {getattr(layer, 'name', type(layer).__name__)!r} computes in {compute} (dtype policy "
+                        f"{policy}), so a float64 copy would compute another function")
+        if self.training and (self.generators or any("seed_generator" in variable_name(v) for v in self.every)):
+            return ("training=True draws dropout masks in the compute dtype, so a float64 copy would draw other "
+                    "masks")
+        return None
+
+    def _twin(self) -> tuple[Callable, str]:
+        x64 = _cast_floating(self.x)
+        compute = loss_of_outputs(self.loss_fn, _cast_floating(self.y), _cast_floating(self.sample_weight),
+                                  self.model, dtype=tf.float64)
+        if self.keras3:
+            clone = _cloned(self.model)
+            pairs = list(zip(self.every, [*clone.trainable_variables, *clone.non_trainable_variables]))
+            if (len(pairs) != len(self.every) or len(clone.trainable_variables) != len(self.trainable)
+                    or any(variable_name(a) != variable_name(b) or tuple(a.shape) != tuple(b.shape) for a, b in pairs)):
+                raise _NoCopy("its float64 copy's variables do not correspond one to one with the model's")
+            return (_keras3_loss(self.model, x64, compute, self.every, self.trainable, self.chosen, self.training,
+                                 runner=clone, dtype=tf.float64),
+                    "the model cloned layer by layer under the float64 dtype policy, same weights")
+        if _is_keras_model(self.model):  # tf_keras
+            clone = _cloned(self.model)
+            originals, copies = list(self.model.variables), list(clone.variables)
+            if len(originals) != len(copies) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(originals, copies)):
+                raise _NoCopy("its float64 copy's variables do not correspond one to one with the model's")
+            for original, twin in zip(originals, copies):  # also what a substitution below cannot reach
+                twin.assign(tf.cast(original, twin.dtype) if twin.dtype.is_floating else original)
+            counterpart = {id(a): b for a, b in zip(originals, copies)}
+            what = "the model cloned layer by layer under the float64 dtype policy, same weights"
+            generators = _tf_keras_random_generators(clone)
+        else:
+            clone, counterpart = self.model, {id(v): v for v in self.every}
+            what = "the module itself, called with its variables and the data cast to float64"
+            generators = self.generators
+        return _substituted_float64_loss(clone, x64, compute, self.every, self.chosen, counterpart, generators,
+                                         self.training), what
+
+
+class _NoCopy(Exception):
+    """No float64 copy can stand in for the model (the message says why)."""
+
+
+def _substituted_float64_loss(clone, x, compute, every, chosen, counterpart, generators, training) -> Callable:
+    """The loss of ``clone`` with every floating variable substituted: the chosen ones by the given
+    values, the others by the model's values cast to float64."""
+    floating = [v for v in every if v.dtype.is_floating and id(v) in counterpart]
+    places = _paths_to(clone, {id(counterpart[id(v)]) for v in floating})
+    reachable = {id(v) for _, _, v, _ in places}
+    missing = [variable_name(v) for v in chosen if id(counterpart.get(id(v))) not in reachable]
+    if missing:
+        raise _NoCopy(f"variable {missing[0]!r} cannot be reached in its float64 copy")
+    fixed = {id(counterpart[id(v)]): tf.cast(variable_value(v), tf.float64) for v in floating}
+    chosen_twins = [counterpart[id(v)] for v in chosen]
+
+    def loss(*new_values):
+        substitutes = dict(fixed)
+        substitutes.update({id(twin): value for twin, value in zip(chosen_twins, new_values)})
+        with _swapped(places, substitutes), _stateless_randomness(generators):
+            return compute(_call(clone, x, training))
+
+    return loss
+
+
+def _cloned(model):
+    """``model`` cloned layer by layer (nested models too) with every layer under the float64 dtype policy."""
+    keras = _keras_of(model)
+    if not isinstance(model, keras.Sequential) and not _is_functional(model):
+        raise _NoCopy(f"{type(model).__name__} is a subclassed model: only Sequential and functional models can "
+                      "be copied layer by layer")
+
+    def float64_layer(layer):
+        if isinstance(layer, keras.Model):
+            if not isinstance(layer, keras.Sequential) and not _is_functional(layer):
+                raise _NoCopy(f"it contains the subclassed model {layer.name!r}, which cannot be copied layer by layer")
+            return keras.models.clone_model(layer, clone_function=float64_layer)
+        config = layer.get_config()
+        if "dtype" in config or hasattr(layer, "dtype_policy"):
+            config["dtype"] = "float64"  # an operation without a dtype (x + y) computes in its inputs'
+        return layer.__class__.from_config(config)
+
+    clone = keras.models.clone_model(model, clone_function=float64_layer)
+    for layer in _layers(clone):
+        compute = _compute_dtype(layer)
+        if compute is not None and compute != "float64" and not type(layer).__name__ == "InputLayer":
+            raise _NoCopy(f"layer {layer.name!r} of its copy computes in {compute} (its get_config() does not "
+                          "carry the dtype policy)")
+    return clone
+
+
+def _is_functional(model) -> bool:
+    """A functional (graph of layers) Keras model, Keras 3 or tf_keras."""
+    return bool(getattr(model, "_is_graph_network", False)) or type(model).__name__ == "Functional" or any(
+        klass.__name__ == "Functional" for klass in type(model).__mro__[:2])
+
+
+def _is_keras_model(model) -> bool:
+    return any(klass.__name__ == "Model" and klass.__module__.startswith(("keras", "tf_keras"))
+               for klass in type(model).__mro__)
+
+
+def _layers(model) -> list:
+    """Every layer (and sub-layer) of a Keras model; a tf.Module's submodules."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is not None:
+        try:
+            return list(flatten(include_self=False, recursive=True))
+        except TypeError:
+            pass
+    return list(getattr(model, "submodules", ()))
+
+
+def _compute_dtype(layer) -> str | None:
+    policy = getattr(layer, "dtype_policy", None)
+    compute = getattr(policy, "compute_dtype", None) or getattr(layer, "compute_dtype", None)
+    try:
+        return tf.as_dtype(compute).name if compute is not None else None
+    except TypeError:
+        return None
+
+
+def _cast_floating(structure, dtype=tf.float64):
+    """``structure`` with every floating leaf (array or tensor) cast to ``dtype``; other leaves as they are."""
+    if structure is None:
+        return None
+
+    def cast(leaf):
+        if isinstance(leaf, (tf.Tensor, tf.Variable, np.ndarray, np.generic)) and tf.as_dtype(leaf.dtype).is_floating:
+            return tf.cast(leaf, dtype)
+        return leaf
+
+    return tf.nest.map_structure(cast, structure)
+
+
+def _gist(error: Exception, limit: int = 160) -> str:
+    text = " ".join(line.strip() for line in str(error).strip().splitlines()[:2] if line.strip()) or repr(error)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _same_loss(a, b) -> bool:
@@ -359,7 +616,7 @@ RANDOM_IN_TRAINING = ("check_model(training=True) is the likely cause: fastcheck
                       "(Keras 3) or with a stateless tf.random op and a fixed seed, or check with training=False.")
 
 
-def loss_of_outputs(loss_fn, y, sample_weight, model) -> Callable:
+def loss_of_outputs(loss_fn, y, sample_weight, model, dtype=None) -> Callable:
     """``compute(y_pred)``: the loss of the model's outputs, per output and summed for several outputs.
 
     ``loss_fn`` is a callable ``loss_fn(y_true, y_pred)`` (a function or a Keras
@@ -373,14 +630,14 @@ def loss_of_outputs(loss_fn, y, sample_weight, model) -> Callable:
 
     def compute(outputs):
         if not isinstance(outputs, (list, tuple, dict)):
-            return _apply(_only(loss_fn), y, outputs, sample_weight, model, None)
+            return _apply(_only(loss_fn), y, outputs, sample_weight, model, None, dtype)
         keys = list(outputs) if isinstance(outputs, dict) else list(range(len(outputs)))
         labels = [str(k) if isinstance(outputs, dict) else (names[k] if k < len(names) else f"output_{k}")
                   for k in keys]
         losses = _per_output("loss_fn", loss_fn, keys, labels, single_ok=True)
         targets = _per_output("y", y, keys, labels, single_ok=False)
         weights = _per_output("sample_weight", sample_weight, keys, labels, single_ok=True)
-        return [_apply(loss, target, outputs[key], weight, model, label)
+        return [_apply(loss, target, outputs[key], weight, model, label, dtype)
                 for key, label, loss, target, weight in zip(keys, labels, losses, targets, weights)]
 
     # Misuse is an error here, before the check, not in its middle.
@@ -433,8 +690,15 @@ def _is_array_like(value) -> bool:
     return bool(value) and all(isinstance(v, (int, float, np.number)) for v in value)
 
 
-def _apply(loss_fn, y_true, y_pred, sample_weight, model, label):
+def _apply(loss_fn, y_true, y_pred, sample_weight, model, label, dtype=None):
     loss = _resolve(loss_fn, model, sample_weight is not None, label)
+    if dtype is None and loss is not loss_fn:
+        # A loss object fastcheck made (from a name or a function) computes in the outputs' dtype:
+        # Keras's default (floatx, float32) would round a float64 model's loss to float32.
+        dtype = next((t.dtype for t in tf.nest.flatten(y_pred) if getattr(t, "dtype", None) is not None
+                      and tf.as_dtype(t.dtype).is_floating), None)
+    if dtype is not None:
+        loss = _in_dtype(loss, dtype)
     if sample_weight is None:
         return loss(y_true, y_pred)
     return loss(y_true, y_pred, sample_weight=sample_weight)
@@ -460,6 +724,20 @@ def _resolve(loss_fn, model, weighted: bool, label) -> Callable:
     if weighted and not isinstance(loss_fn, keras.losses.Loss) and not _takes_sample_weight(loss_fn):
         return _as_loss_object(keras, loss_fn)
     return loss_fn
+
+
+def _in_dtype(loss, dtype):
+    """A Keras 3 loss object computing in ``dtype`` (a copy: the user's object is left as it is); other losses as given."""
+    if getattr(loss, "_dtype_policy", None) is None or not hasattr(loss, "_dtype"):
+        return loss
+    import keras
+
+    # Not copy.copy: Keras objects copy through their config, which a loss defined in a function has not.
+    changed = object.__new__(type(loss))
+    changed.__dict__.update(vars(loss))
+    changed._dtype_policy = keras.dtype_policies.get(tf.as_dtype(dtype).name)
+    changed._dtype = changed._dtype_policy.compute_dtype
+    return changed
 
 
 def _keras_of(model):

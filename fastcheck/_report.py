@@ -19,6 +19,7 @@ from fastcheck._compare import (
     NUMERICAL_NONFINITE,
     STATUS_NAMES,
     UNRESOLVED,
+    UNRESOLVED_KINK,
 )
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._plan import InputSpec, Plan
@@ -136,15 +137,18 @@ class PairReport:
 
     def worst(self, count: int = 1) -> list[Element]:
         """The elements furthest outside (or closest to the edge of) their tolerance band."""
+        return [self._element(flat) for flat in self._worst_indices(count)]
+
+    def _worst_indices(self, count: int) -> list[int]:
         if not self.status.size:
             return []
         with np.errstate(invalid="ignore", divide="ignore"):
             score = self.abs_error / self.band
         score = np.where(np.isin(self.status, (ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE)), np.inf, np.nan_to_num(score, nan=np.inf))
-        score = np.where(np.isin(self.status, (UNRESOLVED, DISCONTINUOUS)), np.maximum(score, 1.0), score)
+        score = np.where(np.isin(self.status, (UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK)), np.maximum(score, 1.0), score)
         score = np.where(self.status == NONDIFFERENTIABLE, 0.0, score)  # reported apart, below
         order = np.argsort(-score, axis=None, kind="stable")[:count]
-        return [self._element(int(i)) for i in order]
+        return [int(i) for i in order]
 
     def kinks(self) -> list[tuple[Element, float, float]]:
         """Elements at a kink of f: (element, left derivative, right derivative)."""
@@ -189,18 +193,25 @@ class PairReport:
             lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")
         if self.ok:
             return lines
+        counts = [(self.count(MISMATCH), "mismatched"), (self.count(ANALYTICAL_NONFINITE), "analytical non-finite"),
+                  (self.count(NUMERICAL_NONFINITE), "numerical non-finite"), (self.count(UNRESOLVED), "unresolved"),
+                  (self.count(DISCONTINUOUS), "at a jump of f"), (self.count(UNRESOLVED_KINK), "at kinks no step resolves")]
         lines.append(f"  {self.output_name} / {self.input_name}: "
-                     f"{self.count(MISMATCH)} mismatched, {self.count(ANALYTICAL_NONFINITE)} analytical non-finite, "
-                     f"{self.count(NUMERICAL_NONFINITE)} numerical non-finite, {self.count(UNRESOLVED)} unresolved, "
-                     f"{self.count(DISCONTINUOUS)} at a jump of f "
-                     f"(atol={self.atol:g}, rtol={self.rtol:g})")
-        for e in self.worst(3):
+                     + ", ".join(f"{count} {what}" for count, what in counts if count or what == "mismatched")
+                     + f" (atol={self.atol:g}, rtol={self.rtol:g})")
+        for flat in self._worst_indices(3):
+            e = self._element(flat)
             if e.status == "ok":
                 break
+            sides = ""
+            if e.status == STATUS_NAMES[UNRESOLVED_KINK]:
+                found = self.one_sided.get(tuple(int(i) for i in np.unravel_index(flat, self.status.shape)))
+                sides = (f", one-sided derivatives {found[0]:.8g} and {found[1]:.8g}" if found is not None
+                         else ", the one-sided quotients never settle")
             lines.append(
                 f"    d {_index(self.output_name, e.output_index)} / d {_index(self.input_name, e.input_index)}: "
                 f"analytical={e.analytical:.8g} numerical={e.numerical:.8g} |diff|={e.abs_error:.3g} "
-                f"allowed={e.band:.3g} ({e.status})"
+                f"allowed={e.band:.3g} ({e.status}{sides})"
             )
         if self.hint:
             lines.append(f"    hint: {self.hint}")
@@ -222,6 +233,7 @@ class PairReport:
             "not_differentiable": self.count(NONDIFFERENTIABLE),
             "unresolved": self.count(UNRESOLVED),
             "discontinuous": self.count(DISCONTINUOUS),
+            "kinks_unresolved": self.count(UNRESOLVED_KINK),
             "atol": self.atol,
             "rtol": self.rtol,
             "worst": [e.to_dict() for e in self.worst(3)],
@@ -508,6 +520,13 @@ class GradientReport:
         }
 
     def __str__(self) -> str:
+        """The report as text: failing pairs first, passing ones collapsed to a count by layer when many.
+
+        Past ``COLLAPSE_PASSING`` passing pairs, they are one line (their count,
+        largest errors and layer groups) and their kinks one summary; notes that
+        differ only in an input's name and numbers are one line.  ``to_dict`` keeps
+        every pair and note.
+        """
         verdict = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
         lines = [
             f"fastcheck {self.title}: {verdict} -- {len(self.failures)} of {len(self.pairs)} pairs failed, "
@@ -518,21 +537,114 @@ class GradientReport:
             lines.append(f"  PROBLEM: {problem}")
         for warning in self.warnings:
             lines.append(f"  WARNING: {warning}")
-        if self.pairs:
-            width = max(len(p.title) for p in self.pairs)
+        # Wrong gradients first, then undecidable pairs, then passing ones; stable within each.
+        failing = sorted(self.failures, key=lambda p: 0 if p.label == "FAIL" else 1)
+        passing = [p for p in self.pairs if p.ok]
+        collapsed = len(passing) > COLLAPSE_PASSING
+        shown = failing + ([] if collapsed else passing)
+        if shown:
+            width = max(len(p.title) for p in shown)
             lines.append(f"  {'pair'.ljust(width)}  status  {'max abs':>9}  {'max rel':>9}  {'rel norm':>9}  failed")
-            for p in self.pairs:
+            for p in shown:
                 lines.append(
                     f"  {p.title.ljust(width)}  {p.label:6}  "
                     f"{p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  {p.relative_norm_error:9.3g}  "
                     f"{p.failed_count}/{p.status.size}"
                 )
-        for p in self.pairs:
+        if collapsed:
+            lines.append(f"  ok: {len(passing)} {'more ' if failing else ''}pairs, max abs error "
+                         f"{max(p.max_abs_error for p in passing):.3g}, max rel error "
+                         f"{max(p.max_rel_error for p in passing):.3g}; by layer"
+                         f"{_layer_groups([p.input_name for p in passing])}")
+        for p in failing:
             lines += p.detail_lines()
-        for note in self.notes:
+        if not collapsed:
+            for p in passing:
+                lines += p.detail_lines()
+        else:
+            with_kinks = [p for p in passing if p.count(NONDIFFERENTIABLE)]
+            if with_kinks:
+                example = next(line.strip() for p in with_kinks for line in p.detail_lines()
+                               if line.strip().startswith("not differentiable"))
+                lines.append(f"  {sum(p.count(NONDIFFERENTIABLE) for p in with_kinks)} elements in {len(with_kinks)} "
+                             f"passing pairs sit at kinks of f, with the analytical value between the one-sided "
+                             f"derivatives; e.g. {example}")
+        for note in _aggregated_notes(self.notes, [p.input_name for p in self.pairs]):
             lines.append(f"  note: {note}")
         lines.append(f"  rule: {FAST_RULE if self.mode == 'fast' else RULE}")
         return "\n".join(lines)
+
+
+# Past this many passing pairs, the text collapses them to one line by layer.
+COLLAPSE_PASSING = 20
+
+
+def _layer_groups(names: list[str]) -> str:
+    """Names grouped by layer family, in order: ``": block_13* (9), ..."`` for block_13_expand/kernel, ...
+
+    A variable path's layer is everything before its last ``/``; its family is the
+    layer's last segment up to its first token with a digit (``block_13`` of
+    ``block_13_depthwise_BN``), or the whole layer.  Families of one variable show as
+    their variable's name, larger ones as ``family* (count)``; a leading path every
+    name shares (a Sequential model's name) is said once.
+    """
+    shared = ""
+    while names and all("/" in n[len(shared):] for n in names):
+        head = names[0][len(shared):].split("/")[0] + "/"
+        if not all(n[len(shared):].startswith(head) for n in names):
+            break
+        shared += head
+    families: dict[str, list[str]] = {}
+    for name in (n[len(shared):] for n in names):
+        layer, _, _ = name.rpartition("/")
+        head, _, last = layer.rpartition("/")
+        tokens = last.split("_")
+        cut = next((i for i, token in enumerate(tokens) if any(c.isdigit() for c in token)), len(tokens) - 1)
+        family = (head + "/" if head else "") + "_".join(tokens[: cut + 1]) if layer else name
+        families.setdefault(family, []).append(name)
+    groups = [members[0] if len(members) == 1 else f"{family}* ({len(members)})" for family, members in families.items()]
+    return f"{f' (in {shared})' if shared else ''}: {', '.join(groups)}"
+
+
+_NUMBER_IN_NOTE = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _aggregated_notes(notes: list[str], names: list[str]) -> list[str]:
+    """Notes in order, with those that differ only in the input they start with and their numbers made one.
+
+    ``"conv/kernel: chunked to 32 perturbations per call (4 calls) ..."`` for 150
+    inputs becomes ``"150 inputs (conv/kernel, conv/bias, ... ): chunked to 32
+    perturbations per call (1 to 40 calls) ..."``: numbers that vary show as their
+    range.  Other notes are kept once each.
+    """
+    known = sorted(set(names), key=len, reverse=True)
+    groups: dict[str, list[tuple[str | None, str]]] = {}
+    for note in notes:
+        subject = next((name for name in known if note.startswith(name + ": ")), None)
+        rest = note[len(subject) + 2:] if subject is not None else note
+        # Notes about one input group by their text with numbers masked; others only repeat.
+        key = "\0" + _NUMBER_IN_NOTE.sub("#", rest) if subject is not None else rest
+        if subject is None and key in groups:
+            continue
+        groups.setdefault(key, []).append((subject, rest))
+    result = []
+    for members in groups.values():
+        subject, rest = members[0]
+        if len(members) == 1:
+            result.append(rest if subject is None else f"{subject}: {rest}")
+            continue
+        numbers = [[float(n) for n in _NUMBER_IN_NOTE.findall(r)] for _, r in members]
+        pieces = _NUMBER_IN_NOTE.split(rest)
+        text = pieces[0]
+        for position, piece in enumerate(pieces[1:]):
+            values = [n[position] for n in numbers]
+            low, high = min(values), max(values)
+            text += (_NUMBER_IN_NOTE.findall(rest)[position] if low == high
+                     else f"{low:g} to {high:g}") + piece
+        subjects = [s for s, _ in members if s is not None]
+        shown = ", ".join(subjects[:3]) + (", ..." if len(subjects) > 3 else "")
+        result.append(f"{len(subjects)} inputs ({shown}): {text}")
+    return result
 
 
 def run_notes(outcome: Outcome, executor, config, mode: str, why: str, problem_notes=()) -> list[str]:
