@@ -84,7 +84,8 @@ LOCALISE_DRAWS = 3  # random draws per bisection level before giving up on it
 MAX_LOCALISED_INPUTS = 4  # inputs localised one by one; further failing groups fail as groups
 PARALLEL_ROWS = 8  # rows of a batched evaluation in flight at once (tf.map_fn's parallel_iterations)
 REFINE_RATIO = 4.0
-REFINE_LEVELS = 3  # failing probes are re-evaluated at h/4, h/16 and h/64
+REFINE_LEVELS = 5  # failing probes are re-evaluated at h/4 ... h/4**5, as in full mode
+DEEP_LEVELS = 12  # ... and those still unsettled down to h/4**12
 # Inputs are tested in groups of similar size: a group's probes dilute a defect in its
 # smallest input by at most sqrt(elements of the group / elements of the input) = DILUTION.
 DILUTION = 4
@@ -111,14 +112,29 @@ class Probes:
     forward_worst: np.ndarray  # [k, 4]: output row, analytical, numerical, allowed at the worst element
     reverse: np.ndarray  # [k, 3]: analytical, numerical, allowed
     squares: np.ndarray  # [k, 3]: ||n - a||^2, ||n||^2, ||a||^2 of each probe's J d
+    # [k] what a ratio > 1 of each probe stands for (``_compare`` statuses): MISMATCH unless
+    # refinement found kinks along the probe (NONDIFFERENTIABLE: the analytical value lies
+    # between the one-sided derivatives, a pass; UNRESOLVED_KINK / UNRESOLVED / DISCONTINUOUS:
+    # undecidable) -- only a MISMATCH is a wrong gradient, and only it is localised.
+    kind: np.ndarray
 
     @property
     def score(self) -> np.ndarray:
         return np.maximum(self.forward_ratio, self.reverse_ratio)
 
     @property
+    def defect(self) -> np.ndarray:
+        """[k] the score of probes that show a wrong gradient (0 for the rest)."""
+        return np.where(self.kind == _compare.MISMATCH, self.score, 0.0)
+
+    @property
     def ok(self) -> bool:
-        return not bool(np.any(self.score > 1))
+        return not bool(np.any((self.score > 1) & np.isin(self.kind, _compare.FAILING)))
+
+    @property
+    def wrong(self) -> bool:
+        """Whether some probe shows a wrong gradient (not merely kinks no step resolves)."""
+        return bool(np.any(self.defect > 1))
 
     def select(self, rows) -> Probes:
         rows = np.asarray(rows, int)
@@ -130,7 +146,7 @@ class Probes:
 
     def comparison(self) -> Comparison:
         return Comparison(self.forward_ratio, self.reverse_ratio, self.forward_worst, self.reverse,
-                          np.sum(self.squares, axis=0))
+                          np.sum(self.squares, axis=0), self.kind)
 
 
 def _normal(shape, seed) -> tf.Tensor:
@@ -493,7 +509,8 @@ def _judge(estimate, forward, realised, noise, u, gradient, atol, rtol) -> Probe
         estimate, forward, realised, noise, u, gradient, tf.constant(atol, F64), tf.constant(rtol, F64)))
     with np.errstate(invalid="ignore", divide="ignore"):
         reverse_ratio = np.abs(reverse[:, 0] - reverse[:, 1]) / reverse[:, 2]
-    return Probes(forward_ratio, np.where(np.isnan(reverse_ratio), np.inf, reverse_ratio), worst, reverse, squares)
+    return Probes(forward_ratio, np.where(np.isnan(reverse_ratio), np.inf, reverse_ratio), worst, reverse, squares,
+                  np.full(len(forward_ratio), _compare.MISMATCH))
 
 
 def _judge_arrays(estimate: np.ndarray, noise: np.ndarray, forward, realised, u, gradient, atol, rtol) -> Probes:
@@ -508,7 +525,7 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
 
     ``forward_side=False`` skips the element-wise J d (that comparison then passes
     trivially); ``refine=False`` skips the smaller-step re-evaluation of failing
-    probes (see ``_refine``).
+    probes (see ``_refine``), whose ratios > 1 then all count as mismatches.
     """
     parts = []
     group = joint.rows_per_call
@@ -519,33 +536,127 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
         result = _judge(estimate, forward, realised, noise, u, gradient, atol, rtol)
         failing = np.flatnonzero(result.score > 1)
         if refine and len(failing):
-            # Curvature along a long direction, or a kink the step crosses, is not a gradient
-            # bug: refine the failing probes with smaller steps and an error estimate.
-            estimate, noise = _refine(joint, d, failing, estimate.numpy(), noise.numpy())
+            # Curvature along a long direction, or kinks the step crosses, are not a gradient
+            # bug: refine the failing probes with smaller steps, an error estimate and a kink test.
+            first = tuple(t.numpy() for t in (estimate, noise, plus, minus, realised, forward))
+            estimate, noise, kind = _refine(joint, d, failing, first, u, gradient, atol, rtol, forward_side)
             result = _judge_arrays(estimate, noise, forward if forward_side else None, realised, u, gradient, atol, rtol)
+            result.kind = kind
         parts.append(result)
     return Probes.join(parts)
 
 
-def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, estimate: np.ndarray, noise: np.ndarray):
-    """Refined estimates and their error for the ``failing`` probes: Richardson over h/4, h/16, h/64
-    (``_compare.refine``), every probe and step in one batched call.
+def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tuple, u, gradient, atol, rtol,
+            forward_side: bool):
+    """Refined estimates, their error and a status per probe for the ``failing`` probes.
 
-    Returns (estimate, noise) [k, m], the failing probes' rows replaced.
+    The same ladder and rule as full mode's (``_compare.refine``), along each probe's
+    line t -> f(x + t d) instead of along one element: steps h/4 ... h/4**REFINE_LEVELS
+    in one batched call, then down to h/4**DEEP_LEVELS for probes whose mismatch did not
+    settle.  A probe through a deep ReLU network crosses kinks within 1e-7 of the point
+    (calibrated MobileNetV2: the quotient along all weights moves from -121 at h = 1e-3
+    to -341, -549 and -548 at 1e-4, 1e-5 and 1e-7): only steps that resolve them settle
+    an estimate, and kinks that no step resolves (activations at 1e-11 in a freshly
+    initialised network) are classified, never a mismatch:
+
+    * settled estimate outside the band: MISMATCH (a wrong gradient);
+    * kinks crossed: NONDIFFERENTIABLE when the analytical J d lies between the one-sided
+      derivatives (a pass), else UNRESOLVED_KINK (undecidable);
+    * a jump of f along d: DISCONTINUOUS; nothing settled: UNRESOLVED.
+
+    Every level's direction realised in the evaluation dtype differs from the first
+    level's by rounding (at h/4**12 by 1e-4 of each element in float64): each level is
+    shifted to the first level's direction by J (r_0 - r_level), from the analytical
+    side (an error in it changes that tiny correction by as little).
+
+    ``first`` holds the first evaluation's (estimate, noise, plus, minus, realised,
+    forward) [k, .] arrays.  Returns (estimate, noise) [k, m] with the failing probes'
+    rows replaced, and the kind [k] of every probe (MISMATCH for the others).
     """
+    estimate, noise, plus, minus, realised, forward = (np.array(t) for t in first)
     sigma = joint.plan.noise.sigma if joint.plan.noise is not None else None
-    divides = [REFINE_RATIO**k for k in range(1, REFINE_LEVELS + 1)]
-    rows = np.repeat(failing, len(divides))
-    e, _, p, mi, nz = (t.numpy() for t in joint.numerical(tf.gather(directions, rows), np.tile(divides, len(failing))))
-    estimate, noise = estimate.copy(), noise.copy()
-    for i, probe in enumerate(failing):
-        levels: list[tuple] = [(estimate[probe][:, None], noise[probe][:, None], None, None, None)]
-        for j, divide in enumerate(divides):
-            r = i * len(divides) + j
-            levels.append((e[r][:, None], nz[r][:, None], p[r][:, None], mi[r][:, None], np.array([2 * joint.eps / divide])))
-        best, error, *_ = _compare.refine(levels, joint.y0, REFINE_RATIO, sigma)
-        estimate[probe], noise[probe] = best[:, 0], error[:, 0]
-    return estimate, noise
+    y0 = np.asarray(joint.y0, np.float64)
+    head = (estimate[failing].T, noise[failing].T, plus[failing].T, minus[failing].T,
+            np.full(len(failing), 2 * joint.eps))
+    levels = [head, *_ladder(joint, directions, failing, realised, u, gradient, range(1, REFINE_LEVELS + 1))]
+    found = list(_compare.refine(levels, y0, REFINE_RATIO, sigma))
+    analytical = forward[failing].T if forward_side else None
+    norms = np.linalg.norm(realised[failing], axis=1)
+
+    def mismatched(best, error, columns):
+        with np.errstate(invalid="ignore"):
+            band = atol * norms[columns][None, :] + rtol * np.abs(best) + error
+            if analytical is not None:
+                elements = ~(np.abs(analytical[:, columns] - best) <= band)
+            else:
+                elements = np.zeros(best.shape, bool)
+            projection = ~(np.abs(u.numpy() @ best - _projected(realised[failing][columns], gradient))
+                           <= np.linalg.norm(u.numpy()[:, None] * band, axis=0))
+        return elements, projection, band
+
+    elements, projection, _ = mismatched(found[0], found[1], np.arange(len(failing)))
+    settled = found[2]
+    unsettled = np.flatnonzero(np.any(elements & ~settled, axis=0) | (projection & ~np.all(settled, axis=0)))
+    if len(unsettled):
+        deeper = _ladder(joint, directions, failing[unsettled], realised, u, gradient,
+                         range(REFINE_LEVELS + 1, DEEP_LEVELS + 1))
+        sub = [tuple(None if t is None else (t[..., unsettled] if np.ndim(t) else t) for t in level) for level in levels]
+        again = _compare.refine([*sub, *deeper], y0, REFINE_RATIO, sigma)
+        for target, value in zip(found, again):
+            target[:, unsettled] = value
+    best, error, settled, kink, right, left, jump, _, sides_error = found
+    elements, projection, band = mismatched(best, error, np.arange(len(failing)))
+    kinds = np.full(len(estimate), _compare.MISMATCH)
+    for j, probe in enumerate(failing):
+        kinds[probe] = _probe_kind(elements[:, j], projection[j], settled[:, j], kink[:, j], jump[:, j],
+                                   None if analytical is None else analytical[:, j],
+                                   right[:, j], left[:, j], band[:, j] + sides_error[:, j])
+    estimate[failing], noise[failing] = best.T, error.T
+    return estimate, noise, kinds
+
+
+def _projected(realised: np.ndarray, gradient) -> np.ndarray:
+    """(J^T u) . r for each realised direction r [k, n]: the reverse-mode projections."""
+    return realised @ np.asarray(gradient, np.float64)
+
+
+def _probe_kind(elements, projection, settled, kink, jump, analytical, right, left, allowed) -> int:
+    """One probe's status from its elements' (see ``_refine``)."""
+    if np.any(elements & settled & ~jump) or (projection and np.all(settled | ~elements) and not np.any(kink | jump)):
+        return _compare.MISMATCH
+    if np.any(elements & jump) or (projection and np.any(jump)):
+        return _compare.DISCONTINUOUS
+    if analytical is not None and np.any(elements & kink):
+        with np.errstate(invalid="ignore"):
+            low, high = np.minimum(right, left), np.maximum(right, left)
+            inside = (low - allowed <= analytical) & (analytical <= high + allowed)
+        if np.all(inside[elements & kink]) and not np.any(elements & ~kink):
+            return _compare.NONDIFFERENTIABLE
+        return _compare.UNRESOLVED_KINK
+    if projection and np.any(kink):
+        return _compare.UNRESOLVED_KINK
+    if np.any(elements) or projection:
+        return _compare.UNRESOLVED
+    return _compare.MISMATCH  # passes after refinement: its ratio is at most 1
+
+
+def _ladder(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: np.ndarray, u, gradient, powers) -> list:
+    """``_compare.refine`` levels [(estimate, noise, plus, minus, span)], [m, len(probes)] each, of the
+    given probes at steps h / REFINE_RATIO**p for p in ``powers``: one batched evaluation, every level
+    shifted to the probe's first realised direction (see ``_refine``)."""
+    powers = list(powers)
+    count = len(probes)
+    divides = np.array([REFINE_RATIO**p for p in powers], np.float64)
+    rows = np.repeat(probes, len(powers))
+    e, r, p, mi, nz = joint.numerical(tf.gather(directions, rows), np.tile(divides, count))
+    shift = joint.jvp(tf.constant(realised[rows]) - r, gradient, u).numpy()  # [rows, m]
+    step = joint.eps / np.tile(divides, count)[:, None]
+    e, p, mi, nz = e.numpy() + shift, p.numpy() + step * shift, mi.numpy() - step * shift, nz.numpy()
+    levels = []
+    for j in range(len(powers)):
+        pick = np.arange(count) * len(powers) + j
+        levels.append((e[pick].T, nz[pick].T, p[pick].T, mi[pick].T, np.full(count, 2 * joint.eps / divides[j])))
+    return levels
 
 
 # -- the strategy ----------------------------------------------------------------------
@@ -582,7 +693,9 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             joint = joint.with_plan(plan)
             for g, result in zip(failing, _screen(joint, [groups[g] for g in failing], failing, u, gradient, atol, rtol)):
                 results[g] = result
-            failing = [g for g in failing if not results[g].ok]
+            # Only probes that show a wrong gradient are localised; kinks no step resolves
+            # leave their group undecidable, with what was found along its probes.
+            failing = [g for g in failing if results[g].wrong]
             if failing:
                 decided = _localise(joint, config.seed, u, gradient, [(groups[g], results[g]) for g in failing],
                                     atol, rtol)
@@ -651,7 +764,7 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
     decided: dict = {}
     draws = itertools.count()
     tie = itertools.count()
-    pending = [(-float(np.max(probes.score)), next(tie), list(group), probes, len(group) == 1)
+    pending = [(-float(np.max(probes.defect)), next(tie), list(group), probes, len(group) == 1)
                for group, probes in failing]  # groups showing the defect, worst first
     heapq.heapify(pending)
     leaves: list = []
@@ -664,26 +777,26 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
         if len(group) == 1:
             leaves.append((group[0], flagged, own))
             continue
-        forward_side = bool(np.any(flagged.forward_ratio > 1))  # follow only the side(s) that failed
+        forward_side = _forward_failed(flagged)  # follow only the side(s) that failed
         parts = [[int(i) for i in part] for part in np.array_split(group, min(BLOCKS, len(group)))]
         # A projection catches a defect with a random-sized signal: when no part shows
         # it, draw again before concluding that it is spread over them.
         for _ in range(LOCALISE_DRAWS):
             directions = joint.restricted([joint.ranges(part) for part in parts], seed, SEEDS["groups"] + 64 * next(draws))
             found = compare(joint, directions, u, gradient, atol, rtol, forward_side=forward_side)
-            if np.max(found.score) > 1:
+            if found.wrong:
                 break
-        if np.max(found.score) <= 1:
+        if not found.wrong:
             for index in group:
                 decided[index] = (flagged, SPREAD_HINT, None, None, "forward")
             continue
         for row, part in enumerate(parts):
             probe = found.select([row])
-            if probe.ok:
+            if not probe.wrong:
                 for index in part:
                     decided[index] = (probe, None, None, None, "forward")
             else:
-                heapq.heappush(pending, (-float(probe.score[0]), next(tie), part, probe, False))
+                heapq.heappush(pending, (-float(probe.defect[0]), next(tie), part, probe, False))
     for index, flagged, own in leaves:
         if not own:
             # The input's own test: k probes restricted to it, as if it were the only input.
@@ -694,13 +807,18 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
     return decided
 
 
+def _forward_failed(probes: Probes) -> bool:
+    """Whether the element-wise side of some probe shows a wrong gradient."""
+    return bool(np.any((probes.forward_ratio > 1) & (probes.kind == _compare.MISMATCH)))
+
+
 def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: Probes, atol, rtol) -> tuple:
     """(hint, region, worst element, side) of one input: bisect its flattened elements into blocks,
     follow the worst, then check the region's elements one by one."""
-    if result.ok:
+    if not result.wrong:
         return None, None, None, "forward"
     spec = joint.specs[index]
-    forward_side = bool(np.any(result.forward_ratio > 1))  # follow only the side(s) that failed
+    forward_side = _forward_failed(result)  # follow only the side(s) that failed
     m, n, offset = joint.plan.m, spec.size, int(joint.offsets[index])
     region_max = int(max(1, min(REGION_MAX, joint.config.budget // max(1, 40 * m))))
     hint = LOCALISED_HINT
@@ -713,13 +831,14 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: P
         for draw in range(LOCALISE_DRAWS):
             directions = joint.restricted([[(offset + a, offset + b)] for a, b in blocks], seed,
                                           SEEDS["blocks"] + 1000 * draw + 64 * level)
-            found = compare(joint, directions, u, gradient, atol, rtol, forward_side=forward_side, refine=False)
-            if np.max(found.score) > 1:
+            # Refined where they fail: a block's probes cross kinks as the whole input's do.
+            found = compare(joint, directions, u, gradient, atol, rtol, forward_side=forward_side)
+            if found.wrong:
                 break
         level += 1
-        if np.max(found.score) <= 1:
+        if not found.wrong:
             break  # the defect no longer shows in any one block: report the region so far
-        low, high = blocks[int(np.argmax(found.score))]
+        low, high = blocks[int(np.argmax(found.defect))]
     shape = tuple(spec.real_view.shape)
     at = lambda flat: tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()  # noqa: E731
     region = (at(low), at(high - 1))
@@ -746,11 +865,15 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: P
     columns = every[np.argsort(-first.score, kind="stable")[:REFINED_COLUMNS]]
     found = columns_of(columns, refine=True)
     scales = scale[columns]
-    forward_best = int(np.argmax(found.forward_ratio)) if forward_side else None
-    reverse_best = int(np.argmax(found.reverse_ratio))
+    # Mismatches rank first: an element whose steps cross kinks no step resolves is not the defect.
+    wrong = found.kind == _compare.MISMATCH
+    forward_rank = np.where(wrong, found.forward_ratio, np.minimum(found.forward_ratio, 1.0))
+    reverse_rank = np.where(wrong, found.reverse_ratio, np.minimum(found.reverse_ratio, 1.0))
+    forward_best = int(np.argmax(forward_rank)) if forward_side else None
+    reverse_best = int(np.argmax(reverse_rank))
     outputs = joint.plan.outputs
     out_shape = outputs[0].shape if len(outputs) == 1 and not outputs[0].dtype.is_complex else (m,)
-    if forward_best is not None and found.forward_ratio[forward_best] >= found.reverse_ratio[reverse_best]:
+    if forward_best is not None and forward_rank[forward_best] >= reverse_rank[reverse_best]:
         column, side = forward_best, "forward"
         row, a, num, band = found.forward_worst[column]
         output_index = tuple(int(i) for i in np.unravel_index(int(row), out_shape)) if out_shape else ()
@@ -759,6 +882,7 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: P
         column, side = reverse_best, "reverse"
         (a, num, band), output_index, ratio = found.reverse[column], (), found.reverse_ratio[column]
     unit = scales[column]
+    status = "ok" if ratio <= 1 else _compare.STATUS_NAMES[int(found.kind[column])]
     worst = Element(output_index, at(columns[column]), float(a / unit), float(num / unit),
-                    float(abs(a - num) / unit), float(band / unit), "mismatch" if ratio > 1 else "ok")
+                    float(abs(a - num) / unit), float(band / unit), status)
     return hint, region, worst, side

@@ -17,7 +17,9 @@ from fastcheck._compare import (
     MISMATCH,
     NONDIFFERENTIABLE,
     NUMERICAL_NONFINITE,
+    OK,
     STATUS_NAMES,
+    UNDECIDED,
     UNRESOLVED,
     UNRESOLVED_KINK,
 )
@@ -263,12 +265,21 @@ class Comparison:
     forward_worst: np.ndarray  # [k, 4]: output row, analytical, numerical, allowed at the worst element
     reverse: np.ndarray  # [k, 3]: analytical, numerical, allowed
     squares: np.ndarray  # [3]: sum ||n - a||^2, ||n||^2, ||a||^2 over probes
+    # [k] the status a ratio > 1 of each probe stands for: MISMATCH, or what refinement found
+    # along it (NONDIFFERENTIABLE: kinks, analytical between the one-sided derivatives;
+    # UNRESOLVED_KINK, UNRESOLVED, DISCONTINUOUS: undecidable).  None: all MISMATCH.
+    kind: np.ndarray | None = None
 
     @staticmethod
     def join(parts: list) -> Comparison:
         joined = {f: np.concatenate([getattr(p, f) for p in parts])
                   for f in ("forward_ratio", "reverse_ratio", "forward_worst", "reverse")}
-        return Comparison(**joined, squares=np.sum([p.squares for p in parts], axis=0))
+        kind = np.concatenate([p.kinds for p in parts])
+        return Comparison(**joined, squares=np.sum([p.squares for p in parts], axis=0), kind=kind)
+
+    @property
+    def kinds(self) -> np.ndarray:
+        return np.full(len(self.forward_ratio), MISMATCH) if self.kind is None else np.asarray(self.kind)
 
 
 @dataclasses.dataclass
@@ -288,12 +299,14 @@ class ProjectionReport:
 
     @property
     def status(self) -> np.ndarray:
+        """[k, 2] status of each probe's element-wise and projection comparison (``_compare`` codes)."""
         c = self.comparison
-        return np.stack([np.where(c.forward_ratio > 1, 1, 0), np.where(c.reverse_ratio > 1, 1, 0)], axis=1)
+        kinds = c.kinds
+        return np.stack([np.where(c.forward_ratio > 1, kinds, OK), np.where(c.reverse_ratio > 1, kinds, OK)], axis=1)
 
     @property
     def ok(self) -> bool:
-        return not self.status.any()
+        return not bool(np.any(np.isin(self.status, FAILING)))
 
     @property
     def title(self) -> str:
@@ -301,19 +314,31 @@ class ProjectionReport:
 
     @property
     def failed_count(self) -> int:
-        return int(self.status.sum())
+        return int(np.sum(np.isin(self.status, FAILING)))
 
     @property
     def label(self) -> str:
-        return "ok" if self.ok else "FAIL"
+        if self.ok:
+            return "ok"
+        return "FAIL" if self.count(MISMATCH) else "undec."
 
     def __repr__(self) -> str:
         return (f"<ProjectionReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} probe comparisons "
                 f"failed, max abs error {self.max_abs_error:.2g}>")
 
     def count(self, status: int) -> int:
-        """Failing probe comparisons count as mismatches (element-wise J d, then projection)."""
+        """Probe comparisons (element-wise J d, then projection) with this status."""
         return int(np.sum(self.status == status))
+
+    @property
+    def kinked_probes(self) -> int:
+        """Probes that crossed kinks of f, with the analytical J d between the one-sided derivatives."""
+        return int(np.sum(np.any(self.status == NONDIFFERENTIABLE, axis=1)))
+
+    @property
+    def undecided_probes(self) -> int:
+        """Probes whose refinement could not decide (kinks, or jumps, that no step resolves)."""
+        return int(np.sum(np.any(np.isin(self.status, UNDECIDED), axis=1)))
 
     @property
     def max_abs_error(self) -> float:
@@ -351,17 +376,25 @@ class ProjectionReport:
         return self.comparison.reverse[:, 0]
 
     def kinks(self) -> list:
-        """Fast mode does not look for kinks: its probes move every element at once."""
+        """Fast mode names no kinked elements: its probes move every element at once (the
+        probes that crossed kinks are counted in ``detail_lines``)."""
         return []
 
     def detail_lines(self) -> list[str]:
         c = self.comparison
         lines = [f"  {self.input_name}: {len(c.reverse_ratio)} random probes; worst element-wise |J d - numerical| / allowed = "
                  f"{np.max(c.forward_ratio):.3g}, worst reverse |u.VJP.d - u.numerical| / allowed = {np.max(c.reverse_ratio):.3g}"]
+        kinked, undecided = self.kinked_probes, self.undecided_probes
+        if kinked or undecided:
+            found = sorted({STATUS_NAMES[int(v)] for v in self.status[np.isin(self.status, UNDECIDED)]})
+            lines.append(f"    probes along kinks of f: {kinked} with J d between the one-sided derivatives (pass), "
+                         f"{undecided} undecidable ({', '.join(found) or 'none'}; steps down to h/4**12 tried)")
         if self.ok:
             return lines
-        sides = [name for name, bad in (("element-wise J d", c.forward_ratio > 1), ("projection u.VJP.d", c.reverse_ratio > 1)) if bad.any()]
-        lines.append(f"    failing side(s): {', '.join(sides)}")
+        bad_sides = np.isin(self.status, (MISMATCH,)).any(axis=0)
+        sides = [name for name, bad in zip(("element-wise J d", "projection u.VJP.d"), [bool(b) for b in np.atleast_1d(bad_sides)]) if bad]
+        if sides:
+            lines.append(f"    failing side(s): {', '.join(sides)}")
         if self.region is not None:
             lines.append(f"    defect localised to {self.input_name}[{self.region[0]} .. {self.region[1]}] (flattened-order slab)")
         if self.worst is not None:
@@ -556,19 +589,33 @@ class GradientReport:
                          f"{max(p.max_abs_error for p in passing):.3g}, max rel error "
                          f"{max(p.max_rel_error for p in passing):.3g}; by layer"
                          f"{_layer_groups([p.input_name for p in passing])}")
+        # Undecidable fast-mode pairs say the same thing: past a few, one line for all of them.
+        probes_undecided = [p for p in failing if isinstance(p, ProjectionReport) and p.label != "FAIL"]
+        summarised = len(probes_undecided) > UNDECIDED_DETAILS
         for p in failing:
-            lines += p.detail_lines()
+            if not (summarised and p in probes_undecided):
+                lines += p.detail_lines()
+        if summarised:
+            lines.append(f"  undecidable: {sum(p.undecided_probes for p in probes_undecided)} probes over "
+                         f"{len(probes_undecided)} pairs cross kinks of f that no step down to h/4**12 resolves"
+                         f"{_layer_groups([p.input_name for p in probes_undecided])}")
+        if probes_undecided:
+            lines.append(f"  hint: {UNDECIDED_PROBES_HINT}")
         if not collapsed:
             for p in passing:
                 lines += p.detail_lines()
         else:
-            with_kinks = [p for p in passing if p.count(NONDIFFERENTIABLE)]
+            kinked_probes = [p for p in passing if isinstance(p, ProjectionReport) and p.kinked_probes]
+            if kinked_probes:
+                lines.append(f"  {sum(p.kinked_probes for p in kinked_probes)} probes in {len(kinked_probes)} passing "
+                             "pairs crossed kinks of f, with the analytical J d between the one-sided derivatives")
+            with_kinks = [p for p in passing if not isinstance(p, ProjectionReport) and p.count(NONDIFFERENTIABLE)]
             if with_kinks:
-                example = next(line.strip() for p in with_kinks for line in p.detail_lines()
-                               if line.strip().startswith("not differentiable"))
+                example = next((line.strip() for p in with_kinks for line in p.detail_lines()
+                                if line.strip().startswith("not differentiable")), None)
                 lines.append(f"  {sum(p.count(NONDIFFERENTIABLE) for p in with_kinks)} elements in {len(with_kinks)} "
                              f"passing pairs sit at kinks of f, with the analytical value between the one-sided "
-                             f"derivatives; e.g. {example}")
+                             f"derivatives{'; e.g. ' + example if example else ''}")
         for note in _aggregated_notes(self.notes, [p.input_name for p in self.pairs]):
             lines.append(f"  note: {note}")
         lines.append(f"  rule: {FAST_RULE if self.mode == 'fast' else RULE}")
@@ -577,6 +624,13 @@ class GradientReport:
 
 # Past this many passing pairs, the text collapses them to one line by layer.
 COLLAPSE_PASSING = 20
+# Past this many undecidable fast-mode pairs, their details are one line.
+UNDECIDED_DETAILS = 4
+UNDECIDED_PROBES_HINT = (
+    "an undecidable probe crosses kinks of f (ReLU-like activations) closer to the point than any step resolves, "
+    "as in a freshly initialised deep network whose activations have shrunk to ~1e-11; no gradient was found wrong "
+    "along it. Check a trained or calibrated model (batch normalization statistics from data), or the named "
+    "inputs with mode='full', which judges each element on its own.")
 
 
 def _layer_groups(names: list[str]) -> str:

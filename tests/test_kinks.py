@@ -1,0 +1,99 @@
+"""Kinks along the steps: verdicts in full and fast mode, and the noise measurement that must not mistake them for noise.
+
+The functions put every ReLU input of a layer within ``distance`` of its kink, as a
+deep ReLU network does: a calibrated MobileNetV2 moved along all its weights crosses
+kinks within 1e-7 of the point, a freshly initialised one within 1e-11.  A step that
+crosses a kink is no evidence against a gradient: kinks that smaller steps resolve
+must give a true verdict, and kinks that no step resolves an undecidable one, never
+a FAIL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fastcheck
+from fastcheck import _precision
+
+N = 512
+
+
+def _layer(distance: float, dtype, factor: float = 1.0, seed: int = 0, point: float = 0.0, decades: float = 1.0):
+    """(f, w): f(w) = 1 + sum(v * relu(w - point + o)) at w = point, every |o_i| log-uniform in
+    [distance, 10**decades distance].
+
+    ``factor`` scales the custom gradient (1.0: correct).  The point w = 0 keeps
+    w + o exact in float32 too, so the kinks sit exactly ``|o_i|`` away.
+    """
+    rng = np.random.default_rng(seed)
+    offsets = distance * 10 ** rng.uniform(0, decades, N) * rng.choice([-1.0, 1.0], N)
+    weights = rng.normal(size=N)
+
+    @tf.custom_gradient
+    def f(w):
+        z = w + tf.constant(offsets - point, w.dtype)
+        v = tf.constant(weights, w.dtype)
+
+        def grad(dy):
+            return dy * factor * v * tf.cast(z > 0, w.dtype)
+
+        return 1 + tf.reduce_sum(v * tf.nn.relu(z)), grad
+
+    return f, tf.fill([N], tf.constant(point, dtype))
+
+
+MODES = ["full", "fast"]
+DTYPES = [tf.float64, tf.float32]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_kinks_that_smaller_steps_resolve_give_a_true_verdict(mode, dtype):
+    # Kinks 1e-8 .. 1e-7 away: the default step (~6e-6) crosses all of them, h/4**5 none.
+    f, w = _layer(1e-8, dtype)
+    report = fastcheck.check_gradients(f, w, mode=mode)
+    assert report.ok, str(report)
+    wrong, w = _layer(1e-8, dtype, factor=1.01)
+    report = fastcheck.check_gradients(wrong, w, mode=mode)
+    assert report.verdict == "fail", str(report)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_kinks_no_step_resolves_are_never_a_fail(mode, dtype):
+    # Kinks 1e-13 .. 1e-12 away, like a freshly initialised deep network's last layers.
+    f, w = _layer(1e-13, dtype)
+    report = fastcheck.check_gradients(f, w, mode=mode)
+    assert report.verdict != "fail", str(report)
+    if not report.ok:
+        assert "kinks" in str(report)
+    # A gradient off by 1% there cannot be told from the kinks' one-sided derivatives, but
+    # it must not pass either where the analytical value lies outside them.
+    wrong, w = _layer(1e-13, dtype, factor=1.01)
+    assert fastcheck.check_gradients(wrong, w, mode=mode).verdict != "pass"
+
+
+def _noise(f, x) -> float:
+    evaluate = lambda values: np.atleast_1d(np.asarray(f(*values), np.float64))  # noqa: E731
+    y0 = evaluate([x])
+    return _precision.measure_noise(evaluate, [x], [0], y0, float(np.finfo(np.float64).eps)).relative
+
+
+def test_kinks_near_the_point_are_not_measured_as_noise():
+    # Measured at |w| = 1 (the noise scales are relative to |w|), kinks at every distance
+    # from 1e-9 to 1e-4: the coarsest fine scale crosses many, the confirming one 32x finer few.
+    f, w = _layer(1e-9, tf.float64, point=1.0, decades=5)
+    assert _noise(f, w) < 16 * np.finfo(np.float64).eps
+
+
+def test_a_float32_rounding_inside_a_float64_function_is_still_measured_as_noise():
+    # The smooth float64 part moves at every scale; the float32 part is rough at every
+    # scale above its quantum, the finer confirming scale included.
+    x = tf.constant(np.random.default_rng(1).normal(size=64), tf.float64)
+
+    def mixed(x):
+        return tf.sin(x) + tf.cast(tf.cast(tf.cos(x), tf.float32), tf.float64)
+
+    assert _noise(mixed, x) > 1e-9
