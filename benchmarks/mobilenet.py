@@ -78,6 +78,10 @@ with tf.GradientTape() as tape:
 planted_gradient = None if planted is None else float(np.max(np.abs(tape.gradient(value, planted))))
 statuses = {{}}
 for pair in report.pairs:
+    if hasattr(pair, "undecided_probes"):  # fast mode: probes, not elements
+        statuses[4] = statuses.get(4, 0) + pair.kinked_probes
+        statuses[7] = statuses.get(7, 0) + pair.undecided_probes
+        continue
     for code, count in zip(*np.unique(np.asarray(pair.status), return_counts=True)):
         statuses[int(code)] = statuses.get(int(code), 0) + int(count)
 print("RESULT " + json.dumps({{
@@ -180,7 +184,7 @@ def to_markdown(record: dict) -> str:
     lines = [f"check_model on MobileNetV2 (alpha=0.35, 32x32, batch 4), first check in a fresh process, {options}"
              f"{'; variables ' + ', '.join(record['variables']) + '*' if record['variables'] else ''}; "
              f"{record['cpu']} x {record['cpus']}:", "",
-             "| case | fastcheck | verdict | mode / path | failing pairs | kinks (pass / undecidable) | "
+             "| case | fastcheck | verdict | mode / path | failing pairs | kinks (pass / undecidable; elements, or probes in fast mode) | "
              "planted gradient | compute_gradient (projected) |", "|---|---|---|---|---|---|---|---|"]
     for case, row in record["cases"].items():
         statuses = {int(k): v for k, v in row["statuses"].items()}

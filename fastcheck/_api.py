@@ -15,7 +15,8 @@ from fastcheck._report import GradientCheckError, GradientReport
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
                     memory_budget=None, device=None, precision="auto", mode="auto", probes=4, seed=0,
-                    order=1, progress=None, autodiff="auto", wrt=None, time_budget=None) -> GradientReport:
+                    order=1, progress=None, autodiff="auto", wrt=None, time_budget=None,
+                    sparsity=None) -> GradientReport:
     """Compare autodiff Jacobians of ``f`` with batched central differences.
 
     Every floating or complex input is checked (complex ones as (real, imag)
@@ -46,6 +47,9 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         when the Jacobian fits ``memory_budget``, inputs have at most 200,000
         elements and the full check is predicted to take at most
         ``time_budget`` seconds; the report says which ran, and why.
+        "coloured": element-wise verdicts on every structural nonzero of a
+        sparse Jacobian from a few differences and VJPs (one per colour of its
+        columns / rows); the pattern is ``sparsity`` or traced from f's graph.
       probes, seed: number of random probes in fast mode, and the seed of
         their private generator (global RNG state is never touched).
       order: 1 checks gradients; 2 checks gradients of gradients (Hessian-vector
@@ -63,6 +67,11 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       time_budget: seconds ``mode="auto"`` may spend on full Jacobians (default
         60): when the full check is predicted to take longer it runs fast mode,
         and the report's mode note gives the predicted time.
+      sparsity: the Jacobian's sparsity pattern for ``mode="coloured"``: a
+        boolean array [m, n] (m: f's flat outputs, n: the checked input's
+        elements), index pairs ``(rows, cols)`` (a tuple of two integer arrays),
+        a scipy.sparse-like matrix (anything with ``.tocoo()``), or a list of
+        those, one per checked input.  Default: traced from f's graph.
 
     Returns:
       A ``GradientReport``; ``bool(report)`` tells whether every element passed.
@@ -78,7 +87,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       True
     """
     config = CheckConfig(eps, atol, rtol, jit_compile, memory_budget, device, precision, mode, probes, seed, order,
-                         progress, autodiff, time_budget)
+                         progress, autodiff, time_budget, sparsity)
     return run_check(function_problem(f, inputs, config, wrt), config)
 
 

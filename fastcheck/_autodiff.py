@@ -33,9 +33,15 @@ def _densify(gradient):
 
 
 def _reverse_kernel(plan: Plan, path: str):
+    return reverse_rows_kernel(plan, path, lambda y, out_idx: tf.gather(y, out_idx))
+
+
+def reverse_rows_kernel(plan: Plan, path: str, select):
+    """kernel(values, *args) -> [rows, n_k] per checked input: the reverse-mode Jacobian of the rows
+    ``select(y, *args)`` of f's flat output y (rows of J, or sums of rows), one batched tape.jacobian."""
     checked = [s.position for s in plan.checked]
 
-    def kernel(values, out_idx):
+    def kernel(values, *args):
         values = list(values)
         sources = [values[p] for p in checked]
         with tf.GradientTape(persistent=path == LOOP) as tape:
@@ -43,7 +49,7 @@ def _reverse_kernel(plan: Plan, path: str):
             for p, source in zip(checked, sources):
                 values[p] = source
             y = plan.call_flat(values)
-            rows = tf.gather(y, out_idx)
+            rows = select(y, *args)
         jacobians = tape.jacobian(rows, sources, unconnected_gradients=ZERO, experimental_use_pfor=path != LOOP)
         return [tf.reshape(_densify(j), [-1, s.size]) for j, s in zip(jacobians, plan.checked)]
 

@@ -1,4 +1,4 @@
-"""``run_check``: plan -> executor -> strategy (full or fast) -> report, for any problem."""
+"""``run_check``: plan -> executor -> strategy (full, fast or coloured) -> report, for any problem."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from fastcheck._coloured import check_coloured
 from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
@@ -18,7 +19,7 @@ from fastcheck._plan import Plan, build_plan
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._report import GradientReport, describe_nonfinite, run_notes
 
-STRATEGIES = {"full": check_full, "fast": check_fast}
+STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
 
 def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
@@ -44,6 +45,7 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
                                    sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
         notes = run_notes(outcome, executor, config, mode, why, problem.notes)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
+        problems += outcome.problems  # coloured mode: a violated sparsity pattern
         kind = outcome.kind if mode == "fast" else problem.kind or outcome.kind
         return GradientReport(outcome.pairs, executor.path, kind, time.perf_counter() - start,
                               notes, problems, problem.title, timings, outcome.warnings)

@@ -67,8 +67,8 @@ def main(argv=None) -> int:
     check.add_argument("--dtype", choices=["float32", "float64"],
                        help="dtype of the random inputs (default float32); with --inputs, floating arrays are cast to it")
     check.add_argument("--seed", type=int, default=0, help="seed of the random inputs and of fast mode's probes")
-    check.add_argument("--mode", choices=["auto", "full", "fast"], default="auto",
-                       help="full Jacobians, fast random projections, or auto (by size)")
+    check.add_argument("--mode", choices=["auto", "full", "fast", "coloured"], default="auto",
+                       help="full Jacobians, fast random projections, coloured sparse Jacobians, or auto (by size and time)")
     check.add_argument("--precision", choices=["auto", "native", "float64"], default="auto",
                        help="precision of the numerical side")
     check.add_argument("--device", help="device to check on, e.g. /GPU:0")

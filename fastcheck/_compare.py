@@ -320,6 +320,9 @@ def relative_norm_error(numerical: np.ndarray, analytical: np.ndarray) -> float:
     return float(np.linalg.norm(n - a) / (np.linalg.norm(n) + np.linalg.norm(a) + 1e-8))
 
 
+FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis needs
+
+
 def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) -> str | None:
     """A one-line guess at the kind of defect, from the pattern of failing elements."""
     bad = status == MISMATCH
@@ -353,9 +356,11 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = float(np.dot(a, n) / np.dot(n, n)) if np.dot(n, n) > 0 else np.nan
         residual = float(np.linalg.norm(a - factor * n) / np.linalg.norm(a)) if np.isfinite(factor) else np.inf
-    if residual < 0.02 and abs(factor + 1) < 0.02:
+    # A factor fitted to one or two elements of many says nothing about the gradient as a whole.
+    fitted = total >= min(FACTOR_ELEMENTS, int(np.count_nonzero(numerical[np.isfinite(numerical)])))
+    if fitted and residual < 0.02 and abs(factor + 1) < 0.02:
         return "the analytical gradient has the wrong sign."
-    if residual < 0.02 and abs(factor - 1) > 1e-3:
+    if fitted and residual < 0.02 and abs(factor - 1) > 1e-3:
         return f"the analytical gradient is off by a constant factor of {factor:.4g} (a missing or extra constant in the derivative)."
     if analytical.shape[0] == analytical.shape[1] and analytical.shape[0] > 1 and np.allclose(analytical, numerical.T, rtol=1e-4, atol=1e-8):
         return "the analytical Jacobian equals the transpose of the numerical one (a transposed matmul in the gradient?)."

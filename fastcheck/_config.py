@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from fastcheck._sparsity import given
+
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes
 
 # Machine epsilon per dtype, as data (bfloat16 is not a numpy dtype).
@@ -53,7 +55,7 @@ DEFAULT_TOLERANCES = {
 }
 
 PRECISIONS = ("auto", "native", "float64")
-MODES = ("auto", "full", "fast")
+MODES = ("auto", "full", "fast", "coloured")
 # Which autodiff side is checked: reverse mode (VJPs, what training uses) always,
 # forward mode (JVPs) as an extra check where TensorFlow supports it ("auto").
 AUTODIFF = ("auto", "reverse", "forward", "both")
@@ -109,8 +111,12 @@ class CheckConfig:
     progress: bool | None = None
     autodiff: str = "auto"
     time_budget: float | None = None
+    # The Jacobian's sparsity pattern for mode="coloured" (see ``_sparsity.GivenSparsity``);
+    # stored normalised, identity-hashed.
+    sparsity: Any = None
 
     def __post_init__(self):
+        object.__setattr__(self, "sparsity", given(self.sparsity))
         for name in ("eps", "atol", "rtol"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))):

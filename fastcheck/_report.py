@@ -426,7 +426,7 @@ class ProjectionReport:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """What a strategy (``_full.check_full``, ``_fast.check_fast``) hands to the report."""
+    """What a strategy (``_full.check_full``, ``_fast.check_fast``, ``_coloured.check_coloured``) hands to the report."""
 
     pairs: list  # Pair results: PairReport (full) or ProjectionReport (fast)
     plan: Any  # a _plan.Plan; the plan as the strategy left it (with f's measured noise, when it was needed)
@@ -435,6 +435,7 @@ class Outcome:
     kind: str  # what the analytical side was: "reverse", "forward", "supplied", "fast"
     notes: list = dataclasses.field(default_factory=list)
     warnings: list = dataclasses.field(default_factory=list)
+    problems: list = dataclasses.field(default_factory=list)  # not gradient verdicts (a violated sparsity pattern)
 
 
 class Pair(Protocol):

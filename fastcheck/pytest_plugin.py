@@ -29,11 +29,11 @@ import pytest
 
 # The values GradientChecker accepts (fastcheck._config), checked here so that a typo stops the
 # run before any test, and TensorFlow, starts. None: any value (a device is checked by the check).
-CHOICES = {"device": None, "precision": ("auto", "native", "float64"), "mode": ("auto", "full", "fast")}
+CHOICES = {"device": None, "precision": ("auto", "native", "float64"), "mode": ("auto", "full", "fast", "coloured")}
 HELP = {
     "device": "device the gradient checks run on, e.g. /GPU:0",
     "precision": "precision of the numerical side: auto (float64 when f accepts it), native or float64",
-    "mode": "full Jacobians, fast random projections, or auto (by size)",
+    "mode": "full Jacobians, fast random projections, coloured sparse Jacobians, or auto (by size and time)",
 }
 RECORDED_METHODS = ("check", "assert_close", "verify_gradients", "check_model")
 WORKER_KEY = "fastcheck_checks"  # pytest-xdist: what each worker hands the controller in config.workeroutput

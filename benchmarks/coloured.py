@@ -1,0 +1,126 @@
+"""Coloured mode against its references (``python -m benchmarks.coloured``; not part of ``benchmarks``' suite).
+
+* elementwise f on 10^6 and 10^7 float32 elements: the coloured check (element-wise
+  verdicts on every element) against the reference of 2 forward evaluations + 1 VJP,
+  timed in the same run, and a planted defect (one element off by a relative 1e-3);
+* a 3x3 convolution on a 32x32x8 input: the coloured check against mode="full" of the
+  same problem, correct and with a planted defect (verdicts compared).
+
+Prints a markdown table with the CPU model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import fastcheck  # noqa: E402
+from benchmarks.run import _cpu_model  # noqa: E402
+
+
+def _elementwise(x):
+    return tf.sin(x) * x
+
+
+def _with_defect(f, index: int, relative: float):
+    """f with a reverse-mode gradient off by ``relative`` at one flat element."""
+
+    @tf.custom_gradient
+    def wrong(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = f(x)
+
+        def grad(dy):
+            scale = 1 + relative * tf.one_hot(index, tf.size(x), dtype=x.dtype)
+            return tape.gradient(y, x, output_gradients=dy) * tf.reshape(scale, tf.shape(x))
+
+        return y, grad
+
+    return wrong
+
+
+def _reference(f, x) -> float:
+    """Seconds of 2 forward evaluations + 1 VJP (eager), best of 3."""
+    best = np.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        f(x).numpy()
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = f(x)
+        tape.gradient(y, x, output_gradients=tf.ones_like(y)).numpy()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _timed(f, x, **options):
+    start = time.perf_counter()
+    report = fastcheck.check_gradients(f, x, **options)
+    return report, time.perf_counter() - start
+
+
+def _located(report, index: tuple) -> bool:
+    pair = report.pairs[0]
+    worst = pair.worst_element
+    return (not report.ok) and pair.count(1) == 1 and worst is not None and worst.input_index == index
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in (10**6, 10**7):
+        x = tf.constant(rng.normal(size=n).astype(np.float32))
+        _elementwise(x)  # warm the op kernels for the reference
+        reference = _reference(_elementwise, x)
+        report, seconds = _timed(_elementwise, x, mode="coloured")
+        rows.append((f"elementwise sin(x)*x, {n:.0e} float32", "coloured", f"{seconds:.2f}",
+                     f"reference (2 evals + 1 VJP) {reference:.3f} s: {seconds / reference:.0f}x",
+                     report.verdict, _colours(report)))
+        index = n // 3
+        wrong, seconds = _timed(_with_defect(_elementwise, index, 1e-3), x, mode="coloured")
+        rows.append((f"same, one element off by 1e-3 (relative) at [{index}]", "coloured", f"{seconds:.2f}",
+                     f"caught and located: {_located(wrong, (index,))}", wrong.verdict, _colours(wrong)))
+    kernel = tf.constant(rng.normal(size=(3, 3, 8, 8)).astype(np.float32) / 8)
+
+    def conv(x):
+        return tf.nn.conv2d(x, kernel, 1, "SAME")
+
+    x = tf.constant(rng.normal(size=(1, 32, 32, 8)).astype(np.float32))
+    for label, f in (("3x3 conv 32x32x8", conv), ("same, one element off by 1e-3", _with_defect(conv, 4321, 1e-3))):
+        coloured, seconds = _timed(f, x, mode="coloured")
+        full, full_seconds = _timed(f, x, mode="full")
+        same = _same_verdicts(coloured.pairs[0], full.pairs[0])
+        rows.append((label, "coloured", f"{seconds:.2f}",
+                     f"full {full_seconds:.2f} s ({full.verdict}): {full_seconds / seconds:.1f}x faster, same "
+                     f"verdicts: {same}", coloured.verdict, _colours(coloured)))
+    print(f"CPU: {_cpu_model()} ({len(os.sched_getaffinity(0))} usable cores), TensorFlow {tf.__version__}\n")
+    print("| problem | mode | seconds | against | verdict | colours |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def _same_verdicts(coloured, full) -> bool:
+    """Coloured mode's verdicts on its nonzeros equal full mode's there, and full mode passes every other entry."""
+    if coloured.status.shape == full.status.shape:
+        return bool(np.array_equal(coloured.status, full.status))
+    outside = np.ones(full.status.shape, bool)
+    outside[coloured.rows, coloured.cols] = False
+    return bool(np.array_equal(coloured.status, full.status[coloured.rows, coloured.cols])
+                and not np.any(full.status[outside]))
+
+
+def _colours(report) -> str:
+    note = next((n for n in report.notes if n.startswith("coloured mode:")), "")
+    found = [part.strip() for part in note.split(";") if "colours" in part]
+    return ", ".join(part.split(": ")[-1] if ": " in part else part for part in found)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""mode="coloured": element-wise verdicts on the structural nonzeros of sparse Jacobians."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fastcheck
+from fastcheck import _sparsity
+from fastcheck._coloured import SparsePairReport
+from fastcheck._config import CheckConfig
+
+RNG = np.random.default_rng(0)
+KERNEL = RNG.normal(size=(3, 3, 2, 3))
+
+
+def _away_from_zero(shape):
+    values = RNG.normal(size=shape)
+    return np.sign(values) * (0.5 + np.abs(values))
+
+
+def _layer_norm(x):
+    mean = tf.reduce_mean(x, -1, keepdims=True)
+    return (x - mean) * tf.math.rsqrt(tf.reduce_mean(tf.square(x - mean), -1, keepdims=True) + 1e-3)
+
+
+# name -> (f, input, column colours the pattern allows at best)
+CORRECT = {
+    "sin": (tf.sin, RNG.normal(size=(4, 5)), 1),
+    "relu": (tf.nn.relu, _away_from_zero((3, 4)), 1),
+    "softplus": (lambda x: tf.nn.softplus(x) * x, RNG.normal(size=(6,)), 1),
+    "conv3x3": (lambda x: tf.nn.conv2d(x, tf.cast(KERNEL, x.dtype), 1, "SAME"), RNG.normal(size=(1, 8, 8, 2)), 18),
+    "softmax_rows": (tf.nn.softmax, RNG.normal(size=(4, 6)), 6),
+    "layer_norm_rows": (_layer_norm, RNG.normal(size=(4, 8)), 8),
+}
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_correct_gradients_pass_with_full_modes_verdicts(name, dtype):
+    f, value, _ = CORRECT[name]
+    x = tf.constant(value, dtype)
+    coloured = fastcheck.check_gradients(f, x, mode="coloured")
+    full = fastcheck.check_gradients(f, x, mode="full")
+    assert coloured.ok, str(coloured)
+    assert full.ok
+    (pc,), (pf,) = coloured.pairs, full.pairs
+    np.testing.assert_array_equal(pc.status, pf.status)
+    assert any(note.startswith("coloured mode: sparsity pattern traced") for note in coloured.notes)
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_traced_pattern_is_exact_and_colours_are_few(name):
+    f, value, colours = CORRECT[name]
+    x = tf.constant(value, tf.float64)
+    function = tf.function(lambda v: tf.reshape(f(v), [-1]))
+    m, dep = _sparsity.trace(function, [tf.TensorSpec(x.shape, x.dtype)], [(0, int(np.prod(x.shape)))])
+    (pattern,) = _sparsity.traced_patterns(m, dep, [int(np.prod(x.shape))])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.reshape(f(x), [-1])
+    truth = tape.jacobian(y, x).numpy().reshape(m, -1) != 0
+    dense = np.zeros(pattern.shape, bool)
+    dense[pattern.rows, pattern.cols] = True
+    assert not np.any(truth & ~dense)  # nothing missed (relu's zero slopes may be structural nonzeros)
+    labels = _sparsity.colour(pattern, tuple(x.shape))
+    assert labels.max() + 1 == colours
+    for row in range(m):  # columns sharing a row differ
+        mine = labels[pattern.cols[pattern.rows == row]]
+        assert len(set(mine)) == len(mine)
+
+
+def test_greedy_colouring_is_valid_where_the_lattice_is_poor():
+    # Each row couples column j with column n - 1 - j: extents span the whole axis.
+    n = 64
+    rows = np.concatenate([np.arange(n), np.arange(n)])
+    cols = np.concatenate([np.arange(n), n - 1 - np.arange(n)])
+    pattern = _sparsity.Pattern.of((n, n), rows, cols)
+    labels = _sparsity.colour(pattern, (n,))
+    assert labels.max() + 1 == 2
+    assert np.all(labels[pattern.cols[0::2]] != labels[pattern.cols[1::2]])
+
+
+def _one_element_wrong(index, factor):
+    @tf.custom_gradient
+    def f(x):
+        def grad(dy):
+            wrong = 1 + factor * tf.one_hot(index, tf.size(x), dtype=x.dtype)
+            return dy * tf.cos(x) * tf.reshape(wrong, tf.shape(x))
+
+        return tf.sin(x), grad
+
+    return f
+
+
+def _one_row_scaled(row, scale):
+    @tf.custom_gradient
+    def f(x):
+        y = tf.nn.softmax(x)
+
+        def grad(dy):
+            true = y * (dy - tf.reduce_sum(dy * y, -1, keepdims=True))
+            weights = 1 + (scale - 1) * tf.one_hot(row, x.shape[0], dtype=x.dtype)
+            return true * weights[:, None]
+
+        return y, grad
+
+    return f
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=["float32", "float64"])
+def test_one_element_wrong_is_caught_and_located(dtype):
+    x = tf.constant(RNG.normal(size=(3, 7)), dtype)
+    report = fastcheck.check_gradients(_one_element_wrong(11, 1e-3), x, mode="coloured")
+    assert report.verdict == "fail"
+    (pair,) = report.pairs
+    assert pair.count(1) == 1
+    worst = pair.worst_element
+    assert worst.output_index == (1, 4) and worst.input_index == (1, 4)
+
+
+def test_one_rows_scale_wrong_is_caught_and_located():
+    x = tf.constant(RNG.normal(size=(4, 6)), tf.float64)
+    report = fastcheck.check_gradients(_one_row_scaled(2, 1.01), x, mode="coloured")
+    assert report.verdict == "fail"
+    (pair,) = report.pairs
+    failing = np.argwhere(pair.status == 1)
+    assert len(failing) == 36  # every d y[2, :] / d x[2, :]
+    assert set(failing[:, 0] // 6) == {2} and set(failing[:, 1] // 6) == {2}
+    full = fastcheck.check_gradients(_one_row_scaled(2, 1.01), x, mode="full")
+    np.testing.assert_array_equal(pair.status, full.pairs[0].status)
+
+
+def test_large_pairs_keep_only_nonzeros_and_name_the_worst():
+    x = tf.constant(RNG.normal(size=(2000,)), tf.float64)
+    report = fastcheck.check_gradients(_one_element_wrong(1234, 1e-3), x, mode="coloured")
+    (pair,) = report.pairs
+    assert isinstance(pair, SparsePairReport)
+    assert pair.status.size == 2000
+    assert pair.worst_element.input_index == (1234,) and pair.worst_element.output_index == (1234,)
+    assert "input[1234]" in str(report)
+    assert pair.to_dict()["shape"] == [2000, 2000]
+
+
+def test_traced_path_with_weights_as_a_second_input():
+    x = tf.constant(RNG.normal(size=(1, 8, 8, 2)), tf.float32)
+    w = tf.constant(KERNEL, tf.float32)
+    report = fastcheck.check_gradients(lambda x, w: tf.nn.relu(tf.nn.conv2d(x, w, 2, "VALID") + 3.0), [x, w],
+                                       mode="coloured", jit_compile=False)
+    assert report.ok, str(report)
+    assert report.path == "graph"
+
+
+def test_given_patterns_in_every_form():
+    x = tf.constant(RNG.normal(size=(5,)), tf.float64)
+
+    class Coo:  # scipy.sparse-like, without scipy
+        def tocoo(self):
+            return self
+
+        shape, row, col, data = (5, 5), np.arange(5), np.arange(5), np.ones(5)
+
+    for sparsity in (np.eye(5, dtype=bool), (np.arange(5), np.arange(5)), Coo(), [np.eye(5, dtype=bool)]):
+        report = fastcheck.check_gradients(tf.sin, x, mode="coloured", sparsity=sparsity)
+        assert report.ok, str(report)
+        assert any("given by sparsity=" in note for note in report.notes)
+
+
+def test_wrong_user_pattern_is_a_pattern_problem_not_a_gradient_verdict():
+    x = tf.constant(RNG.normal(size=(6,)), tf.float64)
+    report = fastcheck.check_gradients(lambda x: x * tf.roll(x, 1, 0), x, mode="coloured",
+                                       sparsity=np.eye(6, dtype=bool))
+    assert not report.ok
+    assert report.verdict == "undecidable"
+    assert report.problems and "sparsity pattern (given by sparsity=) is wrong" in report.problems[0]
+
+
+def test_an_op_without_a_rule_refuses_naming_it():
+    x = tf.constant(RNG.normal(size=(6,)), tf.float64)
+    with pytest.raises(ValueError, match="Cumsum"):
+        fastcheck.check_gradients(lambda x: tf.math.cumsum(x) * x, x, mode="coloured")
+
+
+def test_sparsity_option_is_validated():
+    with pytest.raises(TypeError, match="sparsity"):
+        CheckConfig(sparsity="diagonal")
+    with pytest.raises(ValueError, match="sparsity"):
+        CheckConfig(sparsity=(np.arange(3), np.arange(4)))
+    x = tf.constant(RNG.normal(size=(5,)), tf.float64)
+    with pytest.raises(ValueError, match=r"sparsity= for input has shape \(4, 4\)"):
+        fastcheck.check_gradients(tf.sin, x, mode="coloured", sparsity=np.eye(4, dtype=bool))
+    assert hash(CheckConfig(sparsity=np.eye(3, dtype=bool)))  # still hashable
