@@ -400,6 +400,7 @@ def measure_precision(plan: Plan) -> Plan:
         if found is not None:
             precision = less_precise([precision, found[0]])
             reason = f"f computes in {found[0]} inside (op {found[1]})"
+            noise = noise.floored(plan.eval_output)
     if precision == "float32":
         traced = traced or tf.function(lambda *vs: plan.call_flat(list(vs)))
         op = _safely(lambda: tensorfloat32_op(traced, signature))

@@ -292,6 +292,25 @@ def test_float64_loss_accurate_to_1e_8_is_not_a_kink():
     assert "carry relative noise" in str(report)
 
 
+@pytest.mark.parametrize("factor, verdict", [(1.0, "pass"), (1.01, "fail")])
+def test_a_float32_path_beside_a_float64_one(factor, verdict):
+    # Rounding to float32 along equally spaced points is a sawtooth: some outputs' noise
+    # tables look smooth, and below the float32 quantum only the float64 path moves.
+    # Every output's noise is floored at f's relative noise once the float32 op is found.
+    @tf.custom_gradient
+    def f(x):
+        def grad(dy):
+            return dy * (tf.cos(x) - factor * tf.sin(x))
+
+        return tf.sin(x) + tf.cast(tf.cast(tf.cos(x), tf.float32), tf.float64), grad
+
+    for seed in range(3):
+        x = tf.constant(np.random.default_rng(seed).normal(size=16), tf.float64)
+        report = fastcheck.check_gradients(f, x)
+        assert report.verdict == verdict, str(report)
+        assert "float32 inside" in str(report)
+
+
 # ---------------------------------------------------------------- errors and settings
 
 
