@@ -9,13 +9,14 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._coloured import check_coloured
+from fastcheck import _sparsity
+from fastcheck._coloured import check_coloured, find_patterns
 from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
 from fastcheck._paths import CALIBRATION, EAGER, VJP_CALLS, Route, choose_route, kernel_plan
-from fastcheck._plan import Plan, build_plan
+from fastcheck._plan import Plan, _first_line, build_plan
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._report import GradientReport, describe_nonfinite, run_notes
 
@@ -37,7 +38,8 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             _require_memory(plan, config)  # before routing: a refused check traces nothing
         # Routing first (it only routes): the time a full check would take depends on its path.
         executor = _executor(plan, config, timings)
-        mode, why = choose_mode(plan, config, executor.route, lambda: _traced_call_seconds(executor))
+        mode, why = choose_mode(plan, config, executor.route, lambda: _traced_call_seconds(executor),
+                                lambda: prospect(executor, executor.plan))
         outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name)
         if mode == "full":
             # What routing predicted, against what it cost: later checks in this process route by it.
@@ -46,7 +48,7 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         notes = run_notes(outcome, executor, config, mode, why, problem.notes)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems  # coloured mode: a violated sparsity pattern
-        kind = outcome.kind if mode == "fast" else problem.kind or outcome.kind
+        kind = mode if mode in ("fast", "coloured") else problem.kind or outcome.kind
         return GradientReport(outcome.pairs, executor.path, kind, time.perf_counter() - start,
                               notes, problems, problem.title, timings, outcome.warnings)
 
@@ -118,30 +120,84 @@ TIME_RULE_MIN_INPUTS = 16
 TIME_RULE_MIN_ELEMENTS = 20_000
 
 
-def choose_mode(plan: Plan, config: CheckConfig, route: Route, call_seconds) -> tuple[str, str]:
-    """("full" | "fast", why) for ``config.mode``.
+def choose_mode(plan: Plan, config: CheckConfig, route: Route, call_seconds, sparse=None) -> tuple[str, str]:
+    """("full" | "coloured" | "fast", why) for ``config.mode``.
 
     ``mode="auto"``: full Jacobians when they fit memory_budget, every input has at
     most ``FULL_MAX_INPUT`` elements, and the full check is predicted to take at most
-    ``time_budget`` seconds (``predict_full_seconds``); random projections otherwise.
-    ``call_seconds()`` measures one call of f's traced function (when needed).
+    ``time_budget`` seconds (``predict_full_seconds``); beyond that, coloured mode when
+    f's Jacobian is sparse enough to pay (``_beyond_full``), random projections
+    otherwise.  ``call_seconds()`` measures one call of f's traced function (when
+    needed); ``sparse()`` gives coloured mode's prospect (``_coloured.prospect``).
     """
     if config.mode != "auto":
         return config.mode, "as requested"
     entries = plan.m * plan.n
     fitting = FULL_MAX_ENTRIES_PER_GIB * config.budget / (1 << 30)
     if entries > fitting:
-        return "fast", f"the full Jacobian has {entries:.3g} entries, more than {fitting:.3g} fit memory_budget"
+        return _beyond_full(f"the full Jacobian has {entries:.3g} entries, more than {fitting:.3g} fit memory_budget",
+                            plan, config, route, call_seconds, sparse)
     if max((s.size for s in plan.checked), default=0) > FULL_MAX_INPUT:
-        return "fast", f"an input has more than {FULL_MAX_INPUT} elements: 2n evaluations would take too long"
+        return _beyond_full(f"an input has more than {FULL_MAX_INPUT} elements: 2n evaluations would take too long",
+                            plan, config, route, call_seconds, sparse)
     if len(plan.checked) <= TIME_RULE_MIN_INPUTS and plan.n <= TIME_RULE_MIN_ELEMENTS:
         return "full", f"the full Jacobian ({entries:.3g} entries) fits memory_budget"
     seconds, how = predict_full_seconds(plan, route, config.seconds, call_seconds)
     if seconds > config.seconds:
-        return "fast", (f"full Jacobians predicted to take {seconds:.3g} s ({how}), more than time_budget="
-                        f"{config.seconds:g} s; pass mode='full' to run them anyway, or a larger time_budget")
+        return _beyond_full(f"full Jacobians predicted to take {seconds:.3g} s ({how}), more than time_budget="
+                            f"{config.seconds:g} s; pass mode='full' to run them anyway, or a larger time_budget",
+                            plan, config, route, call_seconds, sparse)
     return "full", (f"the full Jacobian ({entries:.3g} entries) fits memory_budget, and is predicted to take "
                     f"{seconds:.2g} s, within time_budget={config.seconds:g} s")
+
+
+# Coloured mode in auto: at most this share of the columns as colours (beyond it the
+# Jacobian is too dense for compression to pay), and this much host memory per
+# structural nonzero (indices, both sides, noise, band, status).
+COLOURED_MAX_COLUMN_SHARE = 1 / 16
+COLOURED_BYTES_PER_NONZERO = 72
+
+
+def _beyond_full(why: str, plan: Plan, config: CheckConfig, route: Route, call_seconds, sparse) -> tuple[str, str]:
+    """("coloured" | "fast", why) where full Jacobians do not fit.
+
+    Coloured when f has more than one output (a scalar f's Jacobian is one dense row),
+    its sparsity pattern is known (given, or traced op by op), its column colours are at
+    most ``COLOURED_MAX_COLUMN_SHARE`` of the columns, its nonzeros fit the memory a
+    check may hold, and its evaluations (2 per colour and refinement) and VJPs (one per
+    row colour) are predicted to fit ``time_budget`` at the batched cost of one
+    evaluation; element-wise verdicts are then worth their cost over projections.
+    """
+    if sparse is None or plan.m <= 1:
+        return "fast", why
+    try:
+        found = sparse()
+    except ValueError as error:  # _sparsity.UnknownSparsity: an op without a rule, or f cannot be traced
+        return "fast", f"{why}; no sparsity pattern for coloured mode ({_first_line(error, 120)})"
+    colours, nonzeros = found["colours"], found["nonzeros"]
+    limit, _ = _memory_limit(config)
+    if colours > COLOURED_MAX_COLUMN_SHARE * plan.n or nonzeros * COLOURED_BYTES_PER_NONZERO > limit:
+        return "fast", (f"{why}; f's Jacobian has {nonzeros:.3g} structural nonzeros in {colours} column colours: "
+                        "too dense for coloured mode")
+    per_eval = max(BATCHED_PER_CALL * call_seconds(),
+                   route.flops_per_eval / BATCHED_FLOPS + route.elements_per_eval / BATCHED_ELEMENTS)
+    seconds = (found["evaluations"] + VJP_CALLS * found["row_colours"]) * per_eval
+    if seconds > config.seconds:
+        return "fast", (f"{why}; coloured mode ({colours} column colours) predicted to take {seconds:.3g} s, more "
+                        f"than time_budget={config.seconds:g} s")
+    return "coloured", (f"{why}; f's Jacobian is sparse ({nonzeros:.3g} structural nonzeros in {colours} column "
+                        f"colours, predicted {seconds:.2g} s): element-wise verdicts on every nonzero")
+
+
+def prospect(executor: Executor, plan: Plan) -> dict:
+    """Coloured mode's size for ``plan``: column colours, row colours, structural nonzeros and the
+    evaluations of f it needs (raises ``_sparsity.UnknownSparsity`` when f has no known pattern)."""
+    patterns, _ = find_patterns(executor, plan)
+    colours = sum(int(_sparsity.colour(p, tuple(s.real_view.shape), executor.config.seed).max(initial=-1)) + 1
+                  for p, s in zip(patterns, plan.checked))
+    rows = _sparsity.colour(_sparsity.transpose(_sparsity.joined(patterns)), (plan.m,), executor.config.seed)
+    return {"colours": colours, "row_colours": int(rows.max(initial=-1)) + 1,
+            "nonzeros": int(sum(p.nnz for p in patterns)), "evaluations": 2 * colours}
 
 
 def _traced_call_seconds(executor: Executor) -> float:

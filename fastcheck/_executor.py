@@ -120,6 +120,9 @@ class Executor:
             per_row = (spec.size + plan.m + 2 * max(route.elements_per_eval, 1)) * itemsize * 2
             self.chunks[("rows", spec.position)] = int(max(2, min(FAST_ROWS, config.budget // per_row)))
         self.events: list[str] = []  # fallbacks and retries, in the order they happened
+        # What one check computes once and hands from mode choice to strategy (the coloured
+        # layout: patterns and colourings); dies with the check, unlike the kernel cache.
+        self.memo: dict = {}
         self.values = tuple(plan.eval_values())
         self.native = tuple(plan.native_values())
 

@@ -57,7 +57,7 @@ def test_fast_mode_catches_and_localises_a_reverse_only_defect():
 def test_fast_mode_catches_a_defect_in_one_percent_of_a_million_elements():
     x = tf.constant(RNG.normal(size=(10_000, 100)), tf.float32)
     rows = list(range(4200, 4300))  # 1% of the elements
-    report = fastcheck.check_gradients(_wrong_rows(rows, 1.5), x)
+    report = fastcheck.check_gradients(_wrong_rows(rows, 1.5), x, mode="fast")
     assert report.mode == "fast" and not report.ok
     first, last = report.pairs[0].region
     assert 4200 <= first[0] and last[0] < 4300, report.pairs[0].region
@@ -79,11 +79,23 @@ def test_fast_mode_is_reproducible_and_leaves_global_rng_alone():
     assert not np.array_equal(first.pairs[0].comparison.reverse, other.pairs[0].comparison.reverse)
 
 
-def test_auto_mode_switches_and_says_why():
-    small = fastcheck.check_gradients(tf.tanh, tf.constant(RNG.normal(size=300)))
-    assert small.mode != "fast" and any("mode: full" in n for n in small.notes)
-    big = fastcheck.check_gradients(tf.tanh, tf.constant(RNG.normal(size=300)), memory_budget=100_000)
-    assert big.mode == "fast" and any("mode: fast" in n and "memory_budget" in n for n in big.notes)
+def _whole_softmax(x):
+    return tf.nn.softmax(tf.reshape(x, [1, -1]))  # every output depends on every input: a dense Jacobian
+
+
+@pytest.mark.parametrize("f, beyond", [
+    (tf.tanh, "coloured"),  # elementwise: one colour, element-wise verdicts on every nonzero
+    (_whole_softmax, "fast"),  # dense: too many colours for compression to pay
+    (lambda x: tf.reduce_sum(tf.sin(x)), "fast"),  # scalar: one dense row
+    (lambda x: tf.math.cumsum(x), "fast"),  # an op without a sparsity rule
+])
+def test_auto_mode_switches_and_says_why(f, beyond):
+    x = tf.constant(RNG.normal(size=300))
+    small = fastcheck.check_gradients(f, x)
+    assert small.mode not in ("fast", "coloured") and any("mode: full" in n for n in small.notes)
+    big = fastcheck.check_gradients(f, x, memory_budget=1_000)
+    assert big.mode == beyond and big.ok, str(big)
+    assert any(f"mode: {beyond}" in n and "memory_budget" in n for n in big.notes), big.notes
 
 
 def test_out_of_memory_halves_the_chunk_and_retries(monkeypatch):
