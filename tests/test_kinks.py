@@ -97,3 +97,33 @@ def test_a_float32_rounding_inside_a_float64_function_is_still_measured_as_noise
         return tf.sin(x) + tf.cast(tf.cast(tf.cos(x), tf.float32), tf.float64)
 
     assert _noise(mixed, x) > 1e-9
+
+
+def _dense_layer(distance: float, factor: float = 1.0, seed: int = 0):
+    """(f, w): f(w) = W^T relu(w + o), 8 outputs, kinks as in ``_layer``; the custom gradient scaled by ``factor``."""
+    rng = np.random.default_rng(seed)
+    offsets = distance * 10 ** rng.uniform(0, 1, N) * rng.choice([-1.0, 1.0], N)
+    weights = rng.normal(size=(N, 8)) / np.sqrt(N)
+
+    @tf.custom_gradient
+    def f(w):
+        z = w + tf.constant(offsets, w.dtype)
+        matrix = tf.constant(weights, w.dtype)
+
+        def grad(dy):
+            return factor * tf.linalg.matvec(matrix, dy) * tf.cast(z > 0, w.dtype)
+
+        return tf.linalg.matvec(matrix, tf.nn.relu(z), transpose_a=True), grad
+
+    return f, tf.zeros([N], tf.float64)
+
+
+@pytest.mark.parametrize("distance, factor, verdicts", [
+    (1e-8, 1.0, {"pass"}), (1e-8, 1.01, {"fail"}),  # resolved by smaller steps: the true verdict
+    (1e-13, 1.0, {"pass", "undecidable"}), (1e-13, 1.01, {"undecidable", "fail"}),  # never resolved: never a false FAIL
+])
+def test_fast_mode_kinks_with_several_outputs(distance, factor, verdicts):
+    # Several outputs: J d from the derivative of the VJP, every refinement level shifted by J (r_0 - r_k).
+    f, w = _dense_layer(distance, factor)
+    report = fastcheck.check_gradients(f, w, mode="fast")
+    assert report.verdict in verdicts, str(report)
