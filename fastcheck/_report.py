@@ -342,18 +342,22 @@ class ProjectionReport:
 
     @property
     def max_abs_error(self) -> float:
-        """Largest |analytical - numerical| among the probes' worst forward elements and reverse values."""
+        """Largest |analytical - numerical| among the probes' worst forward elements and reverse values
+        (0 for probes along kinks, where the analytical J d lies between the one-sided derivatives)."""
         c = self.comparison
-        forward = np.abs(c.forward_worst[:, 1] - c.forward_worst[:, 2])
-        return float(np.nanmax(np.concatenate([forward, np.abs(c.reverse[:, 0] - c.reverse[:, 1])])))
+        kinked = self.status == NONDIFFERENTIABLE
+        forward = np.where(kinked[:, 0], 0.0, np.abs(c.forward_worst[:, 1] - c.forward_worst[:, 2]))
+        reverse = np.where(kinked[:, 1], 0.0, np.abs(c.reverse[:, 0] - c.reverse[:, 1]))
+        return float(np.nanmax(np.concatenate([forward, reverse])))
 
     @property
     def max_rel_error(self) -> float:
-        """Largest relative error of the reverse projections u.J.d."""
+        """Largest relative error of the reverse projections u.J.d (0 along kinks, as ``max_abs_error``)."""
         a, n = self.comparison.reverse[:, 0], self.comparison.reverse[:, 1]
         with np.errstate(invalid="ignore", divide="ignore"):
             scale = np.maximum(np.abs(a), np.abs(n))
-            return float(np.max(np.where(scale > 0, np.abs(a - n) / scale, 0.0)))
+            relative = np.where(scale > 0, np.abs(a - n) / scale, 0.0)
+            return float(np.max(np.where(self.status[:, 1] == NONDIFFERENTIABLE, 0.0, relative)))
 
     @property
     def relative_norm_error(self) -> float:
@@ -499,7 +503,9 @@ class GradientReport:
     def __repr__(self) -> str:
         """One line, what pytest shows for a failing ``assert report``; ``str(report)`` is the full table."""
         verdict = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
-        summary = f"{len(self.failures)} of {len(self.pairs)} pairs failed"
+        wrong = sum(p.label == "FAIL" for p in self.failures)
+        undecided = len(self.failures) - wrong
+        summary = f"{wrong} of {len(self.pairs)} pairs failed" + (f", {undecided} undecidable" if undecided else "")
         if self.failures:
             pair = self.failures[0]
             e = pair.worst_element
@@ -562,8 +568,11 @@ class GradientReport:
         every pair and note.
         """
         verdict = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        wrong = sum(p.label == "FAIL" for p in self.failures)
+        undecided = len(self.failures) - wrong
         lines = [
-            f"fastcheck {self.title}: {verdict} -- {len(self.failures)} of {len(self.pairs)} pairs failed, "
+            f"fastcheck {self.title}: {verdict} -- {wrong} of {len(self.pairs)} pairs failed"
+            f"{f', {undecided} undecidable' if undecided else ''}, "
             f"max abs error {self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g} "
             f"[{self.path}, {self.mode} mode, {self.seconds:.2f} s]"
         ]
