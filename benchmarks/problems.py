@@ -321,9 +321,10 @@ def _fast_common(elements: int, seed: int, shape: tuple):
     x = tf.constant(rng.normal(size=shape).astype(np.float32))
     u = tf.constant(rng.normal(size=shape).astype(np.float32))
     d = tf.constant(rng.normal(size=shape).astype(np.float32))
-    options, notes = {}, []
+    # Fast mode is what these problems measure: auto would pick full below FAST_AUTO_ABOVE
+    # elements and coloured mode above it for the elementwise defect (``benchmarks.coloured``).
+    options, notes = {"mode": "fast"}, []
     if elements <= FAST_AUTO_ABOVE:
-        options = {"mode": "fast"}
         notes.append(f"{elements} elements: below auto's fast-mode threshold, so mode='fast' is passed explicitly")
     skip = {"compute_gradient": OUT_OF_REACH, "loop": OUT_OF_REACH}
     return x, (u, d), options, notes, skip
