@@ -715,7 +715,9 @@ def run_notes(outcome: Outcome, executor, config, mode: str, why: str, problem_n
     """The report's notes, in the order the check learnt them."""
     plan, route = outcome.plan, executor.route
     notes = [*plan.notes, *problem_notes, *_precision_notes(plan, config, outcome.atol, outcome.rtol),
-             f"mode: {mode} ({why})", f"path: {route.path} ({route.reason})", *executor.events, *outcome.notes]
+             f"mode: {mode} ({why})",
+             f"path: {route.path} ({route.reason}{'' if mode == 'full' else '; routed, before the mode was chosen, for a full check'})",
+             *executor.events, *outcome.notes]
     for spec in plan.checked:
         chunk = executor.chunks.get(spec.position, spec.size)
         if mode == "full" and route.path != "eager" and 0 < chunk < spec.size:

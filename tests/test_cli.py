@@ -18,13 +18,14 @@ def test_demo_runs_and_every_example_behaves(dtype, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""  # TensorFlow's start-up lines are kept off stderr
     text = result.stdout
-    assert "5 of 5 examples behaved as expected" in text
+    assert "6 of 6 examples behaved as expected" in text
     assert "log received non-positive values" in text and "UNDECIDABLE" in text
     assert "wrong sign" in text and "analytical=" in text and "numerical=" in text
     assert "loss / sequential/dense/kernel" in text
     assert "verify_gradients" in text
+    assert "coloured mode" in text and "d output[241, 64] / d input[241, 64]" in text  # the one wrong element of 262,144
     records = json.loads(out.read_text())
-    assert [e["verdict"] for e in records["examples"]] == ["pass", "undecidable", "pass", "fail", "pass"]
+    assert [e["verdict"] for e in records["examples"]] == ["pass", "undecidable", "pass", "fail", "pass", "fail"]
     assert all(e["as_expected"] for e in records["examples"])
 
 
