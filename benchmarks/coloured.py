@@ -4,7 +4,11 @@
   verdicts on every element) against the reference of 2 forward evaluations + 1 VJP,
   timed in the same run, and a planted defect (one element off by a relative 1e-3);
 * a 3x3 convolution on a 32x32x8 input: the coloured check against mode="full" of the
-  same problem, correct and with a planted defect (verdicts compared).
+  same problem, correct and with a planted defect (verdicts compared);
+* the same convolution on a 256x256x8 input (524,288 inputs: no full check fits), with
+  the process's peak memory growth;
+* layer normalisation over rows of 64 on a [15625, 64] input (10^6 elements): the
+  coloured check against fast mode and the reference (or why it refuses).
 
 Prints a markdown table with the CPU model.
 """
@@ -12,6 +16,9 @@ Prints a markdown table with the CPU model.
 from __future__ import annotations
 
 import os
+import resource
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -99,11 +106,50 @@ def main() -> None:
         rows.append((label, "coloured", f"{seconds:.2f}",
                      f"full {full_seconds:.2f} s ({full.verdict}): {full_seconds / seconds:.1f}x faster, same "
                      f"verdicts: {same}", coloured.verdict, _colours(coloured)))
+    # In a fresh process: its peak memory is this check's alone.
+    child = subprocess.run([sys.executable, "-m", "benchmarks.coloured", "--conv256"], capture_output=True, text=True,
+                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    seconds_, verdict, grown, colours = (child.stdout.strip().splitlines() or ["- - - -"])[-1].split("\t")
+    rows.append(("3x3 conv 256x256x8 float32", "coloured", seconds_,
+                 f"peak RSS +{grown} MiB over the process before the check (memory_budget 1024 MiB); a full "
+                 f"check would hold {(524288 ** 2) * 49 / 2**40:.0f} TiB", verdict, colours))
+
+    def layer_norm(x):
+        mean = tf.reduce_mean(x, -1, keepdims=True)
+        return (x - mean) * tf.math.rsqrt(tf.reduce_mean(tf.square(x - mean), -1, keepdims=True) + 1e-3)
+
+    x = tf.constant(rng.normal(size=(15625, 64)).astype(np.float32))
+    reference = _reference(layer_norm, x)
+    fast, fast_seconds = _timed(layer_norm, x, mode="fast")
+    try:
+        coloured, seconds = _timed(layer_norm, x, mode="coloured")
+        rows.append(("layer norm, rows of 64, 10^6 float32", "coloured", f"{seconds:.2f}",
+                     f"reference {reference:.3f} s ({seconds / reference:.0f}x); fast mode {fast_seconds:.2f} s "
+                     f"({fast.verdict})", coloured.verdict, _colours(coloured)))
+    except ValueError as error:
+        rows.append(("layer norm, rows of 64, 10^6 float32", "coloured", "-",
+                     f"refused: {str(error)[:160]}; fast mode {fast_seconds:.2f} s ({fast.verdict}), reference "
+                     f"{reference:.3f} s", "-", "-"))
     print(f"CPU: {_cpu_model()} ({len(os.sched_getaffinity(0))} usable cores), TensorFlow {tf.__version__}\n")
     print("| problem | mode | seconds | against | verdict | colours |")
     print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+
+
+def _conv256() -> None:
+    """The 256x256x8 convolution alone (run in a child process): seconds, verdict, peak MiB grown, colours."""
+    rng = np.random.default_rng(0)
+    kernel = tf.constant(rng.normal(size=(3, 3, 8, 8)).astype(np.float32) / 8)
+    x = tf.constant(rng.normal(size=(1, 256, 256, 8)).astype(np.float32))
+    before = _peak_mib()
+    report, seconds = _timed(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), x, mode="coloured")
+    print(f"{seconds:.2f}\t{report.verdict}\t{_peak_mib() - before:.0f} (peak {_peak_mib():.0f}, before "
+          f"{before:.0f})\t{_colours(report)}")
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _same_verdicts(coloured, full) -> bool:
@@ -123,4 +169,7 @@ def _colours(report) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    if "--conv256" in sys.argv:
+        _conv256()
+    else:
+        main()

@@ -16,7 +16,7 @@ from fastcheck._report import GradientCheckError, GradientReport
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
                     memory_budget=None, device=None, precision="auto", mode="auto", probes=4, seed=0,
                     order=1, progress=None, autodiff="auto", wrt=None, time_budget=None,
-                    sparsity=None) -> GradientReport:
+                    sparsity=None, strategy=None, devices=None) -> GradientReport:
     """Compare autodiff Jacobians of ``f`` with batched central differences.
 
     Every floating or complex input is checked (complex ones as (real, imag)
@@ -72,6 +72,18 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         elements), index pairs ``(rows, cols)`` (a tuple of two integer arrays),
         a scipy.sparse-like matrix (anything with ``.tocoo()``), or a list of
         those, one per checked input.  Default: traced from f's graph.
+      strategy: a ``tf.distribute.Strategy`` whose replicas share the batched
+        evaluations (full mode's sweep and refinement, coloured mode) and the
+        reverse-mode rows: each chunk of perturbations is split over the
+        replicas in order, so the verdicts are those of one device; the report
+        notes the work per replica.  ``MirroredStrategy`` over local devices,
+        or ``MultiWorkerMirroredStrategy`` across hosts: every worker runs the
+        same check, evaluates its replicas' shares and all-gathers the rest, so
+        all print the same report (pin timing-dependent choices with ``mode=``
+        and ``jit_compile=``).  Each replica gets ``1/replicas`` of a chunk:
+        raise ``memory_budget`` to give devices with their own memory more.
+      devices: shorthand for ``strategy=tf.distribute.MirroredStrategy(devices)``,
+        e.g. ``["/GPU:0", "/GPU:1"]``.
 
     Returns:
       A ``GradientReport``; ``bool(report)`` tells whether every element passed.
@@ -87,7 +99,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       True
     """
     config = CheckConfig(eps, atol, rtol, jit_compile, memory_budget, device, precision, mode, probes, seed, order,
-                         progress, autodiff, time_budget, sparsity)
+                         progress, autodiff, time_budget, sparsity, strategy=strategy, devices=devices)
     return run_check(function_problem(f, inputs, config, wrt), config)
 
 

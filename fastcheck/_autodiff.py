@@ -57,9 +57,15 @@ def reverse_rows_kernel(plan: Plan, path: str, select):
 
 
 def _gradient_kernel(plan: Plan, path: str):
+    return vjp_kernel(plan, path)
+
+
+def vjp_kernel(plan: Plan, path: str, cotangent=None):
+    """kernel(values, *args) -> [1, n_k] per checked input: one VJP of f's flat output y with the
+    cotangent ``cotangent(y, *args)`` (None: the gradient of a scalar f)."""
     checked = [s.position for s in plan.checked]
 
-    def kernel(values):
+    def kernel(values, *args):
         values = list(values)
         sources = [values[p] for p in checked]
         with tf.GradientTape() as tape:
@@ -67,7 +73,8 @@ def _gradient_kernel(plan: Plan, path: str):
             for p, source in zip(checked, sources):
                 values[p] = source
             y = plan.call_flat(values)
-        grads = tape.gradient(y, sources, unconnected_gradients=ZERO)
+        weights = None if cotangent is None else cotangent(y, *args)
+        grads = tape.gradient(y, sources, output_gradients=weights, unconnected_gradients=ZERO)
         return [tf.reshape(_densify(g), [1, s.size]) for g, s in zip(grads, plan.checked)]
 
     return compile_kernel(kernel, path, plan.autograph)
@@ -163,6 +170,14 @@ class AutodiffJacobian:
         chunk = self.executor.route.output_chunk
         kernel = cached(keys[0], lambda: _reverse_kernel(plan, path))
         blocks = [np.empty((plan.m, spec.size)) for spec in plan.checked]  # rows land in place
+        if self.executor.share is not None:  # strategy=: each chunk of rows split over the local replicas
+            def call(sub, part, count):
+                idx = tf.constant(pad(np.arange(part.start, part.stop), sub), tf.int32)
+                for block, rows in zip(blocks, kernel(self.values, idx)):
+                    block[part] = view(rows)[:count]
+
+            self.executor.share.rows("reverse-mode rows", plan.m, chunk, call)
+            return blocks
         for start in range(0, plan.m, chunk):
             idx = np.arange(start, min(start + chunk, plan.m))
             for block, rows in zip(blocks, kernel(self.values, tf.constant(pad(idx, chunk), tf.int32))):

@@ -34,13 +34,14 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _compare, _sparsity
-from fastcheck._autodiff import ZERO, reverse_rows_kernel
+from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel
 from fastcheck._config import MACHINE_EPSILON
-from fastcheck._executor import Executor, evaluate_rows, steps, timed, view
+from fastcheck._executor import Executor, evaluate_rows, timed, view
 from fastcheck._fast import _measured
 from fastcheck._full import DEEP_LEVELS, REFINE_LEVELS, REFINE_RATIO
-from fastcheck._paths import EAGER, compile_kernel, is_compile_failure, pad
-from fastcheck._plan import InputSpec, Plan, _first_line
+from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, is_compile_failure, pad
+from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
+from fastcheck._precision import Noise, measure_noise
 from fastcheck._report import Element, GradientCheckError, Outcome, PairReport, _index, _num
 
 # Pairs with at most this many Jacobian entries are reported as a dense PairReport
@@ -56,26 +57,97 @@ WRONG_PATTERN_HINT = ("the sparsity pattern misses dependencies of f (see the pr
 
 # -- kernels -------------------------------------------------------------------------------
 
+# Coloured kernels run few evaluations (2 per colour): XLA's compilation (0.4 s for an
+# elementwise f at 10^7 elements, whose graph kernel also runs faster) pays only from this many.
+XLA_MIN_EVALUATIONS = 512
 
-def _colour_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None):
-    """f(x + d_c) and f(x - d_c), [2 chunk, m], for colours ``ids``: d_c = step where labels == c, else 0."""
 
-    def kernel(values, labels, step, ids):
+def _kernel_path(executor: Executor, evaluations: int) -> str:
+    """The route's path, but the graph path instead of XLA for fewer than ``XLA_MIN_EVALUATIONS``."""
+    return GRAPH if executor.path == XLA and evaluations < XLA_MIN_EVALUATIONS else executor.path
+
+
+def _probe_kernel(plan: Plan, position: int, path: str, flat_function=None):
+    """Along d = step * scale * s, s random signs from ``seed`` (drawn in the kernel: no n-sized
+    array crosses from the host): (f(x + d) - f(x - d)) / 2 [m] and ((x + d) - (x - d)) / 2 [n],
+    both float64."""
+
+    def kernel(values, step, seed, scale):
         flat = tf.reshape(values[position], [-1])
-        direction = tf.where(labels[None, :] == ids[:, None], step[None, :], tf.zeros_like(step)[None, :])
-        batch = tf.concat([flat[None] + direction, flat[None] - direction], axis=0)
-        return evaluate_rows(plan, position, path, values, batch, flat_function)
+        signs = tf.random.stateless_uniform(tf.shape(flat), seed=seed) < 0.5
+        d = tf.where(signs, step, -step) * scale
+        outs = evaluate_rows(plan, position, path, values, tf.stack([flat + d, flat - d]), flat_function)
+        wide = tf.cast(outs, tf.float64)
+        realised = tf.cast(flat + d, tf.float64) - tf.cast(flat - d, tf.float64)
+        return (wide[0] - wide[1]) / 2, realised / 2
 
     return compile_kernel(kernel, path, plan.autograph)
 
 
-def _vjp_kernel(plan: Plan, path: str):
-    """J^T u_c [chunk, n_k] per checked input, u_c the indicator of row colour ``ids[c]``."""
+def _colour_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None, sides: bool = True):
+    """For colours ``ids``, d_c = step * scales[c] where labels == ids[c], else 0: f(x + d_c) and
+    f(x - d_c) as [2 chunk, m] (``sides``), or their difference [chunk, m] in float64 (exact for
+    a float32 f: the first sweep).  ``scales`` are powers of two (exact: the host knows d_c)."""
 
-    def colours(y, labels, ids):
-        return tf.linalg.matvec(tf.cast(labels[None, :] == ids[:, None], y.dtype), y)
+    def kernel(values, labels, step, ids, scales, rows):
+        flat = tf.reshape(values[position], [-1])
+        direction = tf.where(labels[None, :] == ids[:, None], step[None, :] * scales[:, None],
+                             tf.zeros_like(step)[None, :])
+        batch = tf.concat([flat[None] + direction, flat[None] - direction], axis=0)
+        outs = evaluate_rows(plan, position, path, values, batch, flat_function)
+        if sides:  # only the rows asked for: refinement reads a few
+            return tf.gather(outs, rows, axis=1)
+        return tf.cast(outs[:chunk], tf.float64) - tf.cast(outs[chunk:], tf.float64)
 
-    return reverse_rows_kernel(plan, path, colours)
+    return compile_kernel(kernel, path, plan.autograph)
+
+
+def _vjp_kernel(plan: Plan, path: str, chunk: int):
+    """J^T u_c [chunk, n_k] per checked input, u_c the indicator of row colour ``ids[c]``.
+
+    One colour per call is one plain VJP (``tape.gradient``: no vectorisation over
+    cotangents); more are one batched ``tape.jacobian`` of the colour sums.
+    """
+    if chunk > 1:
+        def colours(y, labels, ids):
+            return tf.linalg.matvec(tf.cast(labels[None, :] == ids[:, None], y.dtype), y)
+
+        return reverse_rows_kernel(plan, path, colours)
+    return vjp_kernel(plan, path, lambda y, labels, ids: tf.cast(labels == ids[0], y.dtype))
+
+
+def _blocked(function, size: int, dtype=np.float64) -> np.ndarray:
+    """``function(slice)`` for consecutive blocks of ``size`` elements, into one array: the
+    temporaries of each block stay in cache (a fresh 80 MB array per numpy operation costs
+    more than the operation at 10^7 elements)."""
+    result = np.empty(size, dtype)
+    for start in range(0, size, VERDICT_CHUNK):
+        part = slice(start, min(start + VERDICT_CHUNK, size))
+        result[part] = function(part)
+    return result
+
+
+def _span(x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    return ((x + d) - (x - d)).astype(np.float64)
+
+
+def _steps(plan: Plan, config, x: np.ndarray) -> np.ndarray:
+    """``_executor.steps`` (``eps * max(1, |x_j|)``, float64) for the flat values ``x``, block by block."""
+    eps = config.step(MACHINE_EPSILON[plan.eval_dtype])
+    return _blocked(lambda part: eps * np.maximum(1.0, np.abs(x[part].astype(np.float64))), x.size)
+
+
+def _take(array: np.ndarray, index: np.ndarray | None) -> np.ndarray:
+    """``array[index]``, or ``array`` itself where ``index`` is None (the identity: a diagonal pattern)."""
+    return array if index is None else array[index]
+
+
+def _rows(pattern: _sparsity.Pattern) -> np.ndarray | None:
+    return None if pattern.diagonal else pattern.rows
+
+
+def _cols(pattern: _sparsity.Pattern) -> np.ndarray | None:
+    return None if pattern.diagonal else pattern.cols
 
 
 # -- the numerical side ----------------------------------------------------------------------
@@ -90,117 +162,166 @@ class _Columns:
         self.colours = int(labels.max()) + 1 if labels.size else 0
         value = executor.values[position]
         self.dtype = value.dtype.as_numpy_dtype
-        self.x = value.numpy().reshape(-1)
-        self.h = steps(plan, executor.config, position)
-        self.element_colour = self.labels[pattern.cols].astype(np.int64)
+        self.x = view(value).reshape(-1)
+        self.h = _steps(plan, executor.config, self.x)
+        self.step = self.h.astype(self.dtype)
         self.chunk = max(1, min(executor.chunks[position], max(self.colours, 1)))
         self.key = ("coloured", position)
         executor.chunks[self.key] = self.chunk
         self.evaluations = 0
+        self._constants: tuple | None = None
 
-    def spans(self, step: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        """(x + d) - (x - d) in the evaluation dtype, as float64, for ``columns``."""
-        x, d = self.x[columns], step[columns].astype(self.dtype)
-        return ((x + d) - (x - d)).astype(np.float64)
+    def spans(self, step: np.ndarray, factor: float = 1.0) -> np.ndarray:
+        """(x + d) - (x - d) in the evaluation dtype, as float64, for d = ``step`` (that dtype, over
+        ``x``'s elements) times ``factor`` (a power of two: exact), block by block."""
+        x, scale = self.x, self.dtype(factor)
+        return _blocked(lambda part: _span(x[part], step[part] * scale if factor != 1.0 else step[part]), x.size)
 
-    def run(self, labels: np.ndarray, step: np.ndarray, ids: np.ndarray, consume) -> None:
-        """Evaluate f(x +- d_c) for each colour in ``ids``; ``consume(part, plus, minus)`` gets
-        [count, m] float64-convertible arrays of each chunk (``part``: the slice of ``ids``)."""
+    def run(self, labels, step, ids: np.ndarray, consume, sides: bool = True, scales=None, rows=None) -> None:
+        """Evaluate f(x +- d_c) for each colour in ``ids`` (d_c scaled by ``scales``, default 1):
+        ``consume(part, plus, minus)`` gets [count, len(rows)] arrays of each chunk at the outputs
+        ``rows`` (``part``: the slice of ``ids``), or ``consume(part, difference)`` [count, m] in
+        float64 without ``sides``.  ``labels`` and ``step`` are numpy arrays or tensors."""
         executor, plan = self.executor, self.plan
         self.evaluations += 2 * len(ids)
-        labels_t = tf.constant(labels.astype(np.int32))
-        step_t = tf.constant(step.astype(self.dtype))
+        labels_t = labels if isinstance(labels, tf.Tensor) else tf.constant(np.asarray(labels, np.int32))
+        step_t = step if isinstance(step, tf.Tensor) else tf.constant(np.asarray(step, self.dtype))
+        scales = np.ones(len(ids), self.dtype) if scales is None else np.asarray(scales, self.dtype)
+        path = _kernel_path(executor, 2 * self.colours)
+        wanted = np.zeros(1, np.int64) if rows is None else np.asarray(rows, np.int64)
+        # Padded to a power of two: one kernel serves every refinement of similar size.
+        rows_t = tf.constant(pad(wanted, 1 << max(4, int(np.ceil(np.log2(max(len(wanted), 1)))))))
 
         def call(chunk, part, count):
-            kernel = executor.kernel(("coloured", self.position, chunk), lambda: _colour_kernel(
-                plan, self.position, chunk, executor.path, executor.route.flat_function))
-            outs = view(kernel(executor.values, labels_t, step_t, tf.constant(pad(ids[part], chunk), tf.int32)))
-            consume(part, outs[:count], outs[chunk : chunk + count])
+            kernel = executor.kernel(("coloured", self.position, chunk, sides, path), lambda: _colour_kernel(
+                plan, self.position, chunk, path, executor.route.flat_function, sides))
+            outs = view(kernel(executor.values, labels_t, step_t, tf.constant(pad(ids[part], chunk), tf.int32),
+                               tf.constant(pad(scales[part], chunk)), rows_t))
+            if sides:
+                consume(part, outs[:count], outs[chunk : chunk + count])
+            else:
+                consume(part, outs[:count])
 
         def eager():
             values = list(executor.values)
+            lab, stp = np.asarray(labels), np.asarray(step)
             for k, colour in enumerate(ids):
-                direction = np.where(labels == colour, step.astype(self.dtype), self.dtype(0))
-                sides = []
-                for sign in (1, -1):
-                    moved = self.x + direction if sign > 0 else self.x - direction
+                direction = np.where(lab == colour, stp * scales[k], self.dtype(0))
+                out = []
+                for moved in (self.x + direction, self.x - direction):
                     values[self.position] = tf.constant(moved.reshape(executor.values[self.position].shape))
-                    sides.append(plan.call_flat_numpy(values, plan.eval_upcast)[None, :])
-                consume(slice(k, k + 1), *sides)
+                    y = plan.call_flat_numpy(values, plan.eval_upcast)
+                    out.append((y if rows is None or not sides else y[wanted])[None, :])
+                consume(slice(k, k + 1), *out) if sides else consume(slice(k, k + 1), out[0] - out[1])
 
         executor._batched("coloured differences", self.key, len(ids), call, eager)
 
-    def sides(self, elements: np.ndarray, divide: float = 1.0):
-        """f(x + d), f(x - d) at each element's row, along its colour's direction at step h / divide;
-        and the spans of its column.  Only the colours of ``elements`` are evaluated."""
+    def constants(self) -> tuple:
+        """The colour labels and steps as tensors, made once (10^7 elements: 80 MB to copy)."""
+        if self._constants is None:
+            self._constants = (tf.constant(self.labels), tf.constant(self.step))
+        return self._constants
+
+    def sweep(self) -> np.ndarray:
+        """The first sweep: f(x + d_c) - f(x - d_c) [C, m] in float64 for every colour c."""
+        result = np.empty((self.colours, self.plan.m))
+
+        def consume(part, difference):
+            result[part] = difference
+
+        labels, step = self.constants()
+        self.run(labels, step, np.arange(self.colours), consume, sides=False)
+        return result
+
+    def sides(self, elements: np.ndarray, levels: list[int]):
+        """Per level k: f(x + d), f(x - d) at each element's row along its colour's direction at step
+        h / REFINE_RATIO**k, and the spans of its column -- every level in one batch.  The
+        direction is restricted to the columns of ``elements``: columns of one colour share no
+        row, so any subset of them still recovers its nonzeros."""
         rows, cols = self.pattern.rows[elements], self.pattern.cols[elements]
-        colour = self.element_colour[elements]
-        present = np.bincount(colour, minlength=max(self.colours, 1)) > 0
-        ids = np.flatnonzero(present)
-        slot = (np.cumsum(present) - 1)[colour]
-        order = _grouped(slot)
-        sorted_slots = slot[order]
-        plus, minus = np.empty(len(elements)), np.empty(len(elements))
+        colour = self.labels[cols].astype(np.int64)
+        present, slot = np.unique(colour, return_inverse=True)
+        labels = np.full(self.x.size, -1, np.int32)
+        labels[cols] = colour
+        step = np.zeros(self.x.size, self.dtype)
+        step[cols] = self.step[cols]
+        factors = [self.dtype(REFINE_RATIO ** -float(k)) for k in levels]
+        ids = np.tile(present, len(levels))
+        scales = np.repeat(np.array(factors, self.dtype), len(present))
+        plus, minus = np.empty((len(levels), len(elements))), np.empty((len(levels), len(elements)))
+        where = [np.flatnonzero(slot == c) for c in range(len(present))]
 
         def consume(part, up, down):
-            lo, hi = np.searchsorted(sorted_slots, [part.start, part.stop])
-            picked = order[lo:hi]
-            within = slot[picked] - part.start
-            plus[picked] = np.asarray(up)[within, rows[picked]]
-            minus[picked] = np.asarray(down)[within, rows[picked]]
+            for k in range(part.start, part.stop):
+                level, c = divmod(k, len(present))
+                picked = where[c]
+                plus[level, picked] = np.asarray(up)[k - part.start, picked]
+                minus[level, picked] = np.asarray(down)[k - part.start, picked]
 
-        step = self.h / divide
-        self.run(self.labels, step, ids, consume)
-        return plus, minus, self.spans(step, cols)
+        self.run(labels, step, ids, consume, scales=scales, rows=rows)
+        x, d = self.x[cols], self.step[cols]
+        spans = [_span(x, d * f) for f in factors]
+        return [(plus[k], minus[k], spans[k]) for k in range(len(levels))]
 
-    def probe(self, signs: np.ndarray, divide: float = 1.0):
-        """(f(x + d) - f(x - d)) / 2 [m] along d = signs * h / divide over every element, and the
-        realised direction ((x + d) - (x - d)) / 2 [n]."""
-        step = signs * self.h / divide
-        result: dict = {}
+    def probe(self, seed: int, divide: float = 1.0):
+        """(f(x + d) - f(x - d)) / 2 [m] along d = s * h / divide, s random signs (drawn from ``seed``
+        in the kernel), and the realised direction ((x + d) - (x - d)) / 2 [n]."""
+        executor, plan = self.executor, self.plan
+        self.evaluations += 2
+        _, step = self.constants()
+        seed_t, scale = tf.constant([seed, 7919], tf.int32), tf.constant(self.dtype(1 / divide))
+        path = _kernel_path(executor, 2 * self.colours)
 
-        def consume(part, up, down):
-            result["value"] = (np.asarray(up[0], np.float64) - np.asarray(down[0], np.float64)) / 2
+        def call(chunk, part, count):
+            kernel = executor.kernel(("coloured probe", self.position, path), lambda: _probe_kernel(
+                plan, self.position, path, executor.route.flat_function))
+            value, realised = kernel(executor.values, step, seed_t, scale)
+            return view(value), view(realised)
 
-        self.run(np.zeros(self.x.size, np.int32), step, np.zeros(1, np.int64), consume)
-        d = step.astype(self.dtype)
-        return result["value"], ((self.x + d) - (self.x - d)).astype(np.float64) / 2
+        def eager():
+            signs = np.random.default_rng(seed).integers(0, 2, self.x.size) * 2 - 1
+            d = self.step * signs.astype(self.dtype) * self.dtype(1 / divide)
+            values, shape = list(executor.values), executor.values[self.position].shape
+            sides = []
+            for moved in (self.x + d, self.x - d):
+                values[self.position] = tf.constant(moved.reshape(shape))
+                sides.append(plan.call_flat_numpy(values, plan.eval_upcast))
+            return (sides[0] - sides[1]) / 2, _span(self.x, d) / 2
 
-
-def _grouped(keys: np.ndarray) -> np.ndarray:
-    """An order that sorts ``keys`` (no sort where they already are: a single colour)."""
-    if keys.size < 2 or bool(np.all(keys[1:] >= keys[:-1])):
-        return np.arange(keys.size)
-    return np.argsort(keys, kind="stable")
+        (value, realised), = executor._batched("coloured pattern probe", self.key, 1, call, eager)
+        return value, realised
 
 
 # -- the analytical side -----------------------------------------------------------------------
 
 
 def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.ndarray) -> list[np.ndarray]:
-    """Reverse-mode values of every nonzero, per checked input: one VJP per row colour."""
+    """Reverse-mode values of every nonzero, per checked input (native dtype): one VJP per row colour.
+
+    The VJPs land in one [R, n_k] array per input (R row colours: the Jacobian compressed
+    by rows), read at (row colour of i, j) for each nonzero (i, j).
+    """
     colours = int(row_labels.max()) + 1 if row_labels.size else 0
     ids = np.arange(colours)
-    element_colour = [row_labels[p.rows] for p in patterns]
-    orders = [_grouped(c) for c in element_colour]
-    sorted_colours = [c[o] for c, o in zip(element_colour, orders)]
-    result = [np.empty(p.nnz) for p in patterns]
+    dtype = plan.native_flat_dtype.as_numpy_dtype
+    compressed = [np.empty((colours, p.shape[1]), dtype) for p in patterns]
 
     def consume(part, blocks):
-        for k, (pattern, block) in enumerate(zip(patterns, blocks)):
-            lo, hi = np.searchsorted(sorted_colours[k], [part.start, part.stop])
-            picked = orders[k][lo:hi]
-            result[k][picked] = np.asarray(block)[element_colour[k][picked] - part.start, pattern.cols[picked]]
+        for target, block in zip(compressed, blocks):
+            target[part] = block
 
     itemsize = plan.native_flat_dtype.size
     per_colour = (plan.m + plan.n + max(executor.route.elements_per_eval, 1)) * itemsize * 4
     chunk = int(max(1, min(colours, executor.config.budget // per_colour)))
     labels_t = tf.constant(row_labels.astype(np.int32))
-    while executor.path != EAGER:
+    done = False
+    while executor.path != EAGER and not done:
         try:
-            kernel = executor.kernel(("coloured vjp",), lambda: _vjp_kernel(executor.plan, executor.path))
             start = 0
             while start < colours:
+                path = _kernel_path(executor, 4 * colours)
+                kernel = executor.kernel(("coloured vjp", chunk, path),
+                                         lambda size=chunk, path=path: _vjp_kernel(executor.plan, path, size))
                 count = min(chunk, colours - start)
                 part = slice(start, start + count)
                 try:
@@ -213,45 +334,72 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
                     continue
                 consume(part, [view(b)[:count] for b in out])
                 start += count
-            return result
+            done = True
         except Exception as error:
             if not is_compile_failure(error) or not executor.fall_back(error, "coloured VJPs"):
                 raise
-    values = [tf.identity(v) for v in executor.native]
-    sources = [values[s.position] for s in plan.checked]
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(sources)
-        leaves = plan.output_leaves(values)
-    sizes = [int(leaf.shape.num_elements()) for leaf in leaves]
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    for colour in ids:
-        weights = (row_labels == colour)
-        cotangents = [tf.constant(weights[bounds[i] : bounds[i + 1]].reshape(leaf.shape), leaf.dtype)
-                      for i, leaf in enumerate(leaves)]
-        grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
-        consume(slice(colour, colour + 1), [tf.reshape(tf.convert_to_tensor(g), [1, -1]).numpy() for g in grads])
+    if not done:
+        values = [tf.identity(v) for v in executor.native]
+        sources = [values[s.position] for s in plan.checked]
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(sources)
+            leaves = plan.output_leaves(values)
+        sizes = [int(leaf.shape.num_elements()) for leaf in leaves]
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        for colour in ids:
+            weights = (row_labels == colour)
+            cotangents = [tf.constant(weights[bounds[i] : bounds[i + 1]].reshape(leaf.shape), leaf.dtype)
+                          for i, leaf in enumerate(leaves)]
+            grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
+            consume(slice(colour, colour + 1), [tf.reshape(tf.convert_to_tensor(g), [1, -1]).numpy() for g in grads])
+    result = []
+    for pattern, block in zip(patterns, compressed):
+        if colours == 1:
+            result.append(_take(block[0], _cols(pattern)))
+        else:
+            result.append(block.reshape(-1)[row_labels[pattern.rows].astype(np.int64) * pattern.shape[1]
+                                             + pattern.cols])
     return result
 
 
 # -- verdicts -------------------------------------------------------------------------------------
 
 
-def _noise(plan: Plan, rows: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """``_compare.rounding_noise`` for single elements (row, span) rather than an outer product."""
+def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
+    """``_compare.rounding_noise`` for single elements (row, span) rather than an outer product
+    (``rows``: an index array, a slice, or None for every row)."""
     eps = MACHINE_EPSILON[plan.eval_dtype]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        level = _compare.NOISE_FACTOR * eps * np.abs(plan.eval_output[rows])
+        level = np.abs(_take(plan.eval_output, rows))
+        level *= _compare.NOISE_FACTOR * eps
         if plan.noise is not None:
-            level = np.maximum(level, _compare.MEASURED_NOISE_FACTOR * plan.noise.sigma[rows])
+            np.maximum(level, _compare.MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
         level[~np.isfinite(level)] = 0.0
-        inverse = 1.0 / np.abs(spans)
-        inverse[~np.isfinite(inverse)] = 0.0
-        return level * inverse
+        level /= np.abs(spans)
+        level[~np.isfinite(level)] = 0.0
+        return level
 
 
 def _verdicts(a, numerical, noise, atol, rtol):
     status, band = _compare.verdicts(a[None, :], numerical[None, :], noise[None, :], atol, rtol)
     return status[0], band[0]
+
+
+# Nonzeros judged per block: the rule's temporaries stay in cache instead of costing a
+# fresh 80 MB array each at 10^7 nonzeros.
+VERDICT_CHUNK = 1 << 16
+
+
+def _judged(plan: Plan, pattern: _sparsity.Pattern, analytical, numerical, spans, atol, rtol):
+    """(status, band) of every nonzero under the rounding (or measured) noise, block by block."""
+    nnz = pattern.nnz
+    status, band = np.empty(nnz, np.int8), np.empty(nnz)
+    for start in range(0, nnz, VERDICT_CHUNK):
+        part = slice(start, min(start + VERDICT_CHUNK, nnz))
+        rows = part if pattern.diagonal else pattern.rows[part]
+        noise = _noise(plan, rows, spans[part])
+        status[part], band[part] = _verdicts(analytical[part], numerical[part], noise, atol, rtol)
+    return status, band
 
 
 @dataclasses.dataclass
@@ -269,22 +417,32 @@ class _Block:
     band: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     one_sided: dict = dataclasses.field(default_factory=dict)
     wrong_pattern: bool = False
-    first: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    # (indices, first-sweep values) that refinement replaced: ``reset`` puts them back.
+    replaced: list = dataclasses.field(default_factory=list)
 
     def sweep(self) -> None:
-        everything = np.arange(self.pattern.nnz)
-        plus, minus, self.spans = self.columns.sides(everything)
+        """One central difference per colour; nonzero (i, j) = D[colour of j, i] / span_j."""
+        pattern, columns = self.pattern, self.columns
+        compressed = columns.sweep()
+        self.spans = _take(columns.spans(columns.step), _cols(pattern))
+        if columns.colours == 1:
+            differences = _take(compressed[0], _rows(pattern))
+        else:
+            where = columns.labels[pattern.cols].astype(np.int64) * compressed.shape[1] + pattern.rows
+            differences = compressed.reshape(-1)[where]
+        del compressed
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            self.numerical = (plus - minus) / self.spans
-        self.first = self.numerical.copy()
+            differences /= self.spans
+        self.numerical = differences
 
     def reset(self) -> None:
         """Back to the first sweep's values (before a new judgement under measured noise)."""
-        self.numerical, self.one_sided = self.first.copy(), {}
+        for where, values in reversed(self.replaced):
+            self.numerical[where] = values
+        self.replaced, self.one_sided = [], {}
 
     def judge(self, plan: Plan, atol: float, rtol: float) -> None:
-        self.noise = _noise(plan, self.pattern.rows, self.spans)
-        self.status, self.band = _verdicts(self.analytical, self.numerical, self.noise, atol, rtol)
+        self.status, self.band = _judged(plan, self.pattern, self.analytical, self.numerical, self.spans, atol, rtol)
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
         """Failing nonzeros: their colours again at h/4 ... h/4**5 (h/4**12 where still unsettled)."""
@@ -317,7 +475,8 @@ class _Block:
                 status[k] = _compare.NONDIFFERENTIABLE if inside else _compare.UNRESOLVED_KINK
             else:
                 status[k] = _compare.UNRESOLVED
-        self.numerical[failing], self.noise[failing] = estimate, error
+        self.replaced.append((failing, self.numerical[failing]))
+        self.numerical[failing] = estimate
         self.status[failing], self.band[failing] = status, band
 
     def _ladder(self, plan: Plan, elements: np.ndarray, levels: int):
@@ -327,13 +486,14 @@ class _Block:
         ``y0`` of ``refine`` is 0 (its one-sided quotients and second differences only
         ever use differences from f(x)).
         """
-        y0 = plan.eval_output[self.pattern.rows[elements]]
-        stack: list[tuple] = [(self.numerical[elements][None, :], self.noise[elements][None, :], None, None, None)]
-        for level in range(1, levels + 1):
-            plus, minus, spans = self.columns.sides(elements, REFINE_RATIO**level)
+        rows = self.pattern.rows[elements]
+        y0 = plan.eval_output[rows]
+        noise = _noise(plan, rows, self.spans[elements])
+        stack: list[tuple] = [(self.numerical[elements][None, :], noise[None, :], None, None, None)]
+        for plus, minus, spans in self.columns.sides(elements, list(range(1, levels + 1))):
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 derivative = (plus - minus) / spans
-            noise = _noise(plan, self.pattern.rows[elements], spans)
+            noise = _noise(plan, rows, spans)
             stack.append((derivative[None, :], noise[None, :], (plus - y0)[None, :], (minus - y0)[None, :], spans))
         sigma = None
         if plan.noise is not None:
@@ -341,44 +501,76 @@ class _Block:
         return list(_compare.refine(stack, np.zeros(1), REFINE_RATIO, sigma))
 
 
+def _outside(plan: Plan, part, value, predicted, spread, realised, eps):
+    """(|value - predicted|, PATTERN_MARGIN * (spread + rounding)) for the rows ``part``; with
+    ``realised``, ``predicted`` and ``spread`` are per-row values and bands to scale by it."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        if realised is not None:
+            predicted = np.where(np.isfinite(predicted), predicted * realised, 0.0)
+            spread = np.abs(spread * realised)
+        rounding = np.abs(plan.eval_output[part]) * (_compare.NOISE_FACTOR * eps)
+        if plan.noise is not None:
+            rounding = np.maximum(rounding, _compare.MEASURED_NOISE_FACTOR * plan.noise.sigma[part])
+        return np.abs(value - predicted), PATTERN_MARGIN * (spread + rounding)
+
+
 def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str | None:
     """Whether random dense probes find Jacobian mass outside the pattern (confirmed at h/4)."""
     m, rng = plan.m, np.random.default_rng(seed + 7919)
-    rows, cols = block.pattern.rows, block.pattern.cols
-    usable = np.isfinite(block.numerical)
+    rows = block.pattern.rows
     eps = MACHINE_EPSILON[plan.eval_dtype]
-    rounding = _compare.NOISE_FACTOR * eps * np.abs(plan.eval_output)
-    if plan.noise is not None:
-        rounding = np.maximum(rounding, _compare.MEASURED_NOISE_FACTOR * plan.noise.sigma)
+    pattern = block.pattern
 
-    def excess(signs, divide):
+    def excess(signs, divide, where=None):
+        """(rows, |J d - sum N_ij d_j|, what it may be: rounding and the nonzeros' bands) at the rows
+        where it is exceeded (at ``where`` when given)."""
         value, realised = block.columns.probe(signs, divide)
-        predicted = np.bincount(rows, weights=np.where(usable, block.numerical * realised[cols], 0.0), minlength=m)
-        spread = np.sqrt(np.bincount(rows, weights=(block.band * realised[cols]) ** 2, minlength=m))
+        if pattern.diagonal:  # block by block, in cache; only the exceeded rows kept
+            found = []
+            parts = [slice(start, min(start + VERDICT_CHUNK, m)) for start in range(0, m, VERDICT_CHUNK)]
+            if where is not None:
+                parts = [where]
+            for part in parts:
+                coarse, allowed = _outside(plan, part, value[part], block.numerical[part], block.band[part],
+                                           realised[part], eps)
+                with np.errstate(invalid="ignore"):
+                    keep = np.arange(len(coarse)) if where is not None else np.flatnonzero(coarse > allowed)
+                if len(keep):
+                    index = where[keep] if where is not None else keep + part.start
+                    found.append((index, coarse[keep], allowed[keep]))
+            if not found:
+                return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+            return tuple(np.concatenate(parts_) for parts_ in zip(*found))
+        moved = realised[pattern.cols]
+        with np.errstate(invalid="ignore", over="ignore"):
+            predicted = np.bincount(rows, weights=np.where(np.isfinite(block.numerical), block.numerical * moved, 0.0),
+                                    minlength=m)
+            spread = np.sqrt(np.bincount(rows, weights=(block.band * moved) ** 2, minlength=m))
+        coarse, allowed = _outside(plan, slice(None), value, predicted, spread, None, eps)
         with np.errstate(invalid="ignore"):
-            return np.abs(value - predicted), PATTERN_MARGIN * (spread + rounding)
+            index = np.flatnonzero(coarse > allowed) if where is None else where
+        return index, coarse[index], allowed[index]
 
     for _ in range(PATTERN_PROBES):
-        signs = rng.choice([-1.0, 1.0], size=block.columns.x.size)
-        coarse, allowed = excess(signs, 1.0)
-        with np.errstate(invalid="ignore"):
-            outside = coarse > allowed
-        if not outside.any():
+        signs = int(rng.integers(0, 2**31 - 1))
+        index, coarse, allowed = excess(signs, 1.0)
+        if not len(index):
             continue
         # Mass outside the pattern scales with the step: it stays at a quarter of it (a
         # truncation effect of the dense direction shrinks 16-fold).
-        fine, fine_allowed = excess(signs, REFINE_RATIO)
+        _, fine, fine_allowed = excess(signs, REFINE_RATIO, index)
         with np.errstate(invalid="ignore"):
-            outside &= (fine > fine_allowed) & (REFINE_RATIO * fine >= 0.5 * coarse)
+            outside = (fine > fine_allowed) & (REFINE_RATIO * fine >= 0.5 * coarse)
         if outside.any():
-            worst = int(np.argmax(np.where(outside, coarse / np.maximum(allowed, 1e-300), 0.0)))
+            k = int(np.argmax(np.where(outside, coarse / np.maximum(allowed, 1e-300), 0.0)))
+            worst = int(index[k])
             output = next(o for o in plan.outputs if o.offset <= worst < o.offset + o.size)
             shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
             where = _index(output.name, tuple(int(i) for i in np.unravel_index(worst - output.offset, shape)) if shape
                            else ())
             return (f"the sparsity pattern ({source}) is wrong for {block.spec.name}: f depends on elements outside it "
-                    f"(a random direction moves {where} by {coarse[worst]:.3g} more than the pattern's nonzeros "
-                    f"predict, allowed {allowed[worst]:.3g}; {int(outside.sum())} output element(s) so). The "
+                    f"(a random direction moves {where} by {coarse[k]:.3g} more than the pattern's nonzeros "
+                    f"predict, allowed {allowed[k]:.3g}; {int(outside.sum())} output element(s) so). The "
                     "element verdicts cover only the pattern's nonzeros: pass the right sparsity=, or mode='full'.")
     return None
 
@@ -509,14 +701,83 @@ def check_coloured(executor: Executor, plan: Plan, timings: dict, supplied=None,
             "(no .numpy() calls or Python side effects on tensors), or pass jit_compile=False.") from error
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Layout:
+    """What the coloured check needs before it evaluates anything: one pattern per checked
+    input, where they came from, each input's column colours and the row colours."""
+
+    patterns: list
+    source: str
+    labels: list  # [n_k] column colours per checked input
+    row_labels: np.ndarray  # [m] row colours (over all checked inputs' columns)
+
+    @property
+    def colours(self) -> list[int]:
+        return [int(lab.max()) + 1 if lab.size else 0 for lab in self.labels]
+
+    @property
+    def row_colours(self) -> int:
+        return int(self.row_labels.max()) + 1 if self.row_labels.size else 0
+
+
+LAYOUT_KEY = "coloured layout"
+
+
+def layout(executor: Executor, plan: Plan) -> Layout:
+    """The patterns and colourings of this check, found once per executor (``executor.memo``):
+    mode choice (``prospect``) and the check itself share them.  Raises ``UnknownSparsity``
+    (remembered too) when there is no pattern."""
+    found = executor.memo.get(LAYOUT_KEY)
+    if isinstance(found, _sparsity.UnknownSparsity):
+        raise found
+    if found is not None:
+        return found
+    try:
+        patterns, source = find_patterns(executor, plan)
+    except _sparsity.UnknownSparsity as error:
+        executor.memo[LAYOUT_KEY] = error
+        raise
+    seed = executor.config.seed
+    labels = [_sparsity.colour(p, tuple(s.real_view.shape), seed) for p, s in zip(patterns, plan.checked)]
+    output_shape = (tuple(plan.outputs[0].shape) + ((2,) if plan.outputs[0].dtype.is_complex else ())
+                    if len(plan.outputs) == 1 else (plan.m,))
+    row_labels = _sparsity.colour(_sparsity.transpose(_sparsity.joined(patterns)), output_shape, seed)
+    result = Layout(patterns, source, labels, row_labels)
+    executor.memo[LAYOUT_KEY] = result
+    return result
+
+
+# Evaluations of f a coloured check allows for beyond its sweep: the pattern probe (two
+# evaluations, twice where it must be confirmed) and one refinement ladder (REFINE_LEVELS
+# steps of two evaluations) per checked input, assuming the failing nonzeros of an input
+# fit one colour's direction (elementwise f at 10^7: a handful, all of colour 0).
+def prospect(executor: Executor, plan: Plan) -> dict:
+    """The coloured check's predicted size, from ``layout`` (raises ``UnknownSparsity``):
+    ``colours`` (column colours over checked inputs), ``row_colours`` (VJPs), ``nonzeros``,
+    ``evaluations`` of f (2 per colour plus the pattern probe and a refinement allowance),
+    ``bytes`` (host memory of the nonzeros' arrays, peak) and ``source``."""
+    found = layout(executor, plan)
+    colours = sum(found.colours)
+    nonzeros = sum(p.nnz for p in found.patterns)
+    inputs = len(found.patterns)
+    allowance = inputs * (4 * PATTERN_PROBES + 2 * REFINE_LEVELS)
+    return {"colours": colours, "row_colours": found.row_colours, "nonzeros": nonzeros,
+            "evaluations": 2 * colours + allowance, "vjps": found.row_colours,
+            "bytes": nonzeros * BYTES_PER_NONZERO + 8 * (colours * plan.m + found.row_colours * plan.n),
+            "source": found.source}
+
+
+# Host bytes per structural nonzero at the peak of a check: rows and cols (int64), the
+# numerical value, its span, noise and band (float64), the analytical value (native) and
+# the status, plus a float64 temporary.
+BYTES_PER_NONZERO = 65
+
+
 def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name) -> Outcome:
     config = executor.config
     with timed(timings, "sparsity"):
-        patterns, source = find_patterns(executor, plan)
-        labels = [_sparsity.colour(p, tuple(s.real_view.shape), config.seed) for p, s in zip(patterns, plan.checked)]
-        output_shape = (tuple(plan.outputs[0].shape) + ((2,) if plan.outputs[0].dtype.is_complex else ())
-                        if len(plan.outputs) == 1 else (plan.m,))
-        row_labels = _sparsity.colour(_sparsity.transpose(_sparsity.joined(patterns)), output_shape, config.seed)
+        found = layout(executor, plan)
+    patterns, source, labels, row_labels = found.patterns, found.source, found.labels, found.row_labels
     with timed(timings, "analytical"):
         if supplied is not None:
             dense = supplied(plan)
@@ -529,8 +790,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         for block in blocks:
             block.sweep()
     atol, rtol = config.tolerances(plan.precision)
-    for block in blocks:
-        block.judge(plan, atol, rtol)
+    with timed(timings, "verdicts"):
+        for block in blocks:
+            block.judge(plan, atol, rtol)
     problems, wrong = [], []
     with timed(timings, "pattern"):
         for block in blocks:
@@ -546,14 +808,16 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
     judged = [b for b in blocks if not any(b is w for w in wrong)]
     # Failing nonzeros are refined first (a few colours at smaller steps): at 10^7 elements
     # truncation fails a handful of them, and measuring f's noise costs far more than
-    # refining them.  Only what still fails then measures f's noise and precision, and is
-    # judged and refined again under them (larger allowances only turn failures into passes).
+    # refining them.  Only what still fails then measures f's noise and precision -- on the
+    # rows of the failing nonzeros and a random sample of rows --, and is judged and refined
+    # again under them (larger allowances only turn failures into passes).
     with timed(timings, "refine"):
         for block in judged:
             block.refine(plan, atol, rtol)
+    sampled = ""
     if any(np.any(b.status != _compare.OK) for b in judged) and plan.noise is None:
         with timed(timings, "noise"):
-            plan = _measured(executor, plan)
+            plan, sampled = _measured_rows(executor, plan, judged)
         atol, rtol = config.tolerances(plan.precision)
         with timed(timings, "refine"):
             for block in judged:
@@ -561,13 +825,92 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
                 block.judge(plan, atol, rtol)
                 block.refine(plan, atol, rtol)
     side = "supplied" if supplied is not None else "reverse"
-    pairs = _pairs(plan, blocks, atol, rtol, output_name, side)
-    row_colours = int(row_labels.max()) + 1 if row_labels.size else 0
+    with timed(timings, "report"):
+        pairs = _pairs(plan, blocks, atol, rtol, output_name, side)
     notes = [f"coloured mode: sparsity pattern {source}; "
              + "; ".join(f"{b.spec.name}: {b.pattern.nnz} structural nonzeros of {b.pattern.shape[0]} x "
                          f"{b.pattern.shape[1]}, {b.columns.colours} column colours" for b in blocks)
-             + ("" if supplied is not None else f"; reverse mode: {row_colours} row colours (one VJP each)")
+             + ("" if supplied is not None else f"; reverse mode: {found.row_colours} row colours (one VJP each)")
              + f"; {sum(b.columns.evaluations for b in blocks)} evaluations of f; the pattern checked by "
-             f"{PATTERN_PROBES} random dense probes per input"]
+             f"{PATTERN_PROBES} random dense probes per input" + sampled]
     return Outcome(pairs, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,
-                           problems=problems)
+                   problems=problems)
+
+
+# -- f's noise, on the outputs that matter ---------------------------------------------------------
+
+# Rows whose noise is measured besides those of the failing nonzeros: a random sample,
+# for f's relative noise as a whole (which names a lower precision computed inside).
+NOISE_SAMPLE = 512
+# Up to this many outputs the noise is measured on all of them, as the other modes do (with
+# their random directions: the same sigma, so the same verdicts as mode="full" on
+# borderline elements); sampling pays from here on (~100 evaluations with [8, m] tables).
+NOISE_ALL = 1 << 17
+
+
+def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tuple[Plan, str]:
+    """The plan with f's noise measured on the rows of the failing nonzeros plus a random
+    sample of rows (every row where there are few), and the precision f computes in.
+
+    ``_precision.measure_noise`` runs over a sub-problem: its values are the columns those
+    rows depend on (the pattern's), the rest of x held, and it reads only those rows --
+    the noise of a row is that of f moved along the columns it depends on.  Unmeasured
+    rows keep the rounding allowance their elements passed with.  (Measuring every output
+    of a 10^7-element f took 100 s: ~100 evaluations with [8, m] tables on the host.)
+    """
+    m = plan.m
+    failing = np.unique(np.concatenate([b.pattern.rows[b.status != _compare.OK] for b in blocks]))
+    if m <= NOISE_ALL:
+        return _measured(executor, plan), ""
+    rng = np.random.default_rng(executor.config.seed + 4099)
+    rows = np.union1d(failing, rng.choice(m, size=min(NOISE_SAMPLE, m), replace=False))
+    # The columns of each checked input that those rows depend on.
+    columns = []
+    for block in blocks:
+        pattern = block.pattern
+        if pattern.diagonal:
+            columns.append(rows[rows < pattern.shape[1]])
+        else:
+            indptr = pattern.indptr
+            picked = _sparsity._ranges(indptr[rows], indptr[rows + 1] - indptr[rows])
+            columns.append(np.unique(pattern.cols[picked]))
+    specs = [b.spec for b in blocks]
+    full = [executor.values[s.position] for s in specs]
+    subset = [tf.constant(view(v).reshape(-1)[c]) for v, c in zip(full, columns)]
+    evaluate = _rows_function(executor, plan, specs, columns, rows)
+    eps = MACHINE_EPSILON[plan.eval_dtype]
+    repeat = None if plan.repeat_output is None else np.asarray(plan.repeat_output)[rows]
+    noise = measure_noise(evaluate, subset, list(range(len(subset))), plan.eval_output[rows], eps, repeat)
+    sigma = np.zeros(m)
+    sigma[rows] = noise.sigma
+    plan = with_noise(plan, Noise(sigma, noise.relative))
+    return plan, (f"; f's noise measured on the {len(failing)} output(s) of failing nonzeros and {len(rows) - len(failing)} "
+                  f"sampled ones, moving the {sum(len(c) for c in columns)} input elements they depend on")
+
+
+def _rows_function(executor: Executor, plan: Plan, specs: list, columns: list, rows: np.ndarray):
+    """evaluate(sub-values) -> f's outputs ``rows`` (float64) with the checked inputs' ``columns`` set
+    to the sub-values: one traced function (scatter, f, gather), or eager calls."""
+    shapes = [tuple(executor.values[s.position].shape) for s in specs]
+    indices = [tf.constant(c[:, None]) for c in columns]
+    rows_t = tf.constant(rows)
+
+    def moved_values(subs):
+        values = list(executor.values)
+        for spec, shape, index, sub in zip(specs, shapes, indices, subs):
+            flat = tf.tensor_scatter_nd_update(tf.reshape(values[spec.position], [-1]), index, sub)
+            values[spec.position] = tf.reshape(flat, shape)
+        return values
+
+    def traced(*subs):
+        return tf.gather(plan.call_flat(moved_values(subs), plan.eval_upcast), rows_t)
+
+    if executor.path != EAGER:
+        function = tf.function(traced, autograph=plan.autograph, reduce_retracing=True)
+        try:
+            function(*[tf.constant(view(executor.values[s.position]).reshape(-1)[c]) for s, c in zip(specs, columns)])
+        except Exception:  # f traced for the batched kernels, not on its own: eager calls
+            function = None
+        if function is not None:
+            return lambda subs: view(function(*subs)).astype(np.float64)
+    return lambda subs: np.asarray(plan.call_flat_numpy(moved_values(subs), plan.eval_upcast))[rows]

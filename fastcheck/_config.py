@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from fastcheck._distribute import validate_devices, validate_strategy
 from fastcheck._sparsity import given
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes
@@ -114,9 +115,22 @@ class CheckConfig:
     # The Jacobian's sparsity pattern for mode="coloured" (see ``_sparsity.GivenSparsity``);
     # stored normalised, identity-hashed.
     sparsity: Any = None
+    # A tf.distribute.Strategy whose replicas share the batched evaluations (``_distribute``),
+    # or ``devices``: device names, a MirroredStrategy over them (stored as a tuple).
+    strategy: Any = None
+    devices: Any = None
 
     def __post_init__(self):
         object.__setattr__(self, "sparsity", given(self.sparsity))
+        validate_strategy(self.strategy)
+        object.__setattr__(self, "devices", validate_devices(self.devices))
+        if self.strategy is not None and self.devices is not None:
+            raise ValueError(f"strategy= and devices={list(self.devices)!r} were both given: devices= is the shorthand "
+                             "for a MirroredStrategy over those devices; pass one of them.")
+        if self.device is not None and (self.strategy is not None or self.devices is not None):
+            which = "strategy=" if self.strategy is not None else f"devices={list(self.devices)!r}"
+            raise ValueError(f"device={self.device!r} pins the check to one device and {which} spreads it over "
+                             "several; pass one of them.")
         for name in ("eps", "atol", "rtol"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))):

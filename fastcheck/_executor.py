@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 
 import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._distribute import Share, spread_for
 from fastcheck._paths import EAGER, LOOP, Progress, Route, cached, compile_kernel, is_compile_failure, pad, plan_key
 from fastcheck._plan import Plan, _first_line
 
@@ -120,6 +122,11 @@ class Executor:
             per_row = (spec.size + plan.m + 2 * max(route.elements_per_eval, 1)) * itemsize * 2
             self.chunks[("rows", spec.position)] = int(max(2, min(FAST_ROWS, config.budget // per_row)))
         self.events: list[str] = []  # fallbacks and retries, in the order they happened
+        # strategy= / devices=: each chunk split over the strategy's replicas (``_distribute``);
+        # None runs every call here, on one device.
+        spread = spread_for(config)
+        self.share = Share(spread, self.events) if spread is not None else None
+        self._lock = threading.Lock()  # kernel lookups from the replicas' threads
         # What one check computes once and hands from mode choice to strategy (the coloured
         # layout: patterns and colourings); dies with the check, unlike the kernel cache.
         self.memo: dict = {}
@@ -145,7 +152,10 @@ class Executor:
 
     def kernel(self, key: tuple, make):
         """The compiled kernel for ``key`` under this check's plan, configuration and current path."""
-        return cached(plan_key(self.plan, self.config) + (self.path, *key), make)
+        with self._lock:
+            kernel = cached(plan_key(self.plan, self.config) + (self.path, *key), make)
+        tap = self.share.current_tap() if self.share is not None else None
+        return kernel if tap is None else tap.wrap(kernel)  # across workers: recorded or replayed
 
     # -- the shared chunk loop -------------------------------------------------
 
@@ -154,11 +164,15 @@ class Executor:
 
         A call that runs out of memory halves the chunk and is retried; a path that
         cannot run f falls back to the next; on the eager path ``eager()`` runs instead.
-        Returns the list of per-chunk results.
+        Returns the list of per-chunk results (per replica share with ``strategy=``).
         """
+        if self.share is not None:  # across workers: every worker takes the same path
+            agreed = self.share.agree_on_path(self.path, what, total)
+            if agreed != self.path:
+                self.route = dataclasses.replace(self.route, path=agreed)
         while self.path != EAGER:
             try:
-                return self._chunks(chunk_key, total, call)
+                return self._chunks(chunk_key, total, call, what)
             except ShapeChangeError:
                 raise
             except Exception as error:
@@ -166,7 +180,7 @@ class Executor:
                     raise
         return [eager()]
 
-    def _chunks(self, chunk_key, total: int, call) -> list:
+    def _chunks(self, chunk_key, total: int, call, what: str = "") -> list:
         position = chunk_key[1] if isinstance(chunk_key, tuple) else chunk_key
         name = self.plan.inputs[position].name
         results, start = [], 0
@@ -175,7 +189,11 @@ class Executor:
             chunk = self.chunks[chunk_key]
             count = min(chunk, total - start)
             try:
-                results.append(call(chunk, slice(start, start + count), count))
+                if self.share is None:
+                    results.append(call(chunk, slice(start, start + count), count))
+                else:  # the chunk split over the replicas, each share at most ceil(chunk / replicas)
+                    label = "perturbations" if "differences" in what else what
+                    results.extend(self.share.wave(label, call, self.share.spread.sub_chunk(chunk), start, count, what))
             except tf.errors.ResourceExhaustedError:
                 if chunk == 1:
                     raise MemoryError(f"f ran out of memory evaluating a single perturbation of {name}; "

@@ -683,9 +683,16 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     failing = [g for g, result in enumerate(results) if not result.ok]
     decided: dict = {}
     if failing:
+        # The failing groups' probes again, refined at smaller steps where they disagree
+        # (a probe through a ReLU network crosses kinks at the first step).
+        with timed(timings, "fast"):
+            for g, result in zip(failing, _screen(joint, [groups[g] for g in failing], failing, u, gradient, atol, rtol)):
+                results[g] = result
+        failing = [g for g in failing if not results[g].ok]
+    if failing:
         # Only now measure f's noise and precision: a pass needs no measurement (a larger
-        # allowance only turns failures into passes); then the failing groups' probes
-        # again, refined at smaller steps where they disagree.
+        # allowance only turns failures into passes; calibrated MobileNetV2: 3 s saved);
+        # then what still fails, refined again under them.
         with timed(timings, "noise"):
             plan = _measured(executor, plan)
         atol, rtol = config.tolerances(plan.precision)

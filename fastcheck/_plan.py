@@ -390,6 +390,14 @@ def measure_precision(plan: Plan) -> Plan:
     positions = [s.position for s in plan.checked]
     noise = measure_noise(lambda moved: plan.call_flat_numpy(moved, plan.eval_upcast), values, positions,
                           plan.eval_output, eps_eval, plan.repeat_output)
+    return with_noise(plan, noise)
+
+
+def with_noise(plan: Plan, noise: Noise) -> Plan:
+    """The plan with a measured noise and the precision that names: when the noise is far above
+    the evaluation dtype's rounding, one trace of f names the op computing in low precision
+    (and every output's noise is floored, see ``Noise.floored``); TensorFloat-32 on a GPU."""
+    eps_eval = MACHINE_EPSILON[plan.eval_dtype]
     precision, reason = precision_name(plan.analytical_dtype), None
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in plan.native_values()]
     traced = None

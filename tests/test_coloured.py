@@ -189,3 +189,114 @@ def test_sparsity_option_is_validated():
     with pytest.raises(ValueError, match=r"sparsity= for input has shape \(4, 4\)"):
         fastcheck.check_gradients(tf.sin, x, mode="coloured", sparsity=np.eye(4, dtype=bool))
     assert hash(CheckConfig(sparsity=np.eye(3, dtype=bool)))  # still hashable
+
+
+def _executor_for(f, x, **options):
+    from fastcheck._check import _executor
+    from fastcheck._paths import kernel_plan
+    from fastcheck._plan import build_plan
+
+    config = CheckConfig(mode="coloured", **options)
+    plan = kernel_plan(build_plan(f, [x], config))
+    executor = _executor(plan, config, {})
+    return executor, executor.plan
+
+
+def test_layout_is_memoised_and_prospect_counts_the_work(monkeypatch):
+    from fastcheck import _coloured
+
+    f, value, colours = CORRECT["conv3x3"]
+    x = tf.constant(value, tf.float64)
+    executor, plan = _executor_for(f, x)
+    calls = []
+    original = _coloured.find_patterns
+    monkeypatch.setattr(_coloured, "find_patterns", lambda *a: calls.append(1) or original(*a))
+    first = _coloured.layout(executor, plan)
+    assert _coloured.layout(executor, plan) is first and len(calls) == 1
+    assert executor.memo["coloured layout"] is first
+    numbers = _coloured.prospect(executor, plan)
+    assert len(calls) == 1
+    (pattern,) = first.patterns
+    assert numbers["colours"] == colours and numbers["nonzeros"] == pattern.nnz
+    assert numbers["row_colours"] == first.row_colours >= pattern.max_row() // 3
+    allowance = 4 * _coloured.PATTERN_PROBES + 2 * _coloured.REFINE_LEVELS
+    assert numbers["evaluations"] == 2 * colours + allowance
+    # The check itself reuses the layout found for the prospect.
+    outcome = _coloured.check_coloured(executor, plan, {})
+    assert len(calls) == 1 and all(p.ok for p in outcome.pairs)
+
+
+def test_prospect_of_an_op_without_a_rule_raises_and_is_remembered():
+    from fastcheck import _coloured
+
+    def f(x):  # held here: kernels hold f weakly
+        return tf.math.cumsum(x) * x
+
+    executor, plan = _executor_for(f, tf.constant(RNG.normal(size=(6,)), tf.float64))
+    for _ in range(2):
+        with pytest.raises(_sparsity.UnknownSparsity, match="Cumsum"):
+            _coloured.prospect(executor, plan)
+    assert isinstance(executor.memo["coloured layout"], _sparsity.UnknownSparsity)
+
+
+def test_elementwise_patterns_are_diagonal():
+    x = tf.constant(RNG.normal(size=(50,)), tf.float32)
+
+    def f(x):
+        return tf.sin(x) * x
+
+    executor, plan = _executor_for(f, x)
+    from fastcheck import _coloured
+
+    (pattern,) = _coloured.layout(executor, plan).patterns
+    assert pattern.diagonal and pattern.nnz == 50
+    np.testing.assert_array_equal(pattern.rows, np.arange(50))
+
+
+def test_steps_match_the_executors():
+    from fastcheck import _coloured
+    from fastcheck._executor import steps
+
+    x = tf.constant(RNG.normal(size=(300,)) * 10, tf.float32)
+    executor, plan = _executor_for(tf.sin, x)
+    flat = executor.values[0].numpy().reshape(-1)
+    np.testing.assert_array_equal(_coloured._steps(plan, executor.config, flat), steps(plan, executor.config, 0))
+
+
+def _noisy(x):
+    """A float32 f with a small term rounded to float16 inside: noisy differences, still resolvable."""
+    return tf.cast(tf.cast(0.01 * tf.sin(x), tf.float16), tf.float32) + 2.0 * x
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["correct", "one element wrong"])
+def test_noise_measured_on_a_sample_of_rows_gives_the_verdicts_of_measuring_every_row(wrong, monkeypatch):
+    # More outputs than NOISE_ALL (lowered here): the noise is measured on the failing rows plus a sample.
+    # (This f is too quantised for any mode to pass it -- mode="full" fails it too --;
+    # what is tested is that sampling changes the verdicts no more than the estimator's own spread.)
+    from fastcheck import _coloured
+
+    n, index = 6000, 4321
+    x = tf.constant(RNG.normal(size=(n,)), tf.float32)
+    f = _noisy
+    if wrong:
+        @tf.custom_gradient
+        def f(x):
+            y = _noisy(x)
+
+            def grad(dy):
+                return dy * (0.01 * tf.cos(x) + 2.0) * (1 + 2.0 * tf.one_hot(index, n, dtype=x.dtype))
+
+            return y, grad
+
+    monkeypatch.setattr(_coloured, "NOISE_ALL", 1000)
+    sampled = fastcheck.check_gradients(f, x, mode="coloured")
+    assert any("sampled ones" in note for note in sampled.notes), sampled.notes
+    monkeypatch.setattr(_coloured, "NOISE_ALL", 10**9)
+    everything = fastcheck.check_gradients(f, x, mode="coloured")
+    assert not any("sampled ones" in note for note in everything.notes)
+    # The noise of each output is estimated from random directions, drawn over the sub-vector
+    # here: borderline elements of this hopeless f may flip either way, nothing more.
+    agree = np.mean(sampled.pairs[0].status == everything.pairs[0].status)
+    assert agree >= 0.99, agree
+    if wrong:
+        assert sampled.pairs[0].status[index] == everything.pairs[0].status[index] == 1

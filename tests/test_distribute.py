@@ -1,0 +1,254 @@
+"""strategy= / devices=: batched evaluations split over the replicas of a tf.distribute strategy.
+
+Two logical CPU devices must be configured before TensorFlow initialises its devices,
+and a MultiWorkerMirroredStrategy must be created before any other TensorFlow op: those
+checks run in fresh processes (``sys.executable``), the verdicts compared with a check
+on one device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fastcheck
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The problems, as code every process runs alike: a correct f, the same f with a reverse-mode
+# gradient 1% off at input element 37, and an elementwise f for coloured mode off at 1234.
+PROBLEMS = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    import fastcheck
+
+    _rng = np.random.default_rng(0)
+    W = tf.constant(_rng.normal(size=(300, 200)) / 10)
+    X = tf.constant(_rng.normal(size=200))
+    X_COLOURED = tf.constant(_rng.normal(size=3000))
+
+
+    def f(x):
+        return tf.tanh(tf.linalg.matvec(W, x)) * 2.0
+
+
+    def off_at(g, index, factor):
+        @tf.custom_gradient
+        def wrong(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = g(x)
+
+            def grad(dy):
+                scale = 1 + (factor - 1) * tf.one_hot(index, tf.size(x), dtype=x.dtype)
+                return tape.gradient(y, x, output_gradients=dy) * scale
+
+            return y, grad
+
+        return wrong
+
+
+    wrong = off_at(f, 37, 1.01)
+    coloured = off_at(lambda x: tf.sin(x) * x, 1234, 1.001)
+    CASES = {"correct": (f, X, "full"), "wrong": (wrong, X, "full"), "coloured": (coloured, X_COLOURED, "coloured")}
+
+
+    def summary(report):
+        pairs = [{"ok": bool(p.ok), "status": p.status.astype(int).ravel().tolist(),
+                  "worst": [[d["output_index"], d["input_index"], d["status"]]
+                            for d in (w.to_dict() for w in p.worst(3))],
+                  "numerical": p.numerical.ravel()[:: max(1, p.numerical.size // 4000)].tolist()}
+                 for p in report.pairs]
+        notes = [n for n in report.notes if n.startswith("distributed over") or n.startswith("strategy:")]
+        return {"ok": bool(report.ok), "pairs": pairs, "notes": notes}
+
+
+    def run(name, **options):
+        g, x, mode = CASES[name]
+        return summary(fastcheck.check_gradients(g, x, mode=mode, jit_compile=False, **options))
+""")
+
+
+def _python(code: str, env: dict | None = None) -> subprocess.Popen:
+    base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    environment = {**base, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _results(process: subprocess.Popen, timeout: float = 150) -> dict:
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, _ = process.communicate()
+        pytest.fail(f"the check process did not finish within {timeout} s:\n{out[-4000:]}")
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert process.returncode == 0 and lines, f"the check process failed (exit {process.returncode}):\n{out[-4000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _reference(names) -> dict:
+    namespace: dict = {}
+    exec(PROBLEMS, namespace)  # noqa: S102 -- the same problem code the subprocesses run
+    return {name: namespace["run"](name) for name in names}
+
+
+def _same_verdicts(got: dict, want: dict) -> None:
+    assert got["ok"] == want["ok"]
+    assert len(got["pairs"]) == len(want["pairs"])
+    for g, w in zip(got["pairs"], want["pairs"]):
+        assert g["ok"] == w["ok"]
+        assert g["status"] == w["status"]  # every element's verdict
+        assert g["worst"] == w["worst"]  # the same worst elements, named by index
+        np.testing.assert_allclose(g["numerical"], w["numerical"], rtol=1e-12, atol=1e-15)
+
+
+def test_two_logical_cpu_devices_give_the_verdicts_of_one():
+    code = textwrap.dedent("""
+        import json
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    """) + PROBLEMS + textwrap.dedent("""
+        mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        out = {}
+        for name in CASES:
+            out[name] = {"one": run(name), "devices": run(name, devices=["/CPU:0", "/CPU:1"]),
+                         "strategy": run(name, strategy=mirrored)}
+        print("RESULT " + json.dumps(out), flush=True)
+    """)
+    results = _results(_python(code))
+    for runs in results.values():
+        for way in ("devices", "strategy"):
+            _same_verdicts(runs[way], runs["one"])
+            assert runs["one"]["notes"] == []
+            (note,) = runs[way]["notes"]
+            assert note.startswith("distributed over 2 replicas (MirroredStrategy on CPU:0, CPU:1): "), note
+    assert results["correct"]["one"]["ok"]
+    for name, index in (("wrong", 37), ("coloured", 1234)):
+        worst = results[name]["devices"]["pairs"][0]["worst"][0]
+        assert not results[name]["devices"]["ok"] and worst[1] == [index] and worst[2] == "mismatch", worst
+    # full mode: the sweep's columns split evenly ("100 / 100 perturbations" for 200 inputs)
+    note = results["correct"]["devices"]["notes"][0]
+    counts = [int(v) for v in note.split(" perturbations")[0].split(": ")[-1].split("; ")[-1].split(" / ")]
+    assert len(counts) == 2 and sum(counts) >= 200 and abs(counts[0] - counts[1]) <= 1, note
+
+
+def test_two_workers_on_localhost_give_the_verdicts_of_one_process():
+    ports = []
+    sockets = [socket.socket() for _ in range(2)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    code = textwrap.dedent("""
+        import json
+        import tensorflow as tf
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()  # before any other op
+    """) + PROBLEMS + textwrap.dedent("""
+        out = {name: run(name, strategy=strategy) for name in ("correct", "wrong")}
+        print("RESULT " + json.dumps(out), flush=True)
+    """)
+    cluster = {"worker": [f"localhost:{port}" for port in ports]}
+    workers = [_python(code, {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})})
+               for i in range(2)]
+    try:
+        reference = _reference(("correct", "wrong"))
+        results = [_results(worker) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+    assert results[0] == results[1]  # every worker writes the same report
+    for name in ("correct", "wrong"):
+        _same_verdicts(results[0][name], reference[name])
+        note = results[0][name]["notes"][0]
+        assert note.startswith("distributed over 2 replicas on 2 workers (MultiWorkerMirroredStrategy)"), note
+        assert "results all-gathered" in note
+    assert reference["correct"]["ok"] and not reference["wrong"]["ok"]
+    assert results[0]["wrong"]["pairs"][0]["worst"][0][1] == [37]
+
+
+def test_one_replica_is_the_one_device_check():
+    x = tf.constant(np.linspace(-1, 1, 40))
+    f = lambda x: tf.sin(x) * tf.reduce_sum(x)  # noqa: E731
+    plain = fastcheck.check_gradients(f, x, mode="full", jit_compile=False)
+    spread = fastcheck.check_gradients(f, x, mode="full", jit_compile=False, devices=["/CPU:0"])
+    assert plain.ok and spread.ok
+    np.testing.assert_array_equal(plain.pairs[0].numerical, spread.pairs[0].numerical)
+    np.testing.assert_array_equal(plain.pairs[0].analytical, spread.pairs[0].analytical)
+    assert not any(n.startswith("distributed over") for n in plain.notes)
+    assert "distributed over 1 replica (MirroredStrategy on CPU:0): 40 perturbations" in "\n".join(spread.notes)
+
+
+@pytest.mark.parametrize(("options", "error", "match"), [
+    ({"strategy": "mirrored"}, TypeError, r"strategy='mirrored' is not a tf.distribute.Strategy"),
+    ({"strategy": object()}, TypeError, r"strategy=<object .*> is not a tf.distribute.Strategy"),
+    ({"devices": "/CPU:0"}, TypeError, r"devices='/CPU:0' is one name: pass a list"),
+    ({"devices": ["/CPU:0", "/GPU:7"]}, ValueError, r"devices=.*'/GPU:7' does not exist on this machine"),
+    ({"devices": ["/CPU:0", "/CPU:9"]}, ValueError, r"devices=.*'/CPU:9' does not exist on this machine"),
+    ({"devices": ["nonsense"]}, ValueError, r"devices=.*'nonsense' is not a device name"),
+    ({"devices": ["/CPU"]}, ValueError, r"devices=.*'/CPU' does not name one device"),
+    ({"devices": []}, ValueError, r"devices=\[\] is empty"),
+    ({"devices": [0]}, TypeError, r"devices=\[0\]: 0 is not a device name"),
+    ({"devices": ["/CPU:0", "/cpu:0"]}, ValueError, r"devices=.* names a device more than once"),
+    ({"devices": ["/CPU:0"], "device": "/CPU:0"}, ValueError, r"device='/CPU:0' pins the check to one device"),
+])
+def test_options_are_validated_naming_the_argument(options, error, match):
+    x = tf.constant([0.5, 1.0], tf.float64)
+    with pytest.raises(error, match=match):
+        fastcheck.check_gradients(tf.sin, x, **options)
+    with pytest.raises(error, match=match):  # every entry point shares the validation
+        fastcheck.numerical_jacobian(tf.sin, x, **options)
+
+
+def test_strategy_and_devices_together_are_refused_and_other_entry_points_take_them():
+    x = tf.constant([0.5, 1.0], tf.float64)
+    one = tf.distribute.OneDeviceStrategy("/CPU:0")
+    with pytest.raises(ValueError, match=r"strategy= and devices=\['/CPU:0'\] were both given"):
+        fastcheck.verify_gradients(tf.sin, x, tf.cos(x), strategy=one, devices=["/CPU:0"])
+    with pytest.raises(TypeError, match="strategy=3 is not a tf.distribute.Strategy"):
+        fastcheck.GradientChecker(strategy=3)
+    checker = fastcheck.GradientChecker(devices=["/CPU:0"], jit_compile=False, mode="full")
+    assert checker.check(tf.sin, x).ok
+    assert fastcheck.verify_gradients(lambda v: tf.reduce_sum(tf.sin(v)), x, tf.cos(x), strategy=one).ok
+    jacobian = fastcheck.autodiff_jacobian(tf.sin, x, strategy=one, jit_compile=False)[0][0]
+    np.testing.assert_allclose(jacobian, np.diag(np.cos(x.numpy())))
+
+
+def test_out_of_memory_halves_the_chunk_and_each_share_runs_on_its_replica():
+    from fastcheck._check import _executor
+    from fastcheck._config import CheckConfig
+    from fastcheck._paths import kernel_plan
+    from fastcheck._plan import build_plan
+
+    config = CheckConfig(jit_compile=False, devices=["/CPU:0"])
+    x = tf.constant(np.linspace(0, 1, 50))
+    executor = _executor(kernel_plan(build_plan(tf.sin, [x], config)), config, {})
+    executor.chunks[0] = 16
+    seen = np.zeros(50, int)
+
+    def call(chunk, part, count):
+        if chunk > 8:
+            raise tf.errors.ResourceExhaustedError(None, None, "out of memory (test)")
+        assert count == part.stop - part.start <= chunk
+        assert tf.constant(0.0).device.endswith("CPU:0")  # under the replica's device scope
+        seen[part] += 1
+        return part.start
+
+    starts = executor._batched("numerical differences", 0, 50, call, lambda: None)
+    assert starts == [0, 8, 16, 24, 32, 40, 48] and np.all(seen == 1)
+    notes = "\n".join(executor.events)
+    assert "out of memory at 16 evaluations per call; retried with 8" in notes
+    assert "distributed over 1 replica (MirroredStrategy on CPU:0): 50 perturbations" in notes
