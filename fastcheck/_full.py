@@ -45,8 +45,12 @@ class _Jacobians:
         return self.plan.noise is not None and self.plan.noise_epsilon > self.eps_eval
 
     def noise(self, spans: np.ndarray) -> np.ndarray:
+        return self.noise_factors(spans).dense()
+
+    def noise_factors(self, spans: np.ndarray) -> _compare.RankOne:
+        """``noise`` as its factors: the first sweep's, made dense only where refinement needs it."""
         sigma = self.plan.noise.sigma if self.plan.noise is not None else None
-        return _compare.rounding_noise(self.y0, spans, self.eps_eval, sigma)
+        return _compare.rounding_noise_factors(self.y0, spans, self.eps_eval, sigma)
 
     def numerical(self, position: int, columns=None, divide: float = 1.0):
         """Central differences [m, k] for ``columns`` (default all), their noise [m, k] and spans [k]."""
@@ -56,7 +60,7 @@ class _Jacobians:
             return np.zeros((self.plan.m, 0)), np.zeros((self.plan.m, 0)), np.zeros(0)
         delta = steps(self.plan, self.config, position)[columns] / divide
         jacobian, spans = self.executor.quotients(position, columns, delta)
-        return jacobian, self.noise(spans), spans
+        return jacobian, self.noise_factors(spans), spans
 
     def refined(self, position: int, columns: np.ndarray, first: np.ndarray | None, first_noise, levels: int,
                 up: int = 0):
@@ -115,7 +119,7 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True):
         with timed(jac.timings, "noise"):
             jac.measure()
         atol, rtol = jac.config.tolerances(jac.plan.precision)
-        first = [(n, jac.noise(spans), spans) for n, _, spans in first]
+        first = [(n, jac.noise_factors(spans), spans) for n, _, spans in first]
         verdicts = [_compare.verdicts(a, n, noise, atol, rtol) for a, (n, noise, _) in zip(analytical, first)]
     results = []
     for spec, a, (numerical, noise, _), (status, band) in zip(plan.checked, analytical, first, verdicts):
@@ -152,6 +156,10 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
        a settled, confirmed estimate makes a mismatch.
     """
     atol, rtol = tolerances
+    if isinstance(noise, _compare.RankOne):
+        if not jac.noisy and not np.any(status != _compare.OK):
+            return status, band, {}  # a passing sweep: nothing to refine, no [m, n] noise needed
+        noise = noise.dense()
     coarsened = _coarsen(jac, position, a, numerical, noise, status, band, tolerances) if jac.noisy else np.zeros(0, int)
     suspicious = np.flatnonzero(np.any((status == _compare.MISMATCH) | (status == _compare.NUMERICAL_NONFINITE), axis=0))
     suspicious = np.setdiff1d(suspicious, coarsened)
