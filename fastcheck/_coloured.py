@@ -833,6 +833,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
              + ("" if supplied is not None else f"; reverse mode: {found.row_colours} row colours (one VJP each)")
              + f"; {sum(b.columns.evaluations for b in blocks)} evaluations of f; the pattern checked by "
              f"{PATTERN_PROBES} random dense probes per input" + sampled]
+    if executor.path == XLA and any(_kernel_path(executor, 2 * b.columns.colours) == GRAPH for b in blocks):
+        notes.append(f"coloured mode: the colours' evaluations ran on the graph path, not XLA: XLA's compilation "
+                     f"pays only from {XLA_MIN_EVALUATIONS} evaluations")
     return Outcome(pairs, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,
                    problems=problems)
 
