@@ -123,7 +123,10 @@ class AutodiffJacobian:
         # seconds to trace.  The first row's time decides whether to go on.
         # A kernel already compiled for this plan (a repeated check) always wins.
         limit = None if self.executor.path == EAGER else EAGER_LOOP_SECONDS if self.executor.path == LOOP else EAGER_SECONDS
-        result = None if self._compiled() else self._eager(limit)
+        # Under a strategy the rows go over the replicas, on a traced path: no timing-dependent
+        # eager attempt (two workers must take the same steps, and write the same report).
+        timed_attempt = self.executor.path == EAGER or self.executor.share is None
+        result = None if self._compiled() or not timed_attempt else self._eager(limit)
         if result is not None:
             return result
         while self.executor.path != EAGER:

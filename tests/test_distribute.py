@@ -189,7 +189,7 @@ def test_one_replica_is_the_one_device_check():
     np.testing.assert_array_equal(plain.pairs[0].numerical, spread.pairs[0].numerical)
     np.testing.assert_array_equal(plain.pairs[0].analytical, spread.pairs[0].analytical)
     assert not any(n.startswith("distributed over") for n in plain.notes)
-    assert "distributed over 1 replica (MirroredStrategy on CPU:0): 40 perturbations" in "\n".join(spread.notes)
+    assert "distributed over 1 replica (MirroredStrategy on CPU:0): 40 reverse-mode rows; 40 perturbations" in "\n".join(spread.notes)
 
 
 @pytest.mark.parametrize(("options", "error", "match"), [
