@@ -199,9 +199,12 @@ def _differences(table: np.ndarray) -> dict[int, np.ndarray]:
     """Noise estimates per output from the k-th differences, k = 4, 5, 6: sqrt(gamma_k * mean(diff_k^2))."""
     estimates = {}
     with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.diff(table, n=4, axis=0)  # each higher order from the last: np.diff(n=k) iterates the same way
         for k in (4, 5, 6):
+            if k > 4:
+                diff = np.diff(diff, axis=0)
             gamma = math.factorial(k) ** 2 / math.factorial(2 * k)
-            estimates[k] = np.sqrt(gamma * np.mean(np.diff(table, n=k, axis=0) ** 2, axis=0))
+            estimates[k] = np.sqrt(gamma * np.mean(np.square(diff), axis=0))
     return estimates
 
 
@@ -215,20 +218,25 @@ def _along(evaluate, values, bases, signs, scale, side: int) -> np.ndarray:
     x_j + t h_j exact, so the points lie exactly on the line and the differences see
     f's noise alone.
     """
-    rows = []
+    steps = {}
+    for p, base in bases.items():
+        magnitude = np.abs(base.astype(np.float64))
+        floor = math.sqrt(float(np.finfo(base.dtype).tiny))  # x_j = 0 still moves
+        size = scale * np.clip(magnitude, floor, 1.0)
+        # At least 4 ulps of x_j (a power of two too), so that x_j itself moves: an
+        # output that stays put then does so because f rounds it.
+        ulps = 4 * np.abs(np.spacing(base)).astype(np.float64)
+        steps[p] = np.maximum(np.exp2(np.round(np.log2(size))), ulps) * signs[p]
+    rows = None
     for t in range(1, NOISE_SIDE + 1):
         moved = list(values)
         for p, base in bases.items():
-            magnitude = np.abs(base.astype(np.float64))
-            floor = math.sqrt(float(np.finfo(base.dtype).tiny))  # x_j = 0 still moves
-            size = scale * np.clip(magnitude, floor, 1.0)
-            # At least 4 ulps of x_j (a power of two too), so that x_j itself moves: an
-            # output that stays put then does so because f rounds it.
-            ulps = 4 * np.abs(np.spacing(base)).astype(np.float64)
-            step = np.maximum(np.exp2(np.round(np.log2(size))), ulps) * signs[p]
-            moved[p] = tf.constant((base + side * t * step).astype(base.dtype))
-        rows.append(np.asarray(evaluate(moved), np.float64))
-    return np.stack(rows)
+            moved[p] = tf.constant((base + side * t * steps[p]).astype(base.dtype))
+        row = np.asarray(evaluate(moved), np.float64)
+        if rows is None:
+            rows = np.empty((NOISE_SIDE, row.size))
+        rows[t - 1] = row
+    return rows
 
 
 def low_precision_op(function, signature, below: str) -> tuple[str, str] | None:
