@@ -416,6 +416,8 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     warnings: list[str] = []
     if supplied is None and jac.config.autodiff == "auto" and plan.n and executor.path == EAGER:
         notes.append(SMALL_CHECK_FORWARD_NOTE)
+    elif supplied is None and jac.config.autodiff == "auto" and plan.n and executor.route.has_loops:
+        notes.append(LOOPS_FORWARD_NOTE)
     elif supplied is None and jac.config.autodiff in ("auto", "both") and plan.n:
         with timed(jac.timings, "forward"):
             forward_pairs, note = _forward_side(jac, results, atol, rtol, output_name)
@@ -459,6 +461,10 @@ def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[Pair
 SMALL_CHECK_FORWARD_NOTE = ("forward mode (JVP) not checked: the check ran eagerly, and TensorFlow's forward mode "
                             "traces a helper function per op, which on checks this small costs more than the check "
                             "itself; pass autodiff='both' to check it")
+# ... nor through while_loops, which forward mode runs op by op, iteration by iteration
+# (TFP's special functions in the corpus: 0.25-2.5 s, as much as the rest of the check).
+LOOPS_FORWARD_NOTE = ("forward mode (JVP) not checked: f contains while_loops, through which TensorFlow's forward "
+                      "mode runs op by op and iteration by iteration; pass autodiff='both' to check it")
 # Random directions of the forward-mode (JVP) check in autodiff="auto": one random
 # sign vector over every column catches a wrong JVP column with probability ~1.
 FORWARD_PROBES = 1
