@@ -22,8 +22,11 @@ Jacobian is sparse (elementwise ops, normalisations over a small axis, stencils)
    quarter of the step) is a *problem* of the report -- the pattern is wrong --,
    not a gradient verdict.
 
-Memory is linear in the nonzeros: no array of the Jacobian's size exists, except
-for the dense ``PairReport`` of a small pair (``DENSE_REPORT_ENTRIES``).
+Memory: one status byte per nonzero; the colours' differences [C, m] (float32 where
+exact) and the VJPs [R, n] stay compressed, and every other per-nonzero quantity
+(indices, values, noise, bands) exists one block of ``VERDICT_CHUNK`` nonzeros at a
+time -- in the check and in its ``SparsePairReport``.  No array of the Jacobian's
+size exists, except for the dense ``PairReport`` of a small pair (``DENSE_REPORT_ENTRIES``).
 """
 
 from __future__ import annotations
@@ -137,26 +140,98 @@ def _steps(plan: Plan, config, x: np.ndarray) -> np.ndarray:
     return _blocked(lambda part: eps * np.maximum(1.0, np.abs(x[part].astype(np.float64))), x.size)
 
 
-def _take(array: np.ndarray, index: np.ndarray | None) -> np.ndarray:
+def _take(array: np.ndarray, index) -> np.ndarray:
     """``array[index]``, or ``array`` itself where ``index`` is None (the identity: a diagonal pattern)."""
     return array if index is None else array[index]
 
 
-def _rows(pattern: _sparsity.Pattern) -> np.ndarray | None:
-    return None if pattern.diagonal else pattern.rows
+def _array(index) -> np.ndarray:
+    """An index (a slice over a diagonal pattern's nonzeros, or an array) as an int64 array."""
+    return np.arange(index.start, index.stop, dtype=np.int64) if isinstance(index, slice) else index
 
 
-def _cols(pattern: _sparsity.Pattern) -> np.ndarray | None:
-    return None if pattern.diagonal else pattern.cols
+def _shared(chunk: int, held: int, budget: int) -> int:
+    """A batched kernel's chunk (sized by the executor for the whole ``memory_budget``) scaled to
+    what the coloured check's own arrays (``held`` bytes: compressed differences and VJPs,
+    statuses, the pattern) leave of the budget, at least an eighth of it: the two peak together."""
+    return max(1, int(chunk * max(budget - held, budget / 8) / budget))
 
 
 # -- the numerical side ----------------------------------------------------------------------
 
 
+class _Differences:
+    """The first sweep's differences f(x + d_c) - f(x - d_c), [C, m]: float64 values, held in
+    float32 where that is exact.
+
+    For f evaluated in float32 (or narrower) each difference is one of two float32 numbers:
+    exact in float32 unless they differ in scale (Sterbenz), so the float32 array holds all
+    but a few (outputs crossing zero), which are kept apart as (flat index, float64 value).
+    Half the memory of a float64 [C, m] (conv 256x256x8: 151 MB, not 302 MB); the values read
+    back are the float64 ones, bit for bit.
+    """
+
+    def __init__(self, colours: int, m: int, narrow: bool):
+        self.m = m
+        self.values = np.empty((colours, m), np.float32 if narrow else np.float64)
+        self.narrow = narrow
+        self._index: list = []
+        self._exact: list = []
+        self.index, self.exact = np.zeros(0, np.int64), np.zeros(0)
+        self.bits = np.zeros(0, np.uint8)
+
+    @property
+    def colours(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + self.index.nbytes + self.exact.nbytes
+
+    def store(self, part: slice, difference: np.ndarray) -> None:
+        """``consume`` of the sweep: rows ``part`` (colours) of the differences, float64 [count, m]."""
+        target = self.values[part]
+        target[...] = difference
+        if not self.narrow:
+            return
+        with np.errstate(invalid="ignore"):
+            inexact = np.flatnonzero((target != difference) & ~np.isnan(difference))
+        if len(inexact):
+            self._index.append(inexact + part.start * self.m)
+            self._exact.append(difference.reshape(-1)[inexact])
+            self.index = np.concatenate(self._index)
+            self.exact = np.concatenate(self._exact)
+            # One bit per difference: a read searches the few inexact ones only where a bit is set.
+            bits = np.zeros(self.values.size, bool)
+            bits[self.index] = True
+            self.bits = np.packbits(bits)
+
+    def take(self, colours, rows) -> np.ndarray:
+        """float64 values at (``colours``, ``rows``): arrays, or ``colours`` None for a single colour
+        (``rows`` may then be a slice)."""
+        if colours is None:
+            result = self.values[0][rows].astype(np.float64)
+        else:
+            result = self.values[colours, rows].astype(np.float64)
+        if len(self.index):
+            if colours is None and isinstance(rows, slice):  # consecutive keys: one range of the sorted index
+                lo, hi = np.searchsorted(self.index, [rows.start, rows.stop])
+                result[self.index[lo:hi] - rows.start] = self.exact[lo:hi]
+                return result
+            rows = _array(rows)
+            keys = rows if colours is None else colours.astype(np.int64) * self.m + rows
+            hit = np.flatnonzero((self.bits[keys >> 3] >> (7 - (keys & 7)).astype(np.uint8)) & 1)
+            if len(hit):
+                where = np.searchsorted(self.index, keys[hit])
+                result[hit] = self.exact[where]
+        return result
+
+
 class _Columns:
     """Central differences of one checked input along its colours' directions."""
 
-    def __init__(self, executor: Executor, plan: Plan, position: int, pattern: _sparsity.Pattern, labels: np.ndarray):
+    def __init__(self, executor: Executor, plan: Plan, position: int, pattern: _sparsity.Pattern, labels: np.ndarray,
+                 held: int = 0):
         self.executor, self.plan, self.position, self.pattern = executor, plan, position, pattern
         self.labels = labels.astype(np.int32)
         self.colours = int(labels.max()) + 1 if labels.size else 0
@@ -165,7 +240,7 @@ class _Columns:
         self.x = view(value).reshape(-1)
         self.h = _steps(plan, executor.config, self.x)
         self.step = self.h.astype(self.dtype)
-        self.chunk = max(1, min(executor.chunks[position], max(self.colours, 1)))
+        self.chunk = max(1, min(_shared(executor.chunks[position], held, executor.config.budget), max(self.colours, 1)))
         self.key = ("coloured", position)
         executor.chunks[self.key] = self.chunk
         self.evaluations = 0
@@ -222,23 +297,18 @@ class _Columns:
             self._constants = (tf.constant(self.labels), tf.constant(self.step))
         return self._constants
 
-    def sweep(self) -> np.ndarray:
-        """The first sweep: f(x + d_c) - f(x - d_c) [C, m] in float64 for every colour c."""
-        result = np.empty((self.colours, self.plan.m))
-
-        def consume(part, difference):
-            result[part] = difference
-
+    def sweep(self) -> _Differences:
+        """The first sweep: f(x + d_c) - f(x - d_c) [C, m] for every colour c, held as ``_Differences``."""
+        result = _Differences(self.colours, self.plan.m, self.plan.eval_dtype.size <= 4)
         labels, step = self.constants()
-        self.run(labels, step, np.arange(self.colours), consume, sides=False)
+        self.run(labels, step, np.arange(self.colours), result.store, sides=False)
         return result
 
-    def sides(self, elements: np.ndarray, levels: list[int]):
-        """Per level k: f(x + d), f(x - d) at each element's row along its colour's direction at step
-        h / REFINE_RATIO**k, and the spans of its column -- every level in one batch.  The
-        direction is restricted to the columns of ``elements``: columns of one colour share no
-        row, so any subset of them still recovers its nonzeros."""
-        rows, cols = self.pattern.rows[elements], self.pattern.cols[elements]
+    def sides(self, rows: np.ndarray, cols: np.ndarray, levels: list[int]):
+        """Per level k: f(x + d), f(x - d) at each nonzero's row along its column's colour direction
+        at step h / REFINE_RATIO**k, and the spans of its column -- every level in one batch.  The
+        direction is restricted to the columns given: columns of one colour share no row, so any
+        subset of them still recovers its nonzeros."""
         colour = self.labels[cols].astype(np.int64)
         present, slot = np.unique(colour, return_inverse=True)
         labels = np.full(self.x.size, -1, np.int32)
@@ -248,7 +318,7 @@ class _Columns:
         factors = [self.dtype(REFINE_RATIO ** -float(k)) for k in levels]
         ids = np.tile(present, len(levels))
         scales = np.repeat(np.array(factors, self.dtype), len(present))
-        plus, minus = np.empty((len(levels), len(elements))), np.empty((len(levels), len(elements)))
+        plus, minus = np.empty((len(levels), len(rows))), np.empty((len(levels), len(rows)))
         where = [np.flatnonzero(slot == c) for c in range(len(present))]
 
         def consume(part, up, down):
@@ -295,11 +365,12 @@ class _Columns:
 # -- the analytical side -----------------------------------------------------------------------
 
 
-def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.ndarray) -> list[np.ndarray]:
+def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.ndarray,
+                held: int = 0) -> list[_Analytical]:
     """Reverse-mode values of every nonzero, per checked input (native dtype): one VJP per row colour.
 
     The VJPs land in one [R, n_k] array per input (R row colours: the Jacobian compressed
-    by rows), read at (row colour of i, j) for each nonzero (i, j).
+    by rows), kept as it is and read at (row colour of i, j) for each nonzero (i, j).
     """
     colours = int(row_labels.max()) + 1 if row_labels.size else 0
     ids = np.arange(colours)
@@ -312,7 +383,7 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
 
     itemsize = plan.native_flat_dtype.size
     per_colour = (plan.m + plan.n + max(executor.route.elements_per_eval, 1)) * itemsize * 4
-    chunk = int(max(1, min(colours, executor.config.budget // per_colour)))
+    chunk = int(max(1, min(colours, _shared(executor.config.budget // per_colour, held, executor.config.budget))))
     labels_t = tf.constant(row_labels.astype(np.int32))
     done = False
     while executor.path != EAGER and not done:
@@ -352,14 +423,23 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
                           for i, leaf in enumerate(leaves)]
             grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
             consume(slice(colour, colour + 1), [tf.reshape(tf.convert_to_tensor(g), [1, -1]).numpy() for g in grads])
-    result = []
-    for pattern, block in zip(patterns, compressed):
-        if colours == 1:
-            result.append(_take(block[0], _cols(pattern)))
-        else:
-            result.append(block.reshape(-1)[row_labels[pattern.rows].astype(np.int64) * pattern.shape[1]
-                                             + pattern.cols])
-    return result
+    return [_Analytical(block, row_labels) for block in compressed]
+
+
+class _Analytical:
+    """The analytical values of one block's nonzeros, read where needed off the Jacobian compressed
+    by rows ([R, n_k]: nonzero (i, j) is ``[row colour of i, j]``) or off the user's dense
+    gradient (``row_labels`` None): a per-nonzero copy would cost as much again."""
+
+    def __init__(self, compressed: np.ndarray, row_labels: np.ndarray | None):
+        self.compressed, self.row_labels = compressed, row_labels
+
+    def at(self, rows, cols) -> np.ndarray:
+        if self.row_labels is None:
+            return self.compressed[_array(rows), _array(cols)]
+        if self.compressed.shape[0] == 1:
+            return self.compressed[0][cols]
+        return self.compressed[self.row_labels[_array(rows)], _array(cols)]
 
 
 # -- verdicts -------------------------------------------------------------------------------------
@@ -385,77 +465,128 @@ def _verdicts(a, numerical, noise, atol, rtol):
     return status[0], band[0]
 
 
-# Nonzeros judged per block: the rule's temporaries stay in cache instead of costing a
-# fresh 80 MB array each at 10^7 nonzeros.
+# Nonzeros handled per block: every per-nonzero quantity but the status (values, noise,
+# bands, indices) exists one block at a time -- float64 temporaries per block, not per
+# nonzero, and they stay in cache.
 VERDICT_CHUNK = 1 << 16
-
-
-def _judged(plan: Plan, pattern: _sparsity.Pattern, analytical, numerical, spans, atol, rtol):
-    """(status, band) of every nonzero under the rounding (or measured) noise, block by block."""
-    nnz = pattern.nnz
-    status, band = np.empty(nnz, np.int8), np.empty(nnz)
-    for start in range(0, nnz, VERDICT_CHUNK):
-        part = slice(start, min(start + VERDICT_CHUNK, nnz))
-        rows = part if pattern.diagonal else pattern.rows[part]
-        noise = _noise(plan, rows, spans[part])
-        status[part], band[part] = _verdicts(analytical[part], numerical[part], noise, atol, rtol)
-    return status, band
 
 
 @dataclasses.dataclass
 class _Block:
-    """The nonzeros of one checked input and everything known about them."""
+    """The nonzeros of one checked input and everything known about them.
+
+    Held per nonzero: the status (int8) only.  Numerical values are read off the colours'
+    differences ``compressed`` [C, m] (nonzero (i, j) = D[colour of j, i] / span_j), analytical
+    ones off ``analytical``; bands are recomputed from the last judgement's rule; refined
+    nonzeros override both (``override``).
+    """
 
     spec: InputSpec
     pattern: _sparsity.Pattern
     columns: _Columns
-    analytical: np.ndarray
-    numerical: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
-    spans: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
-    noise: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    analytical: _Analytical
+    compressed: _Differences | None = None
+    spans: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # [n_k] per column
     status: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int8))
-    band: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    # (sorted nonzero indices, numerical, band) that refinement settled; ``reset`` drops them.
+    override: tuple | None = None
+    # (plan, atol, rtol) of the last judgement: what the bands are computed under.
+    rule: tuple | None = None
     one_sided: dict = dataclasses.field(default_factory=dict)
     wrong_pattern: bool = False
-    # (indices, first-sweep values) that refinement replaced: ``reset`` puts them back.
-    replaced: list = dataclasses.field(default_factory=list)
+
+    @property
+    def nnz(self) -> int:
+        return self.pattern.nnz
+
+    def parts(self, start: int = 0, stop: int | None = None):
+        """Consecutive slices of at most ``VERDICT_CHUNK`` nonzeros over ``start:stop``."""
+        stop = self.nnz if stop is None else stop
+        for first in range(start, stop, VERDICT_CHUNK):
+            yield slice(first, min(first + VERDICT_CHUNK, stop))
+
+    def where(self, part: slice):
+        """(rows, cols) of the nonzeros ``part``: slices for a diagonal pattern (no gather)."""
+        if self.pattern.diagonal:
+            return part, part
+        return self.pattern.entries(part.start, part.stop)
+
+    def first_sweep(self, rows, cols) -> np.ndarray:
+        """The first sweep's quotient of each nonzero (float64, a fresh array)."""
+        compressed = self.compressed
+        assert compressed is not None, "sweep() first"
+        colours = None if compressed.colours == 1 else self.columns.labels[cols]
+        differences = compressed.take(colours, rows)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            differences /= self.spans[cols]
+        return differences
+
+    def values(self, part, bands: bool = False):
+        """(rows, cols, analytical, numerical[, band]) of the nonzeros ``part`` (a slice, or an
+        index array), refinement applied."""
+        rows, cols = self.where(part) if isinstance(part, slice) else self.pattern.at(part)
+        a = self.analytical.at(rows, cols)
+        numerical = self.first_sweep(rows, cols)
+        band = None
+        if bands:
+            assert self.rule is not None, "judge() first"
+            plan, atol, rtol = self.rule
+            _, band = _verdicts(a, numerical, _noise(plan, rows, self.spans[cols]), atol, rtol)
+        if self.override is not None:
+            index, values, refined_band = self.override
+            if isinstance(part, slice):
+                lo, hi = np.searchsorted(index, [part.start, part.stop])
+                mine, theirs = index[lo:hi] - part.start, slice(lo, hi)
+            else:
+                found = np.minimum(np.searchsorted(index, part), len(index) - 1)
+                mine = np.flatnonzero(index[found] == part)
+                theirs = found[mine]
+            numerical[mine] = values[theirs]
+            if band is not None:
+                band[mine] = refined_band[theirs]
+        return (rows, cols, a, numerical, band) if bands else (rows, cols, a, numerical)
+
+    def materialise(self, start: int, stop: int):
+        """(rows, cols, analytical, numerical, band) as whole arrays over ``start:stop`` (a small pair's report)."""
+        found = [self.values(part, bands=True) for part in self.parts(start, stop)]
+        if not found:
+            empty = np.zeros(0)
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), empty, empty, empty
+        return tuple(np.concatenate([_array(f[k]) for f in found]) for k in range(5))
 
     def sweep(self) -> None:
-        """One central difference per colour; nonzero (i, j) = D[colour of j, i] / span_j."""
-        pattern, columns = self.pattern, self.columns
-        compressed = columns.sweep()
-        self.spans = _take(columns.spans(columns.step), _cols(pattern))
-        if columns.colours == 1:
-            differences = _take(compressed[0], _rows(pattern))
-        else:
-            where = columns.labels[pattern.cols].astype(np.int64) * compressed.shape[1] + pattern.rows
-            differences = compressed.reshape(-1)[where]
-        del compressed
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            differences /= self.spans
-        self.numerical = differences
+        """One central difference per colour, kept compressed: [C, m]."""
+        columns = self.columns
+        self.compressed = columns.sweep()
+        self.spans = columns.spans(columns.step)
 
     def reset(self) -> None:
         """Back to the first sweep's values (before a new judgement under measured noise)."""
-        for where, values in reversed(self.replaced):
-            self.numerical[where] = values
-        self.replaced, self.one_sided = [], {}
+        self.override, self.one_sided = None, {}
 
     def judge(self, plan: Plan, atol: float, rtol: float) -> None:
-        self.status, self.band = _judged(plan, self.pattern, self.analytical, self.numerical, self.spans, atol, rtol)
+        """The status of every nonzero under the rounding (or measured) noise, block by block."""
+        self.rule = (plan, atol, rtol)
+        status = self.status if self.status.size == self.nnz else np.empty(self.nnz, np.int8)
+        for part in self.parts():
+            rows, cols, a, numerical = self.values(part)
+            status[part], _ = _verdicts(a, numerical, _noise(plan, rows, self.spans[cols]), atol, rtol)
+        self.status = status
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
         """Failing nonzeros: their colours again at h/4 ... h/4**5 (h/4**12 where still unsettled)."""
-        failing = np.flatnonzero((self.status == _compare.MISMATCH) | (self.status == _compare.NUMERICAL_NONFINITE))
+        failing = _having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE)
         if not len(failing):
             return
-        result = self._ladder(plan, failing, REFINE_LEVELS)
+        rows, cols = self.pattern.at(failing)
+        a = self.analytical.at(rows, cols)
+        first = self.first_sweep(rows, cols)
+        result = self._ladder(plan, rows, cols, first, REFINE_LEVELS)
         estimate, error, settled = result[0][0], result[1][0], result[2][0]
-        a = self.analytical[failing]
         status, band = _verdicts(a, estimate, error, atol, rtol)
         unsettled = ((status == _compare.MISMATCH) & ~settled) | (status == _compare.NUMERICAL_NONFINITE)
         if unsettled.any():
-            deeper = self._ladder(plan, failing[unsettled], DEEP_LEVELS)
+            deeper = self._ladder(plan, rows[unsettled], cols[unsettled], first[unsettled], DEEP_LEVELS)
             for target, value in zip(result, deeper):
                 target[0, unsettled] = value[0]
             estimate, error = result[0][0], result[1][0]
@@ -475,29 +606,27 @@ class _Block:
                 status[k] = _compare.NONDIFFERENTIABLE if inside else _compare.UNRESOLVED_KINK
             else:
                 status[k] = _compare.UNRESOLVED
-        self.replaced.append((failing, self.numerical[failing]))
-        self.numerical[failing] = estimate
-        self.status[failing], self.band[failing] = status, band
+        self.override = (failing, np.asarray(estimate, np.float64), np.asarray(band, np.float64))
+        self.status[failing] = status
 
-    def _ladder(self, plan: Plan, elements: np.ndarray, levels: int):
+    def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray, first: np.ndarray, levels: int):
         """``_compare.refine`` over the first sweep and ``levels`` finer steps, elements as columns of one row.
 
         Each element's row value f(x) is subtracted from its sides, so the shared
         ``y0`` of ``refine`` is 0 (its one-sided quotients and second differences only
         ever use differences from f(x)).
         """
-        rows = self.pattern.rows[elements]
         y0 = plan.eval_output[rows]
-        noise = _noise(plan, rows, self.spans[elements])
-        stack: list[tuple] = [(self.numerical[elements][None, :], noise[None, :], None, None, None)]
-        for plus, minus, spans in self.columns.sides(elements, list(range(1, levels + 1))):
+        noise = _noise(plan, rows, self.spans[cols])
+        stack: list[tuple] = [(first[None, :], noise[None, :], None, None, None)]
+        for plus, minus, spans in self.columns.sides(rows, cols, list(range(1, levels + 1))):
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 derivative = (plus - minus) / spans
             noise = _noise(plan, rows, spans)
             stack.append((derivative[None, :], noise[None, :], (plus - y0)[None, :], (minus - y0)[None, :], spans))
         sigma = None
         if plan.noise is not None:
-            sigma = np.array([float(np.max(plan.noise.sigma[self.pattern.rows[elements]], initial=0.0))])
+            sigma = np.array([float(np.max(plan.noise.sigma[rows], initial=0.0))])
         return list(_compare.refine(stack, np.zeros(1), REFINE_RATIO, sigma))
 
 
@@ -517,7 +646,6 @@ def _outside(plan: Plan, part, value, predicted, spread, realised, eps):
 def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str | None:
     """Whether random dense probes find Jacobian mass outside the pattern (confirmed at h/4)."""
     m, rng = plan.m, np.random.default_rng(seed + 7919)
-    rows = block.pattern.rows
     eps = MACHINE_EPSILON[plan.eval_dtype]
     pattern = block.pattern
 
@@ -527,12 +655,12 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
         value, realised = block.columns.probe(signs, divide)
         if pattern.diagonal:  # block by block, in cache; only the exceeded rows kept
             found = []
-            parts = [slice(start, min(start + VERDICT_CHUNK, m)) for start in range(0, m, VERDICT_CHUNK)]
+            parts = list(block.parts(0, m))
             if where is not None:
                 parts = [where]
             for part in parts:
-                coarse, allowed = _outside(plan, part, value[part], block.numerical[part], block.band[part],
-                                           realised[part], eps)
+                _, _, _, numerical, band = block.values(part, bands=True)
+                coarse, allowed = _outside(plan, part, value[part], numerical, band, realised[part], eps)
                 with np.errstate(invalid="ignore"):
                     keep = np.arange(len(coarse)) if where is not None else np.flatnonzero(coarse > allowed)
                 if len(keep):
@@ -541,11 +669,20 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
             if not found:
                 return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
             return tuple(np.concatenate(parts_) for parts_ in zip(*found))
-        moved = realised[pattern.cols]
-        with np.errstate(invalid="ignore", over="ignore"):
-            predicted = np.bincount(rows, weights=np.where(np.isfinite(block.numerical), block.numerical * moved, 0.0),
-                                    minlength=m)
-            spread = np.sqrt(np.bincount(rows, weights=(block.band * moved) ** 2, minlength=m))
+        # sum_j N_ij d_j and the bands' spread per row, accumulated block by block (rows ascend).
+        predicted, spread = np.zeros(m), np.zeros(m)
+        for part in block.parts():
+            rows, cols, _, numerical, band = block.values(part, bands=True)
+            if not len(rows):
+                continue
+            moved = realised[cols]
+            first = int(rows[0])
+            local = rows - first
+            with np.errstate(invalid="ignore", over="ignore"):
+                span = slice(first, int(rows[-1]) + 1)
+                predicted[span] += np.bincount(local, weights=np.where(np.isfinite(numerical), numerical * moved, 0.0))
+                spread[span] += np.bincount(local, weights=(band * moved) ** 2)
+        np.sqrt(spread, out=spread)
         coarse, allowed = _outside(plan, slice(None), value, predicted, spread, None, eps)
         with np.errstate(invalid="ignore"):
             index = np.flatnonzero(coarse > allowed) if where is None else where
@@ -578,28 +715,183 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
 # -- the report -------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(repr=False)
 class SparsePairReport(PairReport):
     """A ``PairReport`` over the structural nonzeros only: ``numerical``, ``analytical``,
     ``status`` and ``band`` are 1-D over the nonzeros ``(rows[k], cols[k])`` of the
-    ``jacobian_shape`` block; ``one_sided`` is keyed by ``(k,)``."""
+    ``jacobian_shape`` block; ``one_sided`` is keyed by ``(k,)``.
 
-    rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
-    cols: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
-    jacobian_shape: tuple = (0, 0)
+    Only ``status`` is held (a view of the check's int8 array); the values, bands and
+    indices are read off the check's compressed arrays block by block for every summary
+    (errors, worst elements, counts, the text), and made whole arrays only when asked for
+    by name (``numerical``, ``rows`` ..., ``to_dict(arrays=True)``): at 6.4e7 nonzeros each
+    such array is 0.5 GB.
+    """
+
+    def __init__(self, output_name: str, input_name: str, output_shape: tuple, input_shape: tuple, block: _Block,
+                 start: int, stop: int, row_offset: int, atol: float, rtol: float, side: str = "reverse",
+                 jacobian_shape: tuple = (0, 0)):
+        self.output_name, self.input_name = output_name, input_name
+        self.output_shape, self.input_shape = output_shape, input_shape
+        self.atol, self.rtol, self.side = atol, rtol, side
+        self.hint = None
+        self.one_sided = {}
+        self.jacobian_shape = jacobian_shape
+        self.status = block.status[start:stop]
+        self._block, self._start, self._stop, self._offset = block, start, stop, row_offset
+        self._arrays: tuple | None = None
+        self._summary: dict | None = None
+        self._counts: np.ndarray | None = None
+
+    # -- whole arrays, on request ---------------------------------------------------------
+
+    def _whole(self) -> tuple:
+        if self._arrays is None:
+            rows, cols, a, n, band = self._block.materialise(self._start, self._stop)
+            self._arrays = (rows - self._offset, cols, a, n, band)
+        return self._arrays
+
+    rows = property(lambda self: self._whole()[0], doc="Output element (flat) of every nonzero.")
+    cols = property(lambda self: self._whole()[1], doc="Input element (flat) of every nonzero.")
+    analytical = property(lambda self: self._whole()[2])
+    numerical = property(lambda self: self._whole()[3])
+    band = property(lambda self: self._whole()[4])
+
+    # -- summaries, block by block --------------------------------------------------------
+
+    def _chunks(self, bands: bool = True):
+        """(offset of the chunk in this pair, status, analytical, numerical, band) per block of nonzeros."""
+        for part in self._block.parts(self._start, self._stop):
+            _, _, a, n, band = self._block.values(part, bands=bands) + ((None,) if not bands else ())
+            yield part.start - self._start, self.status[part.start - self._start : part.stop - self._start], a, n, band
+
+    @staticmethod
+    def _abs_error(status, a, n) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return np.where(status == _compare.NONDIFFERENTIABLE, 0.0, np.abs(a - n))
+
+    # Worst elements found by the one summary pass (the text asks for 3).
+    WORST_KEPT = 8
+
+    def summary(self) -> dict:
+        """Every summary in one pass over the nonzeros, made once (the report no longer changes):
+        the largest absolute and relative errors, the sums of squares of the norm error, and the
+        worst ``WORST_KEPT`` elements (``PairReport._worst_indices``: score, ties in index order)."""
+        if self._summary is not None:
+            return self._summary
+        floor = self.atol / self.rtol if self.rtol > 0 else 0.0
+        largest, relative, squares, candidates, scores = [], [], np.zeros(3), [], []
+        for offset, status, a, n, band in self._chunks():
+            if not len(status):
+                continue
+            error = self._abs_error(status, a, n)
+            largest.append(np.max(error))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                scale = np.maximum(np.maximum(np.abs(a), np.abs(n)), floor)
+                relative.append(np.max(np.where(scale > 0, error / scale, 0.0)))
+                score = error / band
+            finite = np.isfinite(n) & np.isfinite(a)
+            kept_n, kept_a = n[finite], a[finite].astype(np.float64)
+            difference = kept_n - kept_a
+            # Sums of squares, not np.dot: BLAS threads cost milliseconds per call on a busy machine.
+            squares += (np.sum(difference * difference), np.sum(kept_n * kept_n), np.sum(kept_a * kept_a))
+            score = np.nan_to_num(score, nan=np.inf)
+            if status.any():  # the scores of statuses other than OK and MISMATCH, as PairReport gives them
+                score = np.where(np.isin(status, (_compare.ANALYTICAL_NONFINITE, _compare.NUMERICAL_NONFINITE)),
+                                 np.inf, score)
+                score = np.where(np.isin(status, (_compare.UNRESOLVED, _compare.DISCONTINUOUS,
+                                                  _compare.UNRESOLVED_KINK)), np.maximum(score, 1.0), score)
+                score = np.where(status == _compare.NONDIFFERENTIABLE, 0.0, score)
+            best = _top(score, self.WORST_KEPT)
+            candidates.append(best + offset)
+            scores.append(score[best])
+        worst = []
+        if candidates:
+            index, score = np.concatenate(candidates), np.concatenate(scores)
+            worst = [int(index[k]) for k in _top(score, self.WORST_KEPT)]
+        self._summary = {
+            "max_abs_error": float(np.max(largest)) if largest else 0.0,
+            "max_rel_error": float(np.max(relative)) if relative else 0.0,
+            "relative_norm_error": float(np.sqrt(squares[0]) / (np.sqrt(squares[1]) + np.sqrt(squares[2]) + 1e-8)),
+            "worst": worst}
+        return self._summary
+
+    @property
+    def abs_error(self) -> np.ndarray:
+        return self._abs_error(self.status, self.analytical, self.numerical)
+
+    @property
+    def max_abs_error(self) -> float:
+        return self.summary()["max_abs_error"]
+
+    @property
+    def max_rel_error(self) -> float:
+        return self.summary()["max_rel_error"]
+
+    @property
+    def relative_norm_error(self) -> float:
+        """``_compare.relative_norm_error``, its three sums of squares taken block by block."""
+        return self.summary()["relative_norm_error"]
+
+    def _worst_indices(self, count: int) -> list[int]:
+        if count <= self.WORST_KEPT:
+            return self.summary()["worst"][:count]
+        return PairReport._worst_indices(self, count)  # materialises the arrays: asked for by name
+
+    def count(self, status: int) -> int:
+        if self._counts is None:  # one bincount for every status the text asks about
+            self._counts = np.bincount(self.status.view(np.uint8), minlength=len(_compare.STATUS_NAMES))
+        return int(self._counts[status])
+
+    @property
+    def failed_count(self) -> int:
+        return sum(self.count(status) for status in _compare.FAILING)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_count == 0
 
     def _element(self, flat_index: int):
         k = int(flat_index)
-        row, col = int(self.rows[k]), int(self.cols[k])
+        block = self._block
+        rows, cols, a, n, band = block.values(np.array([self._start + k]), bands=True)
+        row, col = int(_array(rows)[0]) - self._offset, int(_array(cols)[0])
         return Element(
             tuple(int(i) for i in np.unravel_index(row, self.output_shape)) if self.output_shape else (),
             tuple(int(i) for i in np.unravel_index(col, self.input_shape)) if self.input_shape else (),
-            float(self.analytical[k]), float(self.numerical[k]), float(abs(self.analytical[k] - self.numerical[k])),
-            float(self.band[k]), _compare.STATUS_NAMES[int(self.status[k])])
+            float(a[0]), float(n[0]), float(abs(a[0] - n[0])), float(band[0]),
+            _compare.STATUS_NAMES[int(self.status[k])])
 
     def kinks(self) -> list:
         return [(self._element(int(k)), *self.one_sided.get((int(k),), (np.nan, np.nan)))
-                for k in np.flatnonzero(self.status == _compare.NONDIFFERENTIABLE)]
+                for k in _having(self.status, _compare.NONDIFFERENTIABLE)]
+
+    def diagnose(self) -> str | None:
+        """``_compare.diagnose`` on the nonzeros that are not OK, plus three whose numerical value is
+        nonzero (what its constant-factor test counts): the rule reads nothing else, except the
+        share of failing elements, taken here over all nonzeros."""
+        picked, values = [], []
+        spare = 3
+        for _, status, a, n, _ in self._chunks(bands=False):
+            keep = status != _compare.OK
+            if spare:
+                extra = np.flatnonzero(~keep & np.isfinite(n) & (n != 0))[:spare]
+                keep[extra] = True
+                spare -= len(extra)
+            where = np.flatnonzero(keep)
+            if len(where):
+                picked.append(status[where])
+                values.append((a[where].astype(np.float64), n[where]))
+        if not picked:
+            return None
+        status = np.concatenate(picked)
+        a, n = (np.concatenate([v[k] for v in values]) for k in range(2))
+        hint = _compare.diagnose(a[None, :], n[None, :], status[None, :])
+        if hint is not None and hint.startswith("only "):
+            total = int(np.sum(status == _compare.MISMATCH))
+            size = int(self.status.size)
+            hint = (f"only {total} of {size} elements differ: look at indexing or a special case near the worst "
+                    "element." if total <= max(1, size // 100) else None)
+        return hint
 
     def __repr__(self) -> str:
         return (f"<SparsePairReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} nonzeros "
@@ -618,6 +910,26 @@ class SparsePairReport(PairReport):
         return summary
 
 
+def _having(status: np.ndarray, *codes: int) -> np.ndarray:
+    """Indices of the nonzeros whose status is one of ``codes`` (not OK): found among the
+    nonzero statuses (OK is 0), so no nnz-sized boolean temporary is made."""
+    index = np.flatnonzero(status)
+    return index[np.isin(status[index], codes)]
+
+
+def _top(score: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the ``count`` largest scores, largest first, ties in index order (as
+    ``np.argsort(-score, kind="stable")[:count]``) without sorting them all."""
+    if len(score) > count:
+        kth = np.partition(score, len(score) - count)[len(score) - count]
+        above = np.flatnonzero(score > kth)
+        ties = np.flatnonzero(score == kth)[: count - len(above)]
+        picked = np.sort(np.concatenate([above, ties]))
+    else:
+        picked = np.arange(len(score))
+    return picked[np.argsort(-score[picked], kind="stable")][:count]
+
+
 # The per-status counts of ``PairReport.to_dict``, by key.
 _COUNTS = (("mismatches", _compare.MISMATCH), ("analytical_nonfinite", _compare.ANALYTICAL_NONFINITE),
            ("numerical_nonfinite", _compare.NUMERICAL_NONFINITE), ("not_differentiable", _compare.NONDIFFERENTIABLE),
@@ -630,16 +942,17 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str)
     for block in blocks:
         spec, pattern = block.spec, block.pattern
         input_shape = tuple(spec.real_view.shape)
+        indptr = pattern.indptr
         for output in plan.outputs:
             output_shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
-            lo, hi = np.searchsorted(pattern.rows, [output.offset, output.offset + output.size])
-            rows, cols = pattern.rows[lo:hi] - output.offset, pattern.cols[lo:hi]
+            lo, hi = int(indptr[output.offset]), int(indptr[output.offset + output.size])
             name = output_name or output.name
             one_sided = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
-            numerical, analytical, status, band = (x[lo:hi] for x in (block.numerical, block.analytical,
-                                                                        block.status, block.band))
             pair: PairReport
             if output.size * spec.size <= DENSE_REPORT_ENTRIES:
+                rows, cols, analytical, numerical, band = block.materialise(lo, hi)
+                rows = rows - output.offset
+                status = block.status[lo:hi]
                 dense = []
                 for x, fill in zip((numerical, analytical, status, band), (0.0, 0.0, _compare.OK, atol)):
                     array = np.full((output.size, spec.size), fill, dtype=x.dtype)
@@ -649,14 +962,12 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str)
                                   atol, rtol, side=side)
                 pair.one_sided = {(int(rows[k]), int(cols[k])): v for (k,), v in one_sided.items()}
                 pair.hint = _compare.diagnose(dense[1], dense[0], dense[2])
-                pair.hint = WRONG_PATTERN_HINT if block.wrong_pattern else pair.hint
             else:
-                pair = SparsePairReport(name, spec.name, output_shape, input_shape, numerical, analytical, status, band,
-                                        atol, rtol, side=side, rows=rows, cols=cols,
-                                        jacobian_shape=(output.size, spec.size))
+                pair = SparsePairReport(name, spec.name, output_shape, input_shape, block, lo, hi, output.offset,
+                                        atol, rtol, side=side, jacobian_shape=(output.size, spec.size))
                 pair.one_sided = one_sided
-                pair.hint = _compare.diagnose(analytical[None, :], numerical[None, :], status[None, :])
-                pair.hint = WRONG_PATTERN_HINT if block.wrong_pattern else pair.hint
+                pair.hint = pair.diagnose()
+            pair.hint = WRONG_PATTERN_HINT if block.wrong_pattern else pair.hint
             pairs.append(pair)
     return pairs
 
@@ -741,7 +1052,7 @@ def layout(executor: Executor, plan: Plan) -> Layout:
     labels = [_sparsity.colour(p, tuple(s.real_view.shape), seed) for p, s in zip(patterns, plan.checked)]
     output_shape = (tuple(plan.outputs[0].shape) + ((2,) if plan.outputs[0].dtype.is_complex else ())
                     if len(plan.outputs) == 1 else (plan.m,))
-    row_labels = _sparsity.colour(_sparsity.transpose(_sparsity.joined(patterns)), output_shape, seed)
+    row_labels = _sparsity.row_colour(patterns, output_shape, seed)
     result = Layout(patterns, source, labels, row_labels)
     executor.memo[LAYOUT_KEY] = result
     return result
@@ -763,14 +1074,23 @@ def prospect(executor: Executor, plan: Plan) -> dict:
     allowance = inputs * (4 * PATTERN_PROBES + 2 * REFINE_LEVELS)
     return {"colours": colours, "row_colours": found.row_colours, "nonzeros": nonzeros,
             "evaluations": 2 * colours + allowance, "vjps": found.row_colours,
-            "bytes": nonzeros * BYTES_PER_NONZERO + 8 * (colours * plan.m + found.row_colours * plan.n),
-            "source": found.source}
+            "bytes": held_bytes(found, plan), "source": found.source}
 
 
-# Host bytes per structural nonzero at the peak of a check: rows and cols (int64), the
-# numerical value, its span, noise and band (float64), the analytical value (native) and
-# the status, plus a float64 temporary.
-BYTES_PER_NONZERO = 65
+def held_bytes(found: Layout, plan: Plan) -> int:
+    """Host bytes the coloured check holds from its sweep to its report: the statuses, the
+    colours' differences [C, m] (float32 for f evaluated in float32, else float64), the VJPs
+    [R, n] (native dtype) and the patterns."""
+    narrow = 4 if plan.eval_dtype.size <= 4 else 8
+    return int(sum(p.nnz for p in found.patterns) * BYTES_PER_NONZERO + narrow * sum(found.colours) * plan.m
+               + plan.native_flat_dtype.size * found.row_colours * plan.n + sum(p.bytes for p in found.patterns))
+
+
+# Host bytes per structural nonzero held through a check: its status (int8).  Everything
+# else lives compressed -- the colours' differences [C, m] (float64) and the VJPs [R, n]
+# (native dtype), about one value per nonzero each for a good colouring -- or exists one
+# block of ``VERDICT_CHUNK`` nonzeros at a time.
+BYTES_PER_NONZERO = 1
 
 
 def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name) -> Outcome:
@@ -778,13 +1098,13 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
     with timed(timings, "sparsity"):
         found = layout(executor, plan)
     patterns, source, labels, row_labels = found.patterns, found.source, found.labels, found.row_labels
+    held = held_bytes(found, plan)
     with timed(timings, "analytical"):
         if supplied is not None:
-            dense = supplied(plan)
-            analytical = [np.asarray(d, np.float64)[p.rows, p.cols] for d, p in zip(dense, patterns)]
+            analytical = [_Analytical(np.asarray(d, np.float64), None) for d in supplied(plan)]
         else:
-            analytical = _analytical(executor, plan, patterns, row_labels)
-    blocks = [_Block(spec, p, _Columns(executor, plan, spec.position, p, lab), a)
+            analytical = _analytical(executor, plan, patterns, row_labels, held)
+    blocks = [_Block(spec, p, _Columns(executor, plan, spec.position, p, lab, held), a)
               for spec, p, lab, a in zip(plan.checked, patterns, labels, analytical)]
     with timed(timings, "numerical"):
         for block in blocks:
@@ -804,7 +1124,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
     # verdict can be read off them, so their disagreements are undecidable, not mismatches.
     for block in wrong:
         block.wrong_pattern = True
-        block.status[block.status != _compare.OK] = _compare.UNRESOLVED
+        block.status[np.flatnonzero(block.status)] = _compare.UNRESOLVED  # OK is 0
     judged = [b for b in blocks if not any(b is w for w in wrong)]
     # Failing nonzeros are refined first (a few colours at smaller steps): at 10^7 elements
     # truncation fails a handful of them, and measuring f's noise costs far more than
@@ -815,7 +1135,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         for block in judged:
             block.refine(plan, atol, rtol)
     sampled = ""
-    if any(np.any(b.status != _compare.OK) for b in judged) and plan.noise is None:
+    if any(np.count_nonzero(b.status) for b in judged) and plan.noise is None:  # OK is 0: no temporary
         with timed(timings, "noise"):
             plan, sampled = _measured_rows(executor, plan, judged)
         atol, rtol = config.tolerances(plan.precision)
@@ -862,21 +1182,13 @@ def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tupl
     of a 10^7-element f took 100 s: ~100 evaluations with [8, m] tables on the host.)
     """
     m = plan.m
-    failing = np.unique(np.concatenate([b.pattern.rows[b.status != _compare.OK] for b in blocks]))
+    failing = np.unique(np.concatenate([b.pattern.at(np.flatnonzero(b.status))[0] for b in blocks]))
     if m <= NOISE_ALL:
         return _measured(executor, plan), ""
     rng = np.random.default_rng(executor.config.seed + 4099)
     rows = np.union1d(failing, rng.choice(m, size=min(NOISE_SAMPLE, m), replace=False))
     # The columns of each checked input that those rows depend on.
-    columns = []
-    for block in blocks:
-        pattern = block.pattern
-        if pattern.diagonal:
-            columns.append(rows[rows < pattern.shape[1]])
-        else:
-            indptr = pattern.indptr
-            picked = _sparsity._ranges(indptr[rows], indptr[rows + 1] - indptr[rows])
-            columns.append(np.unique(pattern.cols[picked]))
+    columns = [block.pattern.columns_of(rows) for block in blocks]
     specs = [b.spec for b in blocks]
     full = [executor.values[s.position] for s in specs]
     subset = [tf.constant(view(v).reshape(-1)[c]) for v, c in zip(full, columns)]

@@ -227,7 +227,7 @@ def _along(evaluate, values, bases, signs, scale, side: int) -> np.ndarray:
         # output that stays put then does so because f rounds it.
         ulps = 4 * np.abs(np.spacing(base)).astype(np.float64)
         steps[p] = np.maximum(np.exp2(np.round(np.log2(size))), ulps) * signs[p]
-    rows = None
+    rows: np.ndarray | None = None
     for t in range(1, NOISE_SIDE + 1):
         moved = list(values)
         for p, base in bases.items():
@@ -236,6 +236,7 @@ def _along(evaluate, values, bases, signs, scale, side: int) -> np.ndarray:
         if rows is None:
             rows = np.empty((NOISE_SIDE, row.size))
         rows[t - 1] = row
+    assert rows is not None  # NOISE_SIDE >= 1
     return rows
 
 

@@ -300,3 +300,192 @@ def test_noise_measured_on_a_sample_of_rows_gives_the_verdicts_of_measuring_ever
     assert agree >= 0.99, agree
     if wrong:
         assert sampled.pairs[0].status[index] == everything.pairs[0].status[index] == 1
+
+
+# -- shared dependency sets: normalisations ------------------------------------------------------
+
+
+def _batch_norm(x):
+    mean, variance = tf.nn.moments(x, [0], keepdims=True)
+    return tf.nn.batch_normalization(x, mean, variance, tf.constant(0.1, x.dtype), tf.constant(1.2, x.dtype), 1e-3)
+
+
+def _standardised(x):
+    mean, variance = tf.nn.moments(x, [-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(variance + 1e-3)
+
+
+_KERAS_LAYERS: dict = {}
+
+
+def _keras_layer_norm(x):
+    # Built once per dtype, outside any tf.function: a layer creates its variables when built.
+    import keras
+
+    if x.dtype not in _KERAS_LAYERS:
+        layer = keras.layers.LayerNormalization(dtype=x.dtype.name)
+        layer.build(tuple(x.shape))
+        _KERAS_LAYERS[x.dtype] = layer
+    return _KERAS_LAYERS[x.dtype](x)
+
+
+def _neighbour_row_sum(x):
+    # Row r's elements depend on x[r, j] and all of row r - 1: its own column is not in the
+    # shared set, so the union is made explicitly.
+    return x * tf.reduce_sum(tf.roll(x, 1, axis=0), -1, keepdims=True)
+
+
+# name -> (f, groups the traced pattern shares: one set per normalised row, or per column for
+# batch statistics; None: not checked)
+NORMALISATIONS = {
+    "layer_norm": (_layer_norm, 32),
+    "l2_normalize": (lambda x: tf.math.l2_normalize(x, -1), 32),
+    "moments": (_standardised, 32),
+    "reduce_variance": (lambda x: tf.math.reduce_variance(x, -1, keepdims=True) * x, 32),
+    "batch_normalization": (_batch_norm, 8),
+    "keras_layer_norm": (_keras_layer_norm, 32),
+    "softmax": (tf.nn.softmax, 32),
+    "union_fallback": (_neighbour_row_sum, None),
+}
+
+
+def _truth(f, x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.reshape(f(x), [-1])
+    return tape.jacobian(y, x).numpy().reshape(y.shape[0], -1) != 0
+
+
+@pytest.mark.parametrize("name", sorted(NORMALISATIONS))
+def test_normalisation_patterns_are_exact_and_shared(name):
+    f, groups = NORMALISATIONS[name]
+    x = tf.constant(RNG.normal(size=(32, 8)), tf.float64)
+    f(x)  # a Keras layer builds its variables here, not inside the traced function
+    function = tf.function(lambda v: tf.reshape(f(v), [-1]))
+    m, dep = _sparsity.trace(function, [tf.TensorSpec(x.shape, x.dtype)], [(0, 256)])
+    (pattern,) = _sparsity.traced_patterns(m, dep, [256])
+    dense = np.zeros(pattern.shape, bool)
+    dense[pattern.rows, pattern.cols] = True
+    np.testing.assert_array_equal(dense, _truth(f, x))
+    if groups is not None:
+        assert pattern.group is not None and len(pattern.gptr) - 1 == groups
+    # Both colourings are valid: columns sharing a row differ, rows sharing a column differ.
+    labels = _sparsity.colour(pattern, (32, 8))
+    rows = _sparsity.row_colour([pattern], (32, 8))
+    for row in range(m):
+        mine = labels[pattern.cols[pattern.rows == row]]
+        assert len(set(mine)) == len(mine)
+    for col in range(256):
+        mine = rows[pattern.rows[pattern.cols == col]]
+        assert len(set(mine)) == len(mine)
+    if groups is not None:  # one set per row or column: the lattice is optimal (the widest row)
+        assert labels.max() + 1 == pattern.max_row()
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", sorted(NORMALISATIONS))
+def test_normalisations_pass_when_correct(name, dtype):
+    f, _ = NORMALISATIONS[name]
+    x = tf.constant(RNG.normal(size=(32, 8)), dtype)
+    report = fastcheck.check_gradients(f, x, mode="coloured")
+    assert report.ok, str(report)
+    assert any("sparsity pattern traced" in note for note in report.notes)
+
+
+def _one_entry_wrong(f, row, col, delta):
+    """f whose reverse-mode Jacobian is off by ``delta`` at the one entry (row, col) (flat indices)."""
+
+    @tf.custom_gradient
+    def wrong(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = f(x)
+
+        def grad(dy):
+            extra = delta * tf.reshape(dy, [-1])[row] * tf.one_hot(col, tf.size(x), dtype=x.dtype)
+            return tape.gradient(y, x, output_gradients=dy) + tf.reshape(extra, tf.shape(x))
+
+        return y, grad
+
+    return wrong
+
+
+@pytest.mark.parametrize("report_kind", ["dense", "sparse"])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", ["layer_norm", "l2_normalize", "batch_normalization"])
+def test_one_wrong_entry_of_a_normalisation_is_located(name, dtype, report_kind, monkeypatch):
+    from fastcheck import _coloured
+
+    if report_kind == "sparse":  # the report reads values off the compressed arrays
+        monkeypatch.setattr(_coloured, "DENSE_REPORT_ENTRIES", 0)
+    f, _ = NORMALISATIONS[name]
+    x = tf.constant(RNG.normal(size=(32, 8)), dtype)
+    row, col = (8 * 5 + 2, 8 * 5 + 6) if name != "batch_normalization" else (8 * 7 + 3, 8 * 20 + 3)
+    report = fastcheck.check_gradients(_one_entry_wrong(f, row, col, 0.05), x, mode="coloured")
+    assert report.verdict == "fail", str(report)
+    (pair,) = report.pairs
+    assert isinstance(pair, SparsePairReport) == (report_kind == "sparse")
+    assert pair.count(1) == 1
+    worst = pair.worst_element
+    assert worst.output_index == (row // 8, row % 8) and worst.input_index == (col // 8, col % 8)
+    assert f"input[{col // 8}, {col % 8}]" in str(report)
+
+
+def test_a_wrong_column_of_layer_norm_fails_only_there():
+    # benchmarks/coloured.py's defect: the VJP scaled at one input element, i.e. one column of J.
+    from benchmarks.coloured import _with_defect
+
+    x = tf.constant(RNG.normal(size=(32, 8)), tf.float64)
+    report = fastcheck.check_gradients(_with_defect(_layer_norm, 77, 1e-3), x, mode="coloured")
+    assert report.verdict == "fail"
+    (pair,) = report.pairs
+    failing = np.argwhere(pair.status == 1)
+    assert len(failing) >= 1 and set(failing[:, 1]) == {77}
+    assert set(failing[:, 0] // 8) == {77 // 8}  # only the rows of its block depend on it
+
+
+def test_layer_norm_at_a_million_elements_traces_to_shared_sets():
+    # Rows of 64 over 10^6 elements: 6.4e7 nonzeros, once past the dependency-pair budget.
+    function = tf.function(lambda v: tf.reshape(_layer_norm(v), [-1]))
+    spec = tf.TensorSpec((15625, 64), tf.float32)
+    m, dep = _sparsity.trace(function, [spec], [(0, 10**6)])
+    (pattern,) = _sparsity.traced_patterns(m, dep, [10**6])
+    assert pattern.nnz == 64 * 10**6
+    assert len(pattern.gcols) == 10**6 and len(pattern.gptr) - 1 == 15625  # each block's set once
+    rows, cols = pattern.entries(64 * 500_000, 64 * 500_000 + 64)  # output row 500000: block 7812
+    np.testing.assert_array_equal(rows, 500_000)
+    np.testing.assert_array_equal(cols, np.arange(7812 * 64, 7813 * 64))
+    assert _sparsity.colour(pattern, (15625, 64)).max() + 1 == 64
+    assert _sparsity.row_colour([pattern], (15625, 64)).max() + 1 == 64
+
+
+def test_pattern_entries_and_at_agree_with_the_materialised_indices():
+    shared = _sparsity.Pattern((5, 6), np.array([0, 2, 2, 5]), np.array([1, 4, 0, 2, 3], np.int32),
+                               np.array([2, 0, 1, 0, 2]))
+    rows, cols = shared.rows, shared.cols
+    # Row 0 -> group 2 {0, 2, 3}, rows 1 and 3 -> group 0 {1, 4}, row 2 -> the empty group 1.
+    np.testing.assert_array_equal(rows, [0, 0, 0, 1, 1, 3, 3, 4, 4, 4])
+    np.testing.assert_array_equal(cols, [0, 2, 3, 1, 4, 1, 4, 0, 2, 3])
+    assert shared.nnz == 10 and shared.max_row() == 3
+    for start, stop in ((0, 10), (2, 5), (4, 8), (5, 5), (9, 10)):
+        r, c = shared.entries(start, stop)
+        np.testing.assert_array_equal(r, rows[start:stop])
+        np.testing.assert_array_equal(c, cols[start:stop])
+    picked = np.array([8, 0, 4])
+    np.testing.assert_array_equal(np.stack(shared.at(picked)), np.stack([rows[picked], cols[picked]]))
+    np.testing.assert_array_equal(shared.columns_of(np.array([1, 3])), [1, 4])
+
+
+def test_float32_differences_are_held_exactly():
+    from fastcheck._coloured import _Differences
+
+    plus = RNG.normal(size=(3, 1000)).astype(np.float32)
+    minus = (plus * np.float32(0.999)).astype(np.float32)
+    minus[:, :20] = -RNG.uniform(1e-9, 1e-6, size=(3, 20)).astype(np.float32)  # crossing zero: inexact in float32
+    exact = plus.astype(np.float64) - minus.astype(np.float64)
+    held = _Differences(3, 1000, narrow=True)
+    held.store(slice(0, 2), exact[:2])
+    held.store(slice(2, 3), exact[2:])
+    assert held.values.dtype == np.float32 and 0 < len(held.index) <= 60
+    colours, rows = np.repeat(np.arange(3), 1000), np.tile(np.arange(1000), 3)
+    np.testing.assert_array_equal(held.take(colours, rows), exact.reshape(-1))
