@@ -36,8 +36,8 @@ def _elementwise(x):
     return tf.sin(x) * x
 
 
-def _with_defect(f, index: int, relative: float):
-    """f with a reverse-mode gradient off by ``relative`` at one flat element."""
+def _adjusted(f, adjust):
+    """f whose reverse-mode gradient is ``adjust(vjp, dy, x)`` of the true VJP: a planted defect."""
 
     @tf.custom_gradient
     def wrong(x):
@@ -46,12 +46,20 @@ def _with_defect(f, index: int, relative: float):
             y = f(x)
 
         def grad(dy):
-            scale = 1 + relative * tf.one_hot(index, tf.size(x), dtype=x.dtype)
-            return tape.gradient(y, x, output_gradients=dy) * tf.reshape(scale, tf.shape(x))
+            return adjust(tape.gradient(y, x, output_gradients=dy), dy, x)
 
         return y, grad
 
     return wrong
+
+
+def _with_defect(f, index: int, relative: float):
+    """f with a reverse-mode gradient off by ``relative`` at one flat element."""
+
+    def adjust(vjp, dy, x):
+        return vjp * tf.reshape(1 + relative * tf.one_hot(index, tf.size(x), dtype=x.dtype), tf.shape(x))
+
+    return _adjusted(f, adjust)
 
 
 def _reference(f, x) -> float:
@@ -149,19 +157,11 @@ LAYER_NORM_BUDGET = 2 << 30
 def _with_entry_defect(f, row: int, col: int, delta: float):
     """f with a reverse-mode Jacobian off by ``delta`` at the one entry (row, col) (flat indices)."""
 
-    @tf.custom_gradient
-    def wrong(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = f(x)
+    def adjust(vjp, dy, x):
+        extra = delta * tf.reshape(dy, [-1])[row] * tf.one_hot(col, tf.size(x), dtype=x.dtype)
+        return vjp + tf.reshape(extra, tf.shape(x))
 
-        def grad(dy):
-            extra = delta * tf.reshape(dy, [-1])[row] * tf.one_hot(col, tf.size(x), dtype=x.dtype)
-            return tape.gradient(y, x, output_gradients=dy) + tf.reshape(extra, tf.shape(x))
-
-        return y, grad
-
-    return wrong
+    return _adjusted(f, adjust)
 
 
 def _layer_norm_child(defect: bool) -> None:

@@ -200,12 +200,6 @@ class Pattern:
         np.cumsum(counts, out=gptr[1:])
         return gptr, self.gcols[_ranges(self.gptr[:-1][used], counts)]
 
-    def rows_per_group(self) -> np.ndarray:
-        """How many rows use each group."""
-        if self.group is None:
-            return np.ones(len(self.gptr) - 1, np.int64)
-        return np.bincount(self.group, minlength=len(self.gptr) - 1)
-
     def columns_of(self, rows: np.ndarray) -> np.ndarray:
         """The sorted distinct columns that the rows ``rows`` depend on."""
         if self.diagonal:
