@@ -2,7 +2,8 @@
 
 * elementwise f on 10^6 and 10^7 float32 elements: the coloured check (element-wise
   verdicts on every element) against the reference of 2 forward evaluations + 1 VJP,
-  timed in the same run, and a planted defect (one element off by a relative 1e-3);
+  timed in the same run, and a planted defect (one element off by a relative 1e-3); at 10^7, with
+  rtol=1e-5, the correct f and one element off by a relative 1e-4;
 * a 3x3 convolution on a 32x32x8 input: the coloured check against mode="full" of the
   same problem, correct and with a planted defect (verdicts compared);
 * the same convolution on a 256x256x8 input (524,288 inputs: no full check fits), with
@@ -104,6 +105,14 @@ def main() -> None:
         wrong, seconds = _timed(_with_defect(_elementwise, index, 1e-3), x, mode="coloured")
         rows.append((f"same, one element off by 1e-3 (relative) at [{index}]", "coloured", f"{seconds:.2f}",
                      f"caught and located: {_located(wrong, (index,))}", wrong.verdict, _colours(wrong)))
+        if n == 10**7:  # float32's default rtol (1e-4) puts a relative 1e-4 defect on the tolerance itself
+            correct, seconds = _timed(_elementwise, x, mode="coloured", rtol=1e-5)
+            rows.append(("same, correct, rtol=1e-5", "coloured", f"{seconds:.2f}", "no false alarm: "
+                         f"{correct.ok}", correct.verdict, _colours(correct)))
+            wrong, seconds = _timed(_with_defect(_elementwise, index, 1e-4), x, mode="coloured", rtol=1e-5)
+            rows.append((f"same, one element off by 1e-4 (relative) at [{index}], rtol=1e-5", "coloured",
+                         f"{seconds:.2f}", f"caught and located: {_located(wrong, (index,))}", wrong.verdict,
+                         _colours(wrong)))
     kernel = tf.constant(rng.normal(size=(3, 3, 8, 8)).astype(np.float32) / 8)
 
     def conv(x):

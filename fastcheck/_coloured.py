@@ -70,39 +70,26 @@ def _kernel_path(executor: Executor, evaluations: int) -> str:
     return GRAPH if executor.path == XLA and evaluations < XLA_MIN_EVALUATIONS else executor.path
 
 
-def _probe_kernel(plan: Plan, position: int, path: str, flat_function=None):
-    """Along d = step * scale * s, s random signs from ``seed`` (drawn in the kernel: no n-sized
-    array crosses from the host): (f(x + d) - f(x - d)) / 2 [m] and ((x + d) - (x - d)) / 2 [n],
-    both float64."""
-
-    def kernel(values, step, seed, scale):
-        flat = tf.reshape(values[position], [-1])
-        signs = tf.random.stateless_uniform(tf.shape(flat), seed=seed) < 0.5
-        d = tf.where(signs, step, -step) * scale
-        outs = evaluate_rows(plan, position, path, values, tf.stack([flat + d, flat - d]), flat_function)
-        wide = tf.cast(outs, tf.float64)
-        realised = tf.cast(flat + d, tf.float64) - tf.cast(flat - d, tf.float64)
-        return (wide[0] - wide[1]) / 2, realised / 2
-
-    return compile_kernel(kernel, path, plan.autograph)
-
-
-def _colour_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None, sides: bool = True):
+def _colour_kernel(plan: Plan, position: int, path: str, values, flat_function=None):
     """For colours ``ids``, d_c = step * scales[c] where labels == ids[c], else 0: f(x + d_c) and
-    f(x - d_c) as [2 chunk, m] (``sides``), or their difference [chunk, m] in float64 (exact for
-    a float32 f: the first sweep).  ``scales`` are powers of two (exact: the host knows d_c)."""
+    f(x - d_c) as [2 len(ids), m] in the evaluation dtype.  ``scales`` are powers of two (exact:
+    the host knows d_c).  One kernel serves the first sweep (the host takes the differences),
+    refinement (the host reads the rows it needs) and the pattern probe (labels all 0, a signed
+    step): traced once, for any number of colours (an XLA kernel compiles per count, so its
+    callers pad to their chunk)."""
+    n = plan.inputs[position].size
+    dtype = values[position].dtype
 
-    def kernel(values, labels, step, ids, scales, rows):
+    def kernel(values, labels, step, ids, scales):
         flat = tf.reshape(values[position], [-1])
         direction = tf.where(labels[None, :] == ids[:, None], step[None, :] * scales[:, None],
                              tf.zeros_like(step)[None, :])
         batch = tf.concat([flat[None] + direction, flat[None] - direction], axis=0)
-        outs = evaluate_rows(plan, position, path, values, batch, flat_function)
-        if sides:  # only the rows asked for: refinement reads a few
-            return tf.gather(outs, rows, axis=1)
-        return tf.cast(outs[:chunk], tf.float64) - tf.cast(outs[chunk:], tf.float64)
+        return evaluate_rows(plan, position, path, values, batch, flat_function)
 
-    return compile_kernel(kernel, path, plan.autograph)
+    signature = (tuple(tf.TensorSpec(v.shape, v.dtype) for v in values), tf.TensorSpec([n], tf.int32),
+                 tf.TensorSpec([n], dtype), tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], dtype))
+    return compile_kernel(kernel, path, plan.autograph, signature)
 
 
 def _vjp_kernel(plan: Plan, path: str, chunk: int):
@@ -252,7 +239,8 @@ class _Columns:
         x, scale = self.x, self.dtype(factor)
         return _blocked(lambda part: _span(x[part], step[part] * scale if factor != 1.0 else step[part]), x.size)
 
-    def run(self, labels, step, ids: np.ndarray, consume, sides: bool = True, scales=None, rows=None) -> None:
+    def run(self, labels, step, ids: np.ndarray, consume, sides: bool = True, scales=None, rows=None,
+            what: str = "coloured differences") -> None:
         """Evaluate f(x +- d_c) for each colour in ``ids`` (d_c scaled by ``scales``, default 1):
         ``consume(part, plus, minus)`` gets [count, len(rows)] arrays of each chunk at the outputs
         ``rows`` (``part``: the slice of ``ids``), or ``consume(part, difference)`` [count, m] in
@@ -263,19 +251,22 @@ class _Columns:
         step_t = step if isinstance(step, tf.Tensor) else tf.constant(np.asarray(step, self.dtype))
         scales = np.ones(len(ids), self.dtype) if scales is None else np.asarray(scales, self.dtype)
         path = _kernel_path(executor, 2 * self.colours)
-        wanted = np.zeros(1, np.int64) if rows is None else np.asarray(rows, np.int64)
-        # Padded to a power of two: one kernel serves every refinement of similar size.
-        rows_t = tf.constant(pad(wanted, 1 << max(4, int(np.ceil(np.log2(max(len(wanted), 1)))))))
+        wanted = None if rows is None else np.asarray(rows, np.int64)
 
         def call(chunk, part, count):
-            kernel = executor.kernel(("coloured", self.position, chunk, sides, path), lambda: _colour_kernel(
-                plan, self.position, chunk, path, executor.route.flat_function, sides))
-            outs = view(kernel(executor.values, labels_t, step_t, tf.constant(pad(ids[part], chunk), tf.int32),
-                               tf.constant(pad(scales[part], chunk)), rows_t))
-            if sides:
-                consume(part, outs[:count], outs[chunk : chunk + count])
+            kernel = executor.kernel(("coloured", self.position, path), lambda: _colour_kernel(
+                plan, self.position, path, executor.values, executor.route.flat_function))
+            # An XLA kernel compiles per shape: padded to the chunk, one compilation serves every call.
+            width = chunk if path == XLA else count
+            outs = view(kernel(executor.values, labels_t, step_t, tf.constant(pad(ids[part], width), tf.int32),
+                               tf.constant(pad(scales[part], width))))
+            plus, minus = outs[:count], outs[width : width + count]
+            if not sides:
+                consume(part, np.subtract(plus, minus, dtype=np.float64))
+            elif wanted is None:
+                consume(part, plus, minus)
             else:
-                consume(part, outs[:count])
+                consume(part, plus[:, wanted], minus[:, wanted])
 
         def eager():
             values = list(executor.values)
@@ -286,10 +277,10 @@ class _Columns:
                 for moved in (self.x + direction, self.x - direction):
                     values[self.position] = tf.constant(moved.reshape(executor.values[self.position].shape))
                     y = plan.call_flat_numpy(values, plan.eval_upcast)
-                    out.append((y if rows is None or not sides else y[wanted])[None, :])
+                    out.append((y if wanted is None or not sides else y[wanted])[None, :])
                 consume(slice(k, k + 1), *out) if sides else consume(slice(k, k + 1), out[0] - out[1])
 
-        executor._batched("coloured differences", self.key, len(ids), call, eager)
+        executor._batched(what, self.key, len(ids), call, eager)
 
     def constants(self) -> tuple:
         """The colour labels and steps as tensors, made once (10^7 elements: 80 MB to copy)."""
@@ -311,10 +302,11 @@ class _Columns:
         subset of them still recovers its nonzeros."""
         colour = self.labels[cols].astype(np.int64)
         present, slot = np.unique(colour, return_inverse=True)
-        labels = np.full(self.x.size, -1, np.int32)
-        labels[cols] = colour
-        step = np.zeros(self.x.size, self.dtype)
-        step[cols] = self.step[cols]
+        # Labels -1 outside the columns given, made on the device (no n-sized array from the host);
+        # each column once (scatter_nd adds duplicates: a column holds many nonzeros).
+        distinct = np.unique(np.asarray(cols, np.int64))
+        labels = tf.scatter_nd(tf.constant(distinct[:, None]), tf.constant(self.labels[distinct] + 1), [self.x.size]) - 1
+        _, step = self.constants()
         factors = [self.dtype(REFINE_RATIO ** -float(k)) for k in levels]
         ids = np.tile(present, len(levels))
         scales = np.repeat(np.array(factors, self.dtype), len(present))
@@ -335,31 +327,16 @@ class _Columns:
 
     def probe(self, seed: int, divide: float = 1.0):
         """(f(x + d) - f(x - d)) / 2 [m] along d = s * h / divide, s random signs (drawn from ``seed``
-        in the kernel), and the realised direction ((x + d) - (x - d)) / 2 [n]."""
-        executor, plan = self.executor, self.plan
-        self.evaluations += 2
+        on the device: no n-sized array crosses from the host), and the realised direction
+        ((x + d) - (x - d)) / 2 [n].  The colour kernel evaluates it: every label 0, the step signed."""
         _, step = self.constants()
-        seed_t, scale = tf.constant([seed, 7919], tf.int32), tf.constant(self.dtype(1 / divide))
-        path = _kernel_path(executor, 2 * self.colours)
-
-        def call(chunk, part, count):
-            kernel = executor.kernel(("coloured probe", self.position, path), lambda: _probe_kernel(
-                plan, self.position, path, executor.route.flat_function))
-            value, realised = kernel(executor.values, step, seed_t, scale)
-            return view(value), view(realised)
-
-        def eager():
-            signs = np.random.default_rng(seed).integers(0, 2, self.x.size) * 2 - 1
-            d = self.step * signs.astype(self.dtype) * self.dtype(1 / divide)
-            values, shape = list(executor.values), executor.values[self.position].shape
-            sides = []
-            for moved in (self.x + d, self.x - d):
-                values[self.position] = tf.constant(moved.reshape(shape))
-                sides.append(plan.call_flat_numpy(values, plan.eval_upcast))
-            return (sides[0] - sides[1]) / 2, _span(self.x, d) / 2
-
-        (value, realised), = executor._batched("coloured pattern probe", self.key, 1, call, eager)
-        return value, realised
+        signs = tf.random.stateless_uniform([self.x.size], seed=tf.constant([seed, 7919], tf.int32)) < 0.5
+        d = tf.where(signs, step, -step) * tf.constant(self.dtype(1 / divide))
+        found: list = []
+        self.run(tf.zeros([self.x.size], tf.int32), d, np.zeros(1, np.int64),
+                 lambda part, difference: found.append(difference[0] / 2), sides=False, what="coloured pattern probe")
+        moved = view(d)
+        return found[0], _blocked(lambda part: _span(self.x[part], moved[part]) / 2, self.x.size)
 
 
 # -- the analytical side -----------------------------------------------------------------------

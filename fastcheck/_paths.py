@@ -464,11 +464,11 @@ class Progress:
             self.bar.close()
 
 
-def compile_kernel(fn, path: str, autograph: bool = False):
-    """A tf.function of a kernel on ``path``; AutoGraph only for an f that needs it (see ``probe_graph``)."""
-    if path == XLA:
-        return tf.function(fn, jit_compile=True, autograph=autograph)
-    return tf.function(fn, autograph=autograph)
+def compile_kernel(fn, path: str, autograph: bool = False, input_signature=None):
+    """A tf.function of a kernel on ``path``; AutoGraph only for an f that needs it (see ``probe_graph``).
+    An ``input_signature`` with unknown dimensions lets one trace serve every size."""
+    return tf.function(fn, input_signature=input_signature, jit_compile=True if path == XLA else None,
+                       autograph=autograph)
 
 
 def is_compile_failure(error: Exception) -> bool:

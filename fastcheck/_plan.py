@@ -312,6 +312,21 @@ def _flatten_output(out, what: str):
     return tensors
 
 
+def _host(tensor) -> np.ndarray:
+    """A read-only numpy view of an eager tensor's buffer (``.numpy()`` copies it)."""
+    try:
+        return np.asarray(memoryview(tensor))
+    except (TypeError, ValueError, BufferError):  # no buffer to view (e.g. on some devices): copy
+        return tensor.numpy()
+
+
+def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bit for bit (one integer comparison: 10x faster than a NaN-aware one at 10^7 elements)."""
+    if a.dtype != b.dtype or a.dtype.kind not in "fciub" or not (a.flags.c_contiguous and b.flags.c_contiguous):
+        return False
+    return bool(np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)))
+
+
 def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
     """Normalise, probe ``f`` eagerly at the point, and decide the numerical precision."""
     if not callable(f):
@@ -348,8 +363,8 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
         call_seconds = min(call_seconds, time.perf_counter() - start)
     nondeterministic, notes = None, []
     for name, first, second in zip(names, leaves, again):
-        a, b = first.numpy(), second.numpy()
-        if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
+        a, b = _host(first), _host(second)
+        if a.shape == b.shape and (_bitwise_equal(a, b) or np.array_equal(a, b, equal_nan=True)):
             continue
         diff = float(np.max(np.abs(a.astype(np.complex128) - b.astype(np.complex128)))) if a.shape == b.shape else float("inf")
         # Parallel reductions (GPU, some CPU kernels) differ between calls in the
@@ -369,8 +384,10 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
         break
 
     def flat(result_leaves) -> np.ndarray:
-        return np.concatenate([np.reshape(to_real_view(leaf).numpy(), [-1]).astype(np.float64)
-                               for leaf, keep in zip(result_leaves, leaf_is_output) if keep])
+        parts = [np.reshape(_host(to_real_view(leaf)), [-1]) for leaf, keep in zip(result_leaves, leaf_is_output) if keep]
+        if len(parts) == 1:  # one copy, not three (10^7 elements: 80 MB each)
+            return parts[0].astype(np.float64)
+        return np.concatenate([part.astype(np.float64) for part in parts])
 
     native_output = flat(leaves)
     if not native_output.size:

@@ -489,3 +489,37 @@ def test_float32_differences_are_held_exactly():
     assert held.values.dtype == np.float32 and 0 < len(held.index) <= 60
     colours, rows = np.repeat(np.arange(3), 1000), np.tile(np.arange(1000), 3)
     np.testing.assert_array_equal(held.take(colours, rows), exact.reshape(-1))
+
+
+def _column_scaled(f, index: int, relative: float):
+    """f whose reverse-mode gradient is off by ``relative`` at one input element: every nonzero of
+    that Jacobian column wrong by the same factor."""
+
+    @tf.custom_gradient
+    def wrong(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = f(x)
+
+        def grad(dy):
+            vjp = tape.gradient(y, x, output_gradients=dy)
+            return vjp * tf.reshape(1 + relative * tf.one_hot(index, tf.size(x), dtype=x.dtype), tf.shape(x))
+
+        return y, grad
+
+    return wrong
+
+
+@pytest.mark.parametrize("relative", [1e-3, 1e-2])
+def test_a_wrong_column_gets_full_modes_verdicts(relative):
+    # Refinement re-evaluates only the failing nonzeros' columns; a column holding several of
+    # them must still move along its own colour (regression: its label was summed once per nonzero).
+    x = tf.constant(RNG.normal(size=(1, 8, 8, 4)), tf.float32)
+    kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
+    f = _column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, relative)
+    coloured = fastcheck.check_gradients(f, x, mode="coloured")
+    full = fastcheck.check_gradients(f, x, mode="full")
+    (pc,), (pf,) = coloured.pairs, full.pairs
+    assert not full.ok
+    np.testing.assert_array_equal(pc.status, pf.status)
+    assert set(np.argwhere(pc.status == 1)[:, 1].tolist()) == {77}
