@@ -392,8 +392,8 @@ def test_normalisations_pass_when_correct(name, dtype):
     assert any("sparsity pattern traced" in note for note in report.notes)
 
 
-def _one_entry_wrong(f, row, col, delta):
-    """f whose reverse-mode Jacobian is off by ``delta`` at the one entry (row, col) (flat indices)."""
+def _adjusted(f, adjust):
+    """f whose reverse-mode gradient is ``adjust(vjp, dy, x)`` of the true VJP: a planted defect."""
 
     @tf.custom_gradient
     def wrong(x):
@@ -402,12 +402,21 @@ def _one_entry_wrong(f, row, col, delta):
             y = f(x)
 
         def grad(dy):
-            extra = delta * tf.reshape(dy, [-1])[row] * tf.one_hot(col, tf.size(x), dtype=x.dtype)
-            return tape.gradient(y, x, output_gradients=dy) + tf.reshape(extra, tf.shape(x))
+            return adjust(tape.gradient(y, x, output_gradients=dy), dy, x)
 
         return y, grad
 
     return wrong
+
+
+def _one_entry_wrong(f, row, col, delta):
+    """f whose reverse-mode Jacobian is off by ``delta`` at the one entry (row, col) (flat indices)."""
+
+    def adjust(vjp, dy, x):
+        return vjp + tf.reshape(delta * tf.reshape(dy, [-1])[row] * tf.one_hot(col, tf.size(x), dtype=x.dtype),
+                                tf.shape(x))
+
+    return _adjusted(f, adjust)
 
 
 @pytest.mark.parametrize("report_kind", ["dense", "sparse"])
@@ -495,19 +504,10 @@ def _column_scaled(f, index: int, relative: float):
     """f whose reverse-mode gradient is off by ``relative`` at one input element: every nonzero of
     that Jacobian column wrong by the same factor."""
 
-    @tf.custom_gradient
-    def wrong(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = f(x)
+    def adjust(vjp, dy, x):
+        return vjp * tf.reshape(1 + relative * tf.one_hot(index, tf.size(x), dtype=x.dtype), tf.shape(x))
 
-        def grad(dy):
-            vjp = tape.gradient(y, x, output_gradients=dy)
-            return vjp * tf.reshape(1 + relative * tf.one_hot(index, tf.size(x), dtype=x.dtype), tf.shape(x))
-
-        return y, grad
-
-    return wrong
+    return _adjusted(f, adjust)
 
 
 @pytest.mark.parametrize("relative", [1e-3, 1e-2])
