@@ -63,6 +63,8 @@ WRONG_PATTERN_HINT = ("the sparsity pattern misses dependencies of f (see the pr
 # Coloured kernels run few evaluations (2 per colour): XLA's compilation (0.4 s for an
 # elementwise f at 10^7 elements, whose graph kernel also runs faster) pays only from this many.
 XLA_MIN_EVALUATIONS = 512
+# Row colours times one eager call of f up to which the VJPs run one colour per call (see ``_analytical``).
+VJP_LOOP_SECONDS = 0.05
 
 
 def _kernel_path(executor: Executor, evaluations: int) -> str:
@@ -361,6 +363,11 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
     itemsize = plan.native_flat_dtype.size
     per_colour = (plan.m + plan.n + max(executor.route.elements_per_eval, 1)) * itemsize * 4
     chunk = int(max(1, min(colours, _shared(executor.config.budget // per_colour, held, executor.config.budget))))
+    if colours * plan.call_seconds <= VJP_LOOP_SECONDS:
+        # One plain VJP per call: its kernel traces in a fraction of the batched tape.jacobian's
+        # time (conv 32x32x8, 72 row colours: ~30 ms against ~110 ms) and the extra forward
+        # pass per colour costs less than that difference.
+        chunk = 1
     labels_t = tf.constant(row_labels.astype(np.int32))
     done = False
     while executor.path != EAGER and not done:
@@ -1148,6 +1155,25 @@ NOISE_SAMPLE = 512
 NOISE_ALL = 1 << 17
 
 
+def _noise_line(blocks: list[_Block]):
+    """``measure_noise``'s batched evaluator: each noise table (f at x +- t step, t = 1..8) is one
+    call of the colour kernel already traced for the sweep (every label 0), not 16 calls of f."""
+    columns = {b.spec.position: b.columns for b in blocks}
+
+    def line(position: int, step: np.ndarray, ts: np.ndarray):
+        block = columns[position]
+        plus, minus = np.empty((len(ts), block.plan.m), block.dtype), np.empty((len(ts), block.plan.m), block.dtype)
+
+        def consume(part, up, down):
+            plus[part], minus[part] = up, down
+
+        block.run(tf.zeros([block.x.size], tf.int32), step.astype(block.dtype).reshape(-1), np.zeros(len(ts), np.int64), consume,
+                  scales=np.asarray(ts, block.dtype), what="noise")
+        return plus, minus
+
+    return line
+
+
 def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tuple[Plan, str]:
     """The plan with f's noise measured on the rows of the failing nonzeros plus a random
     sample of rows (every row where there are few), and the precision f computes in.
@@ -1161,7 +1187,7 @@ def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tupl
     m = plan.m
     failing = np.unique(np.concatenate([b.pattern.at(np.flatnonzero(b.status))[0] for b in blocks]))
     if m <= NOISE_ALL:
-        return _measured(executor, plan), ""
+        return _measured(executor, plan, _noise_line(blocks)), ""
     rng = np.random.default_rng(executor.config.seed + 4099)
     rows = np.union1d(failing, rng.choice(m, size=min(NOISE_SAMPLE, m), replace=False))
     # The columns of each checked input that those rows depend on.

@@ -757,8 +757,9 @@ def _screen(joint: Joint, groups: list, numbers, u, gradient, atol, rtol, refine
     return results
 
 
-def _measured(executor: Executor, plan: Plan) -> Plan:
-    """``measure_precision(plan)``, its ~100 evaluations of f run as one traced function where f traces.
+def _measured(executor: Executor, plan: Plan, line=None) -> Plan:
+    """``measure_precision(plan)``, its ~100 evaluations of f run as one traced function where f traces
+    (or table by table through ``line``, a batched kernel's evaluator).
 
     The noise is then that of the traced f the batched evaluations run (an eager call of
     MobileNetV2 costs 150 ms, a traced one 15 ms).
@@ -766,7 +767,7 @@ def _measured(executor: Executor, plan: Plan) -> Plan:
     if executor.path == EAGER:
         return measure_precision(plan)
     try:
-        measured = measure_precision(dataclasses.replace(plan, f=_f_kernel(plan.f, executor.plan.autograph)))
+        measured = measure_precision(dataclasses.replace(plan, f=_f_kernel(plan.f, executor.plan.autograph)), line)
     except Exception:  # f traced for the batched kernels, but not on its own: measure it eagerly
         return measure_precision(plan)
     return dataclasses.replace(measured, f=plan.f)

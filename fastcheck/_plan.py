@@ -400,13 +400,14 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
                                precision=precision_name(plan.analytical_dtype))
 
 
-def measure_precision(plan: Plan) -> Plan:
-    """The plan with f's measured noise and the precision its analytical side computes in."""
+def measure_precision(plan: Plan, line=None) -> Plan:
+    """The plan with f's measured noise and the precision its analytical side computes in
+    (``line``: a batched evaluator of the noise tables, see ``measure_noise``)."""
     eps_eval = MACHINE_EPSILON[plan.eval_dtype]
     values = plan.eval_values()
     positions = [s.position for s in plan.checked]
     noise = measure_noise(lambda moved: plan.call_flat_numpy(moved, plan.eval_upcast), values, positions,
-                          plan.eval_output, eps_eval, plan.repeat_output)
+                          plan.eval_output, eps_eval, plan.repeat_output, line=line)
     return with_noise(plan, noise)
 
 

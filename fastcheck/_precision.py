@@ -80,12 +80,14 @@ class Noise:
 
 
 def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, epsilon: float,
-                  repeat: np.ndarray | None = None, seed: int = 0) -> Noise:
+                  repeat: np.ndarray | None = None, seed: int = 0, line=None) -> Noise:
     """Noise of ``evaluate(values) -> flat float64 outputs`` around ``values`` (see the module docstring).
 
     ``positions`` are the indices of the checked (real-valued) entries of ``values``;
     ``repeat`` is a second evaluation at the point itself, if one was made.  See
     ``_noise_along`` for the scales; an output that never moves has no noise.
+    ``line(position, step, ts)``, when given, evaluates a whole table at once: f at
+    ``x +- t step`` (input ``position`` moved, t in ``ts``) as two [len(ts), m] arrays.
     """
     rng = np.random.default_rng(seed + 7103)
     bases = {p: values[p].numpy() for p in positions}
@@ -100,7 +102,8 @@ def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, 
         for _ in range(NOISE_DIRECTIONS):
             signs = {p: rng.choice([-1.0, 1.0], size=bases[p].shape) * rng.integers(1, 4, size=bases[p].shape)
                      for p in group}
-            sigma = np.maximum(sigma, _noise_along(evaluate, values, {p: bases[p] for p in group}, signs, y0, epsilon))
+            sigma = np.maximum(sigma, _noise_along(_Line(evaluate, values, line), {p: bases[p] for p in group}, signs,
+                                                   y0, epsilon))
     if repeat is not None:
         with np.errstate(invalid="ignore"):
             sigma = np.maximum(sigma, np.abs(np.asarray(repeat, np.float64) - y0) / math.sqrt(2))
@@ -111,7 +114,7 @@ def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, 
     return Noise(sigma, relative)
 
 
-def _noise_along(evaluate, values, bases, signs, y0, epsilon) -> np.ndarray:
+def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
     """[m] noise per output along one direction.
 
     Scales from ``NOISE_START`` epsilons up to 1/8 of the finite-difference step
@@ -143,7 +146,7 @@ def _noise_along(evaluate, values, bases, signs, y0, epsilon) -> np.ndarray:
         fine = bool(ladder)
         scale = ladder.pop(0) if ladder else min(scale * NOISE_GROWTH, NOISE_MAX_SCALE)
         try:
-            sides, estimate, moving, noisy = _table(evaluate, values, bases, signs, y0, scale)
+            sides, estimate, moving, noisy = _table(evaluate, bases, signs, y0, scale)
         except Exception:  # f refuses points this far out (a domain check): measure no further
             break
         # Only noise-dominated tables count (a smooth or periodic f moved this far shows
@@ -157,7 +160,7 @@ def _noise_along(evaluate, values, bases, signs, y0, epsilon) -> np.ndarray:
             rough = counted & (estimate > CONFIRM_MARGIN * calm)
         if rough.any():
             try:
-                _, finer, finer_moving, finer_noisy = _table(evaluate, values, bases, signs, y0, scale / CONFIRM_SCALE)
+                _, finer, finer_moving, finer_noisy = _table(evaluate, bases, signs, y0, scale / CONFIRM_SCALE)
             except Exception:  # cannot tell: count it (a larger allowance, never a false alarm)
                 finer, finer_moving, finer_noisy = estimate, moving, noisy
             with np.errstate(invalid="ignore"):
@@ -178,12 +181,12 @@ def _noise_along(evaluate, values, bases, signs, y0, epsilon) -> np.ndarray:
     return sigma
 
 
-def _table(evaluate, values, bases, signs, y0, scale):
+def _table(evaluate, bases, signs, y0, scale):
     """(both sides' tables, noise estimate, moving mask, noise-dominated mask) at one scale."""
     # Each side on its own, without x itself: a kink or jump of f at the point (relu
     # at 0, relu' under order=2) lies between the sides and is not noise.  The
     # smaller side also leaves out a kink next to the point on the other.
-    sides = [_along(evaluate, values, bases, signs, scale, side) for side in (1, -1)]
+    sides = evaluate.sides(bases, _line_steps(bases, signs, scale))
     orders = [_differences(table) for table in sides]
     estimate = np.minimum(orders[0][4], orders[1][4])
     moving = np.ones(y0.shape, bool)
@@ -208,9 +211,8 @@ def _differences(table: np.ndarray) -> dict[int, np.ndarray]:
     return estimates
 
 
-def _along(evaluate, values, bases, signs, scale, side: int) -> np.ndarray:
-    """[NOISE_SIDE, m]: f at x + t h p for t = side * (1..NOISE_SIDE), ``h_j`` the power of two
-    nearest ``scale * min(|x_j|, 1)``.
+def _line_steps(bases, signs, scale) -> dict:
+    """Per input, ``h_j p_j`` with ``h_j`` the power of two nearest ``scale * min(|x_j|, 1)``.
 
     Relative to |x_j| near zero (log at 1e-12 moves by 1e-12 * scale), but never more
     than ``scale`` itself: at |x| = 5e7 a relative move would span periods of cos.
@@ -227,17 +229,35 @@ def _along(evaluate, values, bases, signs, scale, side: int) -> np.ndarray:
         # output that stays put then does so because f rounds it.
         ulps = 4 * np.abs(np.spacing(base)).astype(np.float64)
         steps[p] = np.maximum(np.exp2(np.round(np.log2(size))), ulps) * signs[p]
-    rows: np.ndarray | None = None
-    for t in range(1, NOISE_SIDE + 1):
-        moved = list(values)
-        for p, base in bases.items():
-            moved[p] = tf.constant((base + side * t * steps[p]).astype(base.dtype))
-        row = np.asarray(evaluate(moved), np.float64)
-        if rows is None:
-            rows = np.empty((NOISE_SIDE, row.size))
-        rows[t - 1] = row
-    assert rows is not None  # NOISE_SIDE >= 1
-    return rows
+    return steps
+
+
+class _Line:
+    """f along a line through x: both sides' tables [NOISE_SIDE, m] at x + t h p, t = +-(1..NOISE_SIDE)."""
+
+    def __init__(self, evaluate, values, line=None):
+        self.evaluate, self.values, self.line = evaluate, values, line
+
+    def sides(self, bases, steps) -> list[np.ndarray]:
+        ts = np.arange(1, NOISE_SIDE + 1)
+        if self.line is not None and len(bases) == 1:  # one batched call for both tables
+            (p, base), = bases.items()
+            plus, minus = self.line(p, steps[p].astype(base.dtype), ts)
+            return [np.asarray(plus, np.float64), np.asarray(minus, np.float64)]
+        return [self._along(bases, steps, ts * side) for side in (1, -1)]
+
+    def _along(self, bases, steps, ts) -> np.ndarray:
+        rows: np.ndarray | None = None
+        for k, t in enumerate(ts):
+            moved = list(self.values)
+            for p, base in bases.items():
+                moved[p] = tf.constant((base + t * steps[p]).astype(base.dtype))
+            row = np.asarray(self.evaluate(moved), np.float64)
+            if rows is None:
+                rows = np.empty((len(ts), row.size))
+            rows[k] = row
+        assert rows is not None  # NOISE_SIDE >= 1
+        return rows
 
 
 def low_precision_op(function, signature, below: str) -> tuple[str, str] | None:
