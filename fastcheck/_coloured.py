@@ -336,7 +336,8 @@ class _Columns:
         d = tf.where(signs, step, -step) * tf.constant(self.dtype(1 / divide))
         found: list = []
         self.run(tf.zeros([self.x.size], tf.int32), d, np.zeros(1, np.int64),
-                 lambda part, difference: found.append(difference[0] / 2), sides=False, what="coloured pattern probe")
+                 lambda part, difference: found.append(np.multiply(difference[0], 0.5, out=difference[0])), sides=False,
+                 what="coloured pattern probe")
         moved = view(d)
         return found[0], _blocked(lambda part: _span(self.x[part], moved[part]) / 2, self.x.size)
 
@@ -926,10 +927,11 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str)
     for block in blocks:
         spec, pattern = block.spec, block.pattern
         input_shape = tuple(spec.real_view.shape)
-        indptr = pattern.indptr
         for output in plan.outputs:
             output_shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
-            lo, hi = int(indptr[output.offset]), int(indptr[output.offset + output.size])
+            # (A diagonal pattern's nonzero k is (k, k): no index table needed.)
+            lo, hi = ((output.offset, output.offset + output.size) if pattern.diagonal else
+                      (int(pattern.indptr[output.offset]), int(pattern.indptr[output.offset + output.size])))
             name = output_name or output.name
             one_sided = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
             pair: PairReport

@@ -300,23 +300,40 @@ class Dep:
     such a Dep needs no deduplication.
     """
 
-    __slots__ = ("indptr", "cols", "group", "injective", "offset", "_keys")
+    __slots__ = ("_indptr", "_cols", "group", "injective", "offset", "_keys", "_identity")
 
-    def __init__(self, indptr: np.ndarray, cols: np.ndarray, injective: bool = False, offset: int = -1,
+    def __init__(self, indptr: np.ndarray | None, cols: np.ndarray | None, injective: bool = False, offset: int = -1,
                  group: np.ndarray | None = None):
-        self.indptr, self.cols, self.injective, self.group = indptr, cols, injective, group
+        self._indptr, self._cols, self.injective, self.group = indptr, cols, injective, group
         # >= 0: element i depends on column offset + i alone (a checked input itself, or an
         # elementwise function of it), known without reading the arrays.
         self.offset = offset
         self._keys: np.ndarray | None = None
+        self._identity: int | None = None  # the size of an identity whose arrays are not built yet
+
+    @property
+    def indptr(self) -> np.ndarray:
+        if self._indptr is None:  # an identity's, built on first use (10^7 elements: 80 MB)
+            assert self._identity is not None
+            self._indptr = np.arange(self._identity + 1, dtype=np.int64)
+        return self._indptr
+
+    @property
+    def cols(self) -> np.ndarray:
+        if self._cols is None:
+            assert self._identity is not None
+            self._cols = np.arange(self.offset, self.offset + self._identity, dtype=np.int64)
+        return self._cols
 
     @property
     def size(self) -> int:
-        return len(self.indptr) - 1 if self.group is None else len(self.group)
+        if self.group is None:
+            return self._identity if self._indptr is None and self._identity is not None else len(self.indptr) - 1
+        return len(self.group)
 
     @property
     def groups(self) -> int:
-        return len(self.indptr) - 1
+        return self._identity if self._indptr is None and self._identity is not None else len(self.indptr) - 1
 
     @property
     def owners(self) -> np.ndarray:
@@ -337,7 +354,10 @@ class Dep:
 
     @staticmethod
     def identity(size: int, offset: int) -> Dep:
-        return Dep(np.arange(size + 1, dtype=np.int64), np.arange(offset, offset + size, dtype=np.int64), True, offset)
+        # Its arrays are built on first use: an elementwise f's trace never reads them.
+        dep = Dep(None, None, True, offset)
+        dep._identity = size
+        return dep
 
     @staticmethod
     def empty(size: int) -> Dep:
