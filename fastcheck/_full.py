@@ -121,7 +121,8 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True):
             jac.measure()
         atol, rtol = jac.config.tolerances(jac.plan.precision)
         first = [(n, jac.noise_factors(spans), spans) for n, _, spans in first]
-        verdicts = [_compare.verdicts(a, n, noise, atol, rtol) for a, (n, noise, _) in zip(analytical, first)]
+        verdicts = [_compare.verdicts(a, n, noise, atol, rtol, out=earlier)
+                    for a, (n, noise, _), earlier in zip(analytical, first, verdicts)]
     results = []
     for spec, a, (numerical, noise, _), (status, band) in zip(plan.checked, analytical, first, verdicts):
         one_sided: dict = {}
@@ -160,13 +161,21 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
     if isinstance(noise, _compare.RankOne):
         if not jac.noisy and not np.any(status != _compare.OK):
             return status, band, {}  # a passing sweep: nothing to refine, no [m, n] noise needed
-        noise = noise.dense()
+        if jac.noisy:  # _coarsen reads every column's allowance
+            noise = noise.dense()
     coarsened = _coarsen(jac, position, a, numerical, noise, status, band, tolerances) if jac.noisy else np.zeros(0, int)
     suspicious = np.flatnonzero(np.any((status == _compare.MISMATCH) | (status == _compare.NUMERICAL_NONFINITE), axis=0))
     suspicious = np.setdiff1d(suspicious, coarsened)
     if not len(suspicious):
         return status, band, {}
+    # Only the suspicious columns' noise is needed (a RankOne's, made dense there alone), and only
+    # their verdicts change below: the rule is element-wise.
     first, first_noise = numerical[:, suspicious], noise[:, suspicious]
+
+    def rejudge(columns, estimate, error):
+        numerical[:, columns] = estimate
+        status[:, columns], band[:, columns] = _compare.verdicts(a[:, columns], estimate, error, atol, rtol)
+
     delta = steps(jac.plan, jac.config, position)[suspicious] / REFINE_RATIO
     quarter, plus, minus, spans = numerical_columns(jac.executor, position, suspicious, delta)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -221,8 +230,7 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
 
     estimate, error, settled, kink, right, left, jump, chosen, sides_error = jac.refined(
         position, suspicious, first, first_noise, REFINE_LEVELS)
-    numerical[:, suspicious], noise[:, suspicious] = estimate, error
-    status, band = _compare.verdicts(a, numerical, noise, atol, rtol)
+    rejudge(suspicious, estimate, error)
     # Deeper where a mismatch is not settled or not confirmed, or where every step so
     # far left f's domain (log at 3e-9: only steps below 3e-9 stay inside).
     mismatch = status[:, suspicious] == _compare.MISMATCH
@@ -237,8 +245,7 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
                              EDGE_LEVELS if outside else DEEP_LEVELS)
         for target, value in zip((estimate, error, settled, kink, right, left, jump, chosen, sides_error), deeper):
             target[:, keep] = value
-        numerical[:, suspicious], noise[:, suspicious] = estimate, error
-        status, band = _compare.verdicts(a, numerical, noise, atol, rtol)
+        rejudge(suspicious, estimate, error)
         mismatch = status[:, suspicious] == _compare.MISMATCH
         again = _confirmed(jac, position, suspicious[keep], a[:, suspicious[keep]], estimate[:, keep], error[:, keep],
                            chosen[:, keep], mismatch[:, keep] & settled[:, keep])
@@ -501,7 +508,7 @@ def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[li
         return [], f"forward mode (JVP) disagreed on a random direction, but its full Jacobian failed ({type(error).__name__})"
     compared = []
     for (spec, _, numerical, status, band, one_sided), block in zip(results, forward):
-        forward_status = _compare.verdicts(block, numerical, band, 0.0, 0.0)[0]  # the reverse side's bands
+        forward_status = _compare.verdicts(block, numerical, band, 0.0, 0.0, bands=False)[0]  # the reverse side's bands
         undecided = status != _compare.OK  # kinks, unresolved and non-finite numerics: as on the reverse side
         forward_status[undecided] = status[undecided]
         compared.append((spec, block, numerical, forward_status, band, one_sided))
