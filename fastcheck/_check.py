@@ -41,6 +41,8 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             with timed(timings, "sparsity"):
                 return prospect(executor, executor.plan)
 
+        if config.mode == "coloured":
+            _require_coloured_memory(sparse, config)
         mode, why = choose_mode(plan, config, executor.route, lambda: _traced_call_seconds(executor), sparse)
         outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name)
         if mode == "full":
@@ -221,6 +223,23 @@ def _require_memory(plan: Plan, config: CheckConfig) -> None:
             f"Jacobians and their verdicts, more than the {limit / 2**30:.3g} GiB it may hold ({what}). Pass mode='fast' "
             "(random projections: memory linear in the sizes) or mode='auto', or a larger memory_budget if "
             "the machine has the memory."
+        )
+
+
+def _require_coloured_memory(sparse, config: CheckConfig) -> None:
+    """mode='coloured' refuses a check whose arrays (a status per nonzero, the colours'
+    differences, the VJPs) would not fit the memory a check may hold."""
+    try:
+        found = sparse()
+    except ValueError:  # no pattern: the check itself says so, naming the op
+        return
+    limit, what = _memory_limit(config)
+    if found["bytes"] > limit:
+        raise ValueError(
+            f"mode='coloured' needs about {found['bytes'] / 2**30:.3g} GiB for the statuses of its "
+            f"{found['nonzeros']:,} structural nonzeros, the differences of its {found['colours']} column colours and "
+            f"{found['row_colours']} VJPs, more than the {limit / 2**30:.3g} GiB it may hold ({what}). Pass mode='fast' "
+            "(random projections: memory linear in the sizes), or a larger memory_budget if the machine has the memory."
         )
 
 

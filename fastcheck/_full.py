@@ -423,6 +423,8 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     warnings: list[str] = []
     if supplied is None and jac.config.autodiff == "auto" and plan.n and executor.path == EAGER:
         notes.append(SMALL_CHECK_FORWARD_NOTE)
+    elif supplied is None and jac.config.autodiff == "auto" and plan.n and 2 * plan.n < FORWARD_MIN_EVALUATIONS:
+        notes.append(FEW_EVALUATIONS_FORWARD_NOTE)
     elif supplied is None and jac.config.autodiff == "auto" and plan.n and executor.route.has_loops:
         notes.append(LOOPS_FORWARD_NOTE)
     elif supplied is None and jac.config.autodiff in ("auto", "both") and plan.n:
@@ -468,6 +470,14 @@ def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[Pair
 SMALL_CHECK_FORWARD_NOTE = ("forward mode (JVP) not checked: the check ran eagerly, and TensorFlow's forward mode "
                             "traces a helper function per op, which on checks this small costs more than the check "
                             "itself; pass autodiff='both' to check it")
+# ... nor on traced checks of fewer first-sweep evaluations than this: there the helpers'
+# traces cost a third of the check or more (dense n=1024, a new function in a warm process:
+# 0.05-0.07 s of 0.2 s; TFP's betainc at 300 elements: 1.1 s of 1.5 s), for a side training
+# does not use and that cannot see custom gradients.
+FORWARD_MIN_EVALUATIONS = 4096
+FEW_EVALUATIONS_FORWARD_NOTE = ("forward mode (JVP) not checked: TensorFlow's forward mode traces a helper function "
+                                "per op (10-30 ms each, ~1 s for some TFP special functions), a large share of a check "
+                                f"of fewer than {FORWARD_MIN_EVALUATIONS} evaluations; pass autodiff='both' to check it")
 # ... nor through while_loops, which forward mode runs op by op, iteration by iteration
 # (TFP's special functions in the corpus: 0.25-2.5 s, as much as the rest of the check).
 LOOPS_FORWARD_NOTE = ("forward mode (JVP) not checked: f contains while_loops, through which TensorFlow's forward "

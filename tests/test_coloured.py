@@ -548,3 +548,13 @@ def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(monkeypatch):
     ((lined, batched, pointwise),) = measured
     assert lined
     np.testing.assert_array_equal(batched, pointwise)
+
+
+def test_explicit_coloured_mode_refuses_what_it_cannot_hold(monkeypatch):
+    from fastcheck import _check
+
+    monkeypatch.setattr(_check, "_memory_limit", lambda config: (4096, "a limit set by the test"))
+    x = tf.constant(RNG.normal(size=(64, 32)), tf.float64)
+    with pytest.raises(ValueError, match=r"mode='coloured' needs about .* GiB .*2,048 structural nonzeros.*mode='fast'"):
+        fastcheck.check_gradients(tf.sin, x, mode="coloured")
+    assert fastcheck.check_gradients(tf.sin, x, mode="fast").ok  # the mode the message names fits

@@ -53,8 +53,9 @@ FORWARD_UNSUPPORTED = {
 @pytest.mark.parametrize("name", sorted(FORWARD_UNSUPPORTED))
 def test_ops_without_forward_mode_are_checked_in_reverse_and_noted(name):
     f, why = FORWARD_UNSUPPORTED[name]
-    image = tf.constant(RNG.uniform(size=(1, 4, 4, 2)), tf.float32)
-    report = fastcheck.check_gradients(f, image, jit_compile=False)  # traced: auto probes forward mode
+    # Traced, and 4096 evaluations: auto probes forward mode.
+    image = tf.constant(RNG.uniform(size=(1, 32, 32, 2)), tf.float32)
+    report = fastcheck.check_gradients(f, image, jit_compile=False)
     assert report.ok, str(report)
     assert any(n.startswith("forward mode (JVP) not checked") and why in n for n in report.notes), report.notes
     with pytest.raises(ValueError, match="autodiff='reverse'"):
@@ -78,12 +79,15 @@ def test_forward_only_defect_is_a_warning_in_auto_and_a_failure_in_both():
         return y, lambda dy: dy * tf.exp(x)
 
     x = tf.constant([0.1, 0.4], tf.float64)
-    # autodiff="auto" probes forward mode on traced paths; a check this small runs eagerly
-    # unless told otherwise, and then says that forward mode was not checked.
-    eager = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), x)
-    assert eager.ok and not eager.warnings, str(eager)
-    assert eager.path != "eager" or any("pass autodiff='both'" in n for n in eager.notes), eager.notes
-    auto = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), x, jit_compile=False)
+    # autodiff="auto" probes forward mode on traced checks of 4096 evaluations or more; a
+    # smaller check (eager or traced) says that forward mode was not checked.
+    for jit_compile in ("auto", False):
+        small = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), x, jit_compile=jit_compile)
+        assert small.ok and not small.warnings, str(small)
+        assert any(n.startswith("forward mode (JVP) not checked") and "pass autodiff='both'" in n
+                   for n in small.notes), small.notes
+    large = tf.constant(np.linspace(0.1, 0.4, 2048), tf.float64)
+    auto = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), large, jit_compile=False)
     assert auto.ok and auto.warnings and "forward mode (JVP" in auto.warnings[0], str(auto)
     assert "WARNING: forward mode" in str(auto)
     both = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), x, autodiff="both")
