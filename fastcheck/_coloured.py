@@ -280,7 +280,7 @@ class _Columns:
                     values[self.position] = tf.constant(moved.reshape(executor.values[self.position].shape))
                     y = plan.call_flat_numpy(values, plan.eval_upcast)
                     out.append((y if wanted is None or not sides else y[wanted])[None, :])
-                consume(slice(k, k + 1), *out) if sides else consume(slice(k, k + 1), out[0] - out[1])
+                consume(slice(k, k + 1), *out) if sides else consume(slice(k, k + 1), np.subtract(*out, dtype=np.float64))
 
         executor._batched(what, self.key, len(ids), call, eager)
 
