@@ -287,7 +287,10 @@ class _Columns:
     def constants(self) -> tuple:
         """The colour labels and steps as tensors, made once (10^7 elements: 80 MB to copy)."""
         if self._constants is None:
-            self._constants = (tf.constant(self.labels), tf.constant(self.step))
+            # One colour over every column (an elementwise f): zeros made on the device, not copied.
+            same = self.colours == 1 and not np.any(self.labels)
+            self._constants = (tf.zeros([self.x.size], tf.int32) if same else tf.constant(self.labels),
+                               tf.constant(self.step))
         return self._constants
 
     def sweep(self) -> _Differences:
