@@ -185,6 +185,19 @@ def test_wrong_gradient_for_second_input_only(dtype):
     assert "constant factor of 1.01" in report.pairs[1].hint
 
 
+@pytest.mark.parametrize("size", [6, 300])
+def test_transposed_jacobian_is_named(size):
+    w = tf.constant(np.random.default_rng(size).normal(size=(size, size)), tf.float64)
+
+    @tf.custom_gradient
+    def f(x):
+        return tf.linalg.matvec(w, x), lambda dy: tf.linalg.matvec(w, dy)  # should be w^T dy
+
+    report = fastcheck.check_gradients(f, tf.constant(np.linspace(-1, 1, size), tf.float64))
+    assert not report.ok
+    assert "transpose of the numerical one" in report.pairs[0].hint, report.pairs[0].hint
+
+
 def test_diagnosis_hints():
     sign = fastcheck.check_gradients(WRONG["sign_flip"][0], WRONG["sign_flip"][1](tf.float64))
     assert "wrong sign" in sign.pairs[0].hint
