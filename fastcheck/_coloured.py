@@ -234,6 +234,7 @@ class _Columns:
         executor.chunks[self.key] = self.chunk
         self.evaluations = 0
         self._constants: tuple | None = None
+        self._zeros: tf.Tensor | None = None
 
     def spans(self, step: np.ndarray, factor: float = 1.0) -> np.ndarray:
         """(x + d) - (x - d) in the evaluation dtype, as float64, for d = ``step`` (that dtype, over
@@ -287,11 +288,17 @@ class _Columns:
     def constants(self) -> tuple:
         """The colour labels and steps as tensors, made once (10^7 elements: 80 MB to copy)."""
         if self._constants is None:
-            # One colour over every column (an elementwise f): zeros made on the device, not copied.
+            # One colour over every column (an elementwise f): the device's zeros, not a copy.
             same = self.colours == 1 and not np.any(self.labels)
-            self._constants = (tf.zeros([self.x.size], tf.int32) if same else tf.constant(self.labels),
-                               tf.constant(self.step))
+            self._constants = (self.zero_labels() if same else tf.constant(self.labels), tf.constant(self.step))
         return self._constants
+
+    def zero_labels(self) -> tf.Tensor:
+        """Every column labelled 0, made once on the device: with colour id 0, the kernel moves
+        x along the whole step given (the pattern probe's signed step, a noise table's line)."""
+        if self._zeros is None:
+            self._zeros = tf.zeros([self.x.size], tf.int32)
+        return self._zeros
 
     def sweep(self) -> _Differences:
         """The first sweep: f(x + d_c) - f(x - d_c) [C, m] for every colour c, held as ``_Differences``."""
@@ -338,9 +345,12 @@ class _Columns:
         signs = tf.random.stateless_uniform([self.x.size], seed=tf.constant([seed, 7919], tf.int32)) < 0.5
         d = tf.where(signs, step, -step) * tf.constant(self.dtype(1 / divide))
         found: list = []
-        self.run(tf.zeros([self.x.size], tf.int32), d, np.zeros(1, np.int64),
-                 lambda part, difference: found.append(np.multiply(difference[0], 0.5, out=difference[0])), sides=False,
-                 what="coloured pattern probe")
+
+        def consume(part, difference):
+            difference *= 0.5  # a fresh float64 array: halved in place
+            found.append(difference[0])
+
+        self.run(self.zero_labels(), d, np.zeros(1, np.int64), consume, sides=False, what="coloured pattern probe")
         moved = view(d)
         return found[0], _blocked(lambda part: _span(self.x[part], moved[part]) / 2, self.x.size)
 
@@ -1172,7 +1182,7 @@ def _noise_line(blocks: list[_Block]):
         def consume(part, up, down):
             plus[part], minus[part] = up, down
 
-        block.run(tf.zeros([block.x.size], tf.int32), step.astype(block.dtype).reshape(-1), np.zeros(len(ts), np.int64), consume,
+        block.run(block.zero_labels(), step.astype(block.dtype).reshape(-1), np.zeros(len(ts), np.int64), consume,
                   scales=np.asarray(ts, block.dtype), what="noise")
         return plus, minus
 

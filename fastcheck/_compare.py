@@ -364,28 +364,25 @@ FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis need
 def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) -> str | None:
     """A one-line guess at the kind of defect, from the pattern of failing elements."""
     bad = status == MISMATCH
-    present = {code: bool(np.any(status == code)) for code in (ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, DISCONTINUOUS,
-                                                                UNRESOLVED_KINK, UNRESOLVED)}
-    present[MISMATCH] = bool(bad.any())
-    if present[ANALYTICAL_NONFINITE]:
+    if np.any(status == ANALYTICAL_NONFINITE):
         return ("the analytical gradient is NaN/Inf where f is smooth: a classic cause is tf.where(cond, g(x), 0) "
                 "with g non-finite on the discarded branch; make the input to g safe too (the double-where trick).")
-    if present[NUMERICAL_NONFINITE] and not present[MISMATCH]:
+    if np.any(status == NUMERICAL_NONFINITE) and not bad.any():
         return ("f is not finite at or next to the point, so the derivative there cannot be checked numerically; "
                 "move the point inside f's domain.")
-    if present[DISCONTINUOUS] and not present[MISMATCH]:
+    if np.any(status == DISCONTINUOUS) and not bad.any():
         return ("f jumps at the point (its difference quotients grow like 1/step): it has no derivative there to "
                 "check; check at a point away from the jump.")
-    if present[UNRESOLVED_KINK] and not present[MISMATCH]:
+    if np.any(status == UNRESOLVED_KINK) and not bad.any():
         return ("every step crossed a kink of f (e.g. ReLU inputs at or within a step of 0) and the analytical value "
                 "lies outside the one-sided derivatives: several kinks closer together than any step give that, so "
                 "these elements are undecidable, not wrong; check at a point away from the kinks (e.g. nonzero biases "
                 "or trained weights).")
-    if present[UNRESOLVED] and not present[MISMATCH]:
+    if np.any(status == UNRESOLVED) and not bad.any():
         return ("the central differences did not settle at any step tried (down to 4**12 times smaller than the "
                 "first, or, for a noisy f, up to the largest step its noise allows): f varies on a scale far below "
                 "the step, or its noise swamps every step; pass a smaller eps, or check at a point where f is smoother.")
-    if not present[MISMATCH]:
+    if not bad.any():
         return None
     a, n = analytical[bad], numerical[bad]
     total = int(bad.sum())

@@ -32,7 +32,7 @@ import tensorflow as tf
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._distribute import Share, spread_for
 from fastcheck._paths import EAGER, LOOP, Progress, Route, cached, compile_kernel, is_compile_failure, pad, plan_key
-from fastcheck._plan import Plan, _first_line, _host
+from fastcheck._plan import Plan, _first_line, view
 
 # Fast mode evaluates at most this many rows per call: one compiled kernel then serves
 # probes, bisection blocks and element columns alike.
@@ -71,9 +71,6 @@ def evaluate_rows(plan: Plan, position: int, path: str, values, batch, flat_func
     if path == LOOP:
         return tf.map_fn(evaluate, batch, parallel_iterations=32, fn_output_signature=tf.TensorSpec([m], plan.eval_flat_dtype))
     return tf.vectorized_map(evaluate, batch)
-
-
-view = _host  # a read-only numpy view of an eager tensor's buffer
 
 
 def _differences_kernel(plan: Plan, position: int, chunk: int, path: str, flat_function=None, sides: bool = True):

@@ -312,7 +312,7 @@ def _flatten_output(out, what: str):
     return tensors
 
 
-def _host(tensor) -> np.ndarray:
+def view(tensor) -> np.ndarray:
     """A read-only numpy view of an eager tensor's buffer (``.numpy()`` copies it)."""
     try:
         return np.asarray(memoryview(tensor))
@@ -363,7 +363,7 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
         call_seconds = min(call_seconds, time.perf_counter() - start)
     nondeterministic, notes = None, []
     for name, first, second in zip(names, leaves, again):
-        a, b = _host(first), _host(second)
+        a, b = view(first), view(second)
         if a.shape == b.shape and (_bitwise_equal(a, b) or np.array_equal(a, b, equal_nan=True)):
             continue
         diff = float(np.max(np.abs(a.astype(np.complex128) - b.astype(np.complex128)))) if a.shape == b.shape else float("inf")
@@ -384,7 +384,7 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
         break
 
     def flat(result_leaves) -> np.ndarray:
-        parts = [np.reshape(_host(to_real_view(leaf)), [-1]) for leaf, keep in zip(result_leaves, leaf_is_output) if keep]
+        parts = [np.reshape(view(to_real_view(leaf)), [-1]) for leaf, keep in zip(result_leaves, leaf_is_output) if keep]
         if len(parts) == 1:  # one copy, not three (10^7 elements: 80 MB each)
             return parts[0].astype(np.float64)
         return np.concatenate([part.astype(np.float64) for part in parts])

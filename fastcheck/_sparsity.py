@@ -327,13 +327,11 @@ class Dep:
 
     @property
     def size(self) -> int:
-        if self.group is None:
-            return self._identity if self._indptr is None and self._identity is not None else len(self.indptr) - 1
-        return len(self.group)
+        return self.groups if self.group is None else len(self.group)
 
     @property
     def groups(self) -> int:
-        return self._identity if self._indptr is None and self._identity is not None else len(self.indptr) - 1
+        return self._identity if self._identity is not None else len(self.indptr) - 1
 
     @property
     def owners(self) -> np.ndarray:
