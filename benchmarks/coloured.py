@@ -232,7 +232,7 @@ def _same_verdicts(coloured, full) -> bool:
 
 def _colours(report) -> str:
     note = next((n for n in report.notes if n.startswith("coloured mode:")), "")
-    found = [part.strip() for part in note.split(";") if "colours" in part]
+    found = [part.strip() for part in note.split(";") if "colour" in part]
     return ", ".join(part.split(": ")[-1] if ": " in part else part for part in found)
 
 

@@ -1148,15 +1148,20 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         pairs = _pairs(plan, blocks, atol, rtol, output_name, side)
     notes = [f"coloured mode: sparsity pattern {source}; "
              + "; ".join(f"{b.spec.name}: {b.pattern.nnz} structural nonzeros of {b.pattern.shape[0]} x "
-                         f"{b.pattern.shape[1]}, {b.columns.colours} column colours" for b in blocks)
-             + ("" if supplied is not None else f"; reverse mode: {found.row_colours} row colours (one VJP each)")
-             + f"; {sum(b.columns.evaluations for b in blocks)} evaluations of f; the pattern checked by "
-             f"{PATTERN_PROBES} random dense probes per input" + sampled]
+                         f"{b.pattern.shape[1]}, {_counted(b.columns.colours, 'column colour')}" for b in blocks)
+             + ("" if supplied is not None else f"; reverse mode: {_counted(found.row_colours, 'row colour')} "
+                "(one VJP each)")
+             + f"; {_counted(sum(b.columns.evaluations for b in blocks), 'evaluation')} of f; the pattern checked by "
+             f"{_counted(PATTERN_PROBES, 'random dense probe')} per input" + sampled]
     if executor.path == XLA and any(_kernel_path(executor, 2 * b.columns.colours) == GRAPH for b in blocks):
         notes.append(f"coloured mode: the colours' evaluations ran on the graph path, not XLA: XLA's compilation "
                      f"pays only from {XLA_MIN_EVALUATIONS} evaluations")
     return Outcome(pairs, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,
                    problems=problems)
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 # -- f's noise, on the outputs that matter ---------------------------------------------------------

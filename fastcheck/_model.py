@@ -693,10 +693,14 @@ def _is_array_like(value) -> bool:
 def _apply(loss_fn, y_true, y_pred, sample_weight, model, label, dtype=None):
     loss = _resolve(loss_fn, model, sample_weight is not None, label)
     if dtype is None and loss is not loss_fn:
-        # A loss object fastcheck made (from a name or a function) computes in the outputs' dtype:
-        # Keras's default (floatx, float32) would round a float64 model's loss to float32.
-        dtype = next((t.dtype for t in tf.nest.flatten(y_pred) if getattr(t, "dtype", None) is not None
-                      and tf.as_dtype(t.dtype).is_floating), None)
+        # A loss object fastcheck made (from a name or a function) computes as model.compile's does, in
+        # Keras's floatx (float32) -- for a mixed-precision model's float16 outputs too: rounding the loss
+        # to float16 would swamp the check in noise -- but in the outputs' dtype where that is wider
+        # (floatx would round a float64 model's loss to float32).
+        out = next((t.dtype for t in tf.nest.flatten(y_pred) if getattr(t, "dtype", None) is not None
+                    and tf.as_dtype(t.dtype).is_floating), None)
+        if out is not None and tf.as_dtype(out).size > tf.as_dtype(_keras_of(model).backend.floatx()).size:
+            dtype = out
     if dtype is not None:
         loss = _in_dtype(loss, dtype)
     if sample_weight is None:
