@@ -131,6 +131,10 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
     compute = loss_of_outputs(loss_fn, y, sample_weight, model)
     chosen = list(variables) if variables is not None else trainable
     if not chosen:
+        if every:
+            raise ValueError(f"The model has no trainable variables to check: all {len(every)} of its variables are "
+                             "frozen (trainable=False); set trainable=True on the layers to check, or pass "
+                             "variables=[...].")
         raise ValueError("The model has no trainable variables to check; build it first (call it once on data) "
                          "or pass variables=[...].")
     known = {id(v) for v in every}
@@ -160,14 +164,18 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
         f, names = _swapped_loss(model, x, compute, chosen, names, generators, training)
         _assert_substitution_reaches_loss(f, real, chosen, values, names, every)
     notes: tuple = ()
+    frozen = [name for name, v in zip(names, chosen) if not getattr(v, "trainable", True)]
+    if frozen:
+        notes = (f"not trainable, checked because variables= names them: {', '.join(frozen)}; the analytical side "
+                 "watches them on the tape (a training step's tape.gradient would return None for them)",)
     if training:
         with preserved_variables(every):  # a tf_keras model updates its moving statistics in training mode
             unchanged = _same_loss(f(*values), _inference_loss(model, x, compute, every, trainable, chosen))
         if unchanged:
-            notes = ("training=True changes nothing here: the loss equals the training=False loss at this point (no "
+            notes += ("training=True changes nothing here: the loss equals the training=False loss at this point (no "
                      "layer of this model behaves differently in training), so this is the training=False check",)
         else:
-            notes = ("training=True: every evaluation draws the same dropout mask (seed states passed unchanged, "
+            notes += ("training=True: every evaluation draws the same dropout mask (seed states passed unchanged, "
                      "tf_keras random layers made stateless with a fixed seed), batch normalization uses the batch's "
                      "statistics, and every moving statistic and seed state is restored bit for bit",)
     low = [v.dtype for v in values if v.dtype.is_floating and v.dtype != tf.float64]
@@ -587,9 +595,15 @@ def training_gradients(model_loss: ModelLoss) -> list:
     from the same seed states (so it draws the same dropout mask), and the state it
     updates is restored at once.
     """
+    # A Keras 3 variable through its tf.Variable: tape.gradient's zeros for a variable the loss does not
+    # use (an auxiliary head) fail on the Keras wrapper itself.
+    sources = [v if isinstance(v, tf.Variable) else getattr(v, "value", v) for v in model_loss.chosen]
     with tf.GradientTape() as tape:
+        # A tape watches trainable variables by itself; a non-trainable one named in variables= is watched
+        # here (a training step would leave its gradient None: noted by model_loss_function).
+        tape.watch([s for s, v in zip(sources, model_loss.chosen) if not getattr(v, "trainable", True)])
         real = model_loss.real()
-    gradients = tape.gradient(real, model_loss.chosen, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    gradients = tape.gradient(real, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     stateless = model_loss.f(*model_loss.values)
     real_value, stateless_value = _total(real), _total(stateless)
     eps = float(np.finfo(np.float32 if real_value.dtype != np.float64 else np.float64).eps)

@@ -175,6 +175,46 @@ def test_non_trainable_variables_untouched_and_checked_only_when_passed():
     assert [p.input_name for p in explicit.pairs] == [model.trainable_variables[0].path]
 
 
+def test_non_trainable_variable_named_in_variables_gets_its_true_gradient():
+    # A tape does not watch a non-trainable variable: named in variables=, it is watched (its real
+    # derivative, not tape.gradient's None read as 0 against a nonzero numerical one).
+    model = _keras3()
+    model(_data()[0], training=True)  # moving statistics away from their initial values
+    moving_mean = next(v for v in model.non_trainable_variables if "moving_mean" in v.path)
+    before = _snapshot(model)
+    report = fastcheck.check_model(model, "mse", _data(), variables=[moving_mean])
+    assert report.ok, str(report)
+    assert np.abs(report.pairs[0].analytical).max() > 1e-3, str(report)
+    assert any("not trainable, checked because variables= names them" in n for n in report.notes), report.notes
+    assert _snapshot(model) == before
+
+
+def test_variable_the_loss_does_not_use_has_zero_gradient():
+    class TwoHeads(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.used, self.aux = keras.layers.Dense(1), keras.layers.Dense(1)  # aux: not in this call
+
+        def call(self, x, training=False):
+            return self.used(x)
+
+    model = TwoHeads()
+    x, y = _data()
+    model.aux(x)
+    model(x)
+    report = fastcheck.check_model(model, "mse", (x, y))
+    assert report.ok, str(report)
+    assert [p.input_name for p in report.pairs] == [v.path for v in model.trainable_variables]
+    assert not np.any(report.pairs[-1].analytical) and not np.any(report.pairs[-1].numerical)
+
+
+def test_frozen_model_is_named_as_such():
+    model = _keras3()
+    model.trainable = False
+    with pytest.raises(ValueError, match=f"all {len(model.variables)} of its variables are frozen"):
+        fastcheck.check_model(model, "mse", _data())
+
+
 def test_tf_keras_model_right_and_wrong():
     x, y = _data()
     model = tf_keras.Sequential([tf_keras.layers.Dense(4, activation="tanh", input_shape=(3,)), tf_keras.layers.Dense(1)])
