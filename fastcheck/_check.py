@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 
@@ -45,13 +46,23 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             _require_coloured_memory(sparse, config)
         mode, why = choose_mode(plan, config, executor.route, lambda: _traced_call_seconds(executor), sparse)
         outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name)
-        if mode == "full":
+        inconsistent, rerun = list(outcome.inconsistent), False
+        if inconsistent and FULL_BYTES_PER_ENTRY * plan.m * plan.n <= _memory_limit(config)[0]:
+            # The reverse-mode gradient is not what its row colours' VJPs said: coloured mode cannot
+            # name the wrong elements, full mode can (its Jacobians fit).
+            why = (f"coloured mode ({why}) found the reverse-mode gradient inconsistent with f's sparsity pattern (see "
+                   "the notes), so the full Jacobians, which fit, give the element verdicts")
+            notes_before = [f"coloured mode: {text}" for text in inconsistent]
+            mode, inconsistent, rerun = "full", [], True
+            outcome = check_full(executor, executor.plan, timings, problem.supplied, problem.output_name)
+            outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
+        if mode == "full" and not rerun:
             # What routing predicted, against what it cost: later checks in this process route by it.
             CALIBRATION.learn_from(executor.chosen, executor.path,
                                    sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
         notes = run_notes(outcome, executor, config, mode, why, problem.notes)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
-        problems += outcome.problems  # coloured mode: a violated sparsity pattern
+        problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
         kind = mode if mode in ("fast", "coloured") else problem.kind or outcome.kind
         return GradientReport(outcome.pairs, executor.path, kind, time.perf_counter() - start,
                               notes, problems, problem.title, timings, outcome.warnings)

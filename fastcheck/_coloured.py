@@ -54,6 +54,10 @@ DENSE_REPORT_ENTRIES = 1_000_000
 # pattern's prediction before a quarter step is asked to confirm it.
 PATTERN_PROBES = 1
 PATTERN_MARGIN = 3.0
+INCONSISTENT_HINT = ("the reverse-mode gradient disagrees with f's Jacobian along a dense random cotangent (see the "
+                     "problem above), although its values at the pattern's nonzeros may agree: look for a missing "
+                     "transpose, gradient written to the wrong element, or a gradient that ignores dy; mode='full' on "
+                     "a smaller input names the elements.")
 WRONG_PATTERN_HINT = ("the sparsity pattern misses dependencies of f (see the problem above): each colour's "
                       "difference and VJP mixes in entries outside it, so these elements are undecidable, not wrong.")
 
@@ -492,6 +496,7 @@ class _Block:
     rule: tuple | None = None
     one_sided: dict = dataclasses.field(default_factory=dict)
     wrong_pattern: bool = False
+    inconsistent: bool = False  # the reverse-mode gradient failed the dense cotangent probe
 
     @property
     def nnz(self) -> int:
@@ -710,6 +715,72 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
     return None
 
 
+# The analytical side's consistency probe: one VJP with a dense random cotangent u against
+# sum_i u_i a_ij over the recovered nonzeros of each column j.  Powers of two keep u exact;
+# the allowance is the rounding of both sums (their terms' magnitudes) and the check's atol.
+VJP_PROBE_WEIGHTS = (-4.0, -2.0, -1.0, 1.0, 2.0, 4.0)
+VJP_PROBE_ROUNDING = 64.0  # unit roundoffs of the native dtype per unit of sum_i |u_i a_ij|
+
+
+def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> list:
+    """(block, text) for each checked input whose reverse-mode gradient is not what its row
+    colours' VJPs say: J^T u for one dense random cotangent u differs from the recovered
+    nonzeros' sum at some input element.
+
+    Each row colour's VJP is read only at the pattern's nonzeros, so a VJP that writes to
+    other input elements (a missing transpose, gradient leaked to the wrong element) or
+    is not linear in its cotangent (ignores dy) could look right element by element: the
+    dense cotangent sees all of it.  The numerical side's pattern probe has confirmed that
+    f's Jacobian holds no mass outside the pattern, so the disagreement is the gradient's.
+    """
+    if not blocks:
+        return []
+    rng = np.random.default_rng(executor.config.seed + 6151)
+    dtype = plan.native_flat_dtype
+    weights = rng.choice(VJP_PROBE_WEIGHTS, size=plan.m)
+    values = [tf.identity(v) for v in executor.native]
+    sources = [values[b.spec.position] for b in blocks]
+    with tf.GradientTape() as tape:
+        tape.watch(sources)
+        leaves = plan.output_leaves(values)
+    sizes = [int(leaf.shape.num_elements()) for leaf in leaves]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    cotangents = [tf.constant(weights[bounds[i]: bounds[i + 1]].reshape(leaf.shape), leaf.dtype)
+                  for i, leaf in enumerate(leaves)]
+    grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
+    eps = float(np.finfo(dtype.as_numpy_dtype).eps) if dtype.is_floating else 2.0**-52
+    found = []
+    for block, grad in zip(blocks, grads):
+        probe = np.asarray(tf.reshape(tf.convert_to_tensor(grad), [-1]), np.float64)
+        n = probe.size
+        predicted, magnitude = np.zeros(n), np.zeros(n)
+        for part in block.parts():
+            rows, cols = block.where(part)
+            a = np.asarray(block.analytical.at(rows, cols), np.float64)
+            term = weights[rows] * np.where(np.isfinite(a), a, 0.0)
+            cols = _array(cols)
+            predicted += np.bincount(cols, weights=term, minlength=n)
+            magnitude += np.bincount(cols, weights=np.abs(term), minlength=n)
+        with np.errstate(invalid="ignore"):
+            error = np.abs(probe - predicted)
+            allowed = atol * np.abs(weights).max() + VJP_PROBE_ROUNDING * eps * (magnitude + np.abs(probe))
+            bad = np.flatnonzero(np.isfinite(probe) & (error > allowed))
+        if not len(bad):
+            continue
+        worst = int(bad[np.argmax(error[bad] / np.maximum(allowed[bad], 1e-300))])
+        shape = tuple(block.spec.real_view.shape)
+        where = _index(block.spec.name, tuple(int(i) for i in np.unravel_index(worst, shape)) if shape else ())
+        found.append((block, (
+            f"the reverse-mode gradient of {block.spec.name} is not the transpose of f's Jacobian: for a random "
+            f"cotangent u, (J^T u) at {where} is {probe[worst]:.8g}, but the Jacobian's nonzeros in that column "
+            f"(read off one VJP per row colour) give {predicted[worst]:.8g} (allowed difference {allowed[worst]:.3g}); "
+            f"{len(bad)} of {n} input element(s) so. The VJP writes gradient where f does not depend on the input, "
+            "or does not scale with its cotangent dy (a missing transpose or reversal, gradient sent to the wrong "
+            "element, a gradient that ignores dy)")))
+    return found
+
+
+# -- the report -------------------------------------------------------------------------------------
 # -- the report -------------------------------------------------------------------------------------
 
 
@@ -735,6 +806,7 @@ class SparsePairReport(PairReport):
         self.one_sided = {}
         self.jacobian_shape = jacobian_shape
         self.status = block.status[start:stop]
+        self.inconsistent = block.inconsistent
         self._block, self._start, self._stop, self._offset = block, start, stop, row_offset
         self._arrays: tuple | None = None
         self._summary: dict | None = None
@@ -846,7 +918,7 @@ class SparsePairReport(PairReport):
 
     @property
     def ok(self) -> bool:
-        return self.failed_count == 0
+        return self.failed_count == 0 and not self.inconsistent
 
     def _element(self, flat_index: int):
         k = int(flat_index)
@@ -958,7 +1030,7 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str)
                     array[rows, cols] = x
                     dense.append(array)
                 pair = PairReport(name, spec.name, output_shape, input_shape, dense[0], dense[1], dense[2], dense[3],
-                                  atol, rtol, side=side)
+                                  atol, rtol, side=side, inconsistent=block.inconsistent)
                 pair.one_sided = {(int(rows[k]), int(cols[k])): v for (k,), v in one_sided.items()}
                 pair.hint = _compare.diagnose(dense[1], dense[0], dense[2])
             else:
@@ -966,7 +1038,7 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str)
                                         atol, rtol, side=side, jacobian_shape=(output.size, spec.size))
                 pair.one_sided = one_sided
                 pair.hint = pair.diagnose()
-            pair.hint = WRONG_PATTERN_HINT if block.wrong_pattern else pair.hint
+            pair.hint = WRONG_PATTERN_HINT if block.wrong_pattern else INCONSISTENT_HINT if block.inconsistent else pair.hint
             pairs.append(pair)
     return pairs
 
@@ -1125,6 +1197,10 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         block.wrong_pattern = True
         block.status[np.flatnonzero(block.status)] = _compare.UNRESOLVED  # OK is 0
     judged = [b for b in blocks if not any(b is w for w in wrong)]
+    with timed(timings, "pattern"):
+        inconsistent = [] if supplied is not None else _vjp_problems(executor, plan, judged, atol)
+    for block, _ in inconsistent:
+        block.inconsistent = True
     # Failing nonzeros are refined first (a few colours at smaller steps): at 10^7 elements
     # truncation fails a handful of them, and measuring f's noise costs far more than
     # refining them.  Only what still fails then measures f's noise and precision -- on the
@@ -1157,7 +1233,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         notes.append(f"coloured mode: the colours' evaluations ran on the graph path, not XLA: XLA's compilation "
                      f"pays only from {XLA_MIN_EVALUATIONS} evaluations")
     return Outcome(pairs, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,
-                   problems=problems)
+                   problems=problems, inconsistent=[text for _, text in inconsistent])
 
 
 def _counted(count: int, noun: str) -> str:

@@ -80,10 +80,13 @@ class PairReport:
     # Which autodiff side ``analytical`` holds: "reverse" (VJPs, what training uses),
     # "forward" (JVPs), or "supplied" (the user's gradients).
     side: str = "reverse"
+    # Coloured mode: the reverse-mode gradient failed the dense cotangent probe (a report problem
+    # says where), whatever its values at the pattern's nonzeros.
+    inconsistent: bool = False
 
     @property
     def ok(self) -> bool:
-        return not bool(np.any(np.isin(self.status, FAILING)))
+        return not self.inconsistent and not bool(np.any(np.isin(self.status, FAILING)))
 
     @property
     def title(self) -> str:
@@ -174,7 +177,7 @@ class PairReport:
     def label(self) -> str:
         if self.ok:
             return "ok"
-        return "FAIL" if self.count(MISMATCH) or self.count(ANALYTICAL_NONFINITE) else "undec."
+        return "FAIL" if self.inconsistent or self.count(MISMATCH) or self.count(ANALYTICAL_NONFINITE) else "undec."
 
     def __repr__(self) -> str:
         return (f"<PairReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} elements failed, "
@@ -440,6 +443,9 @@ class Outcome:
     notes: list = dataclasses.field(default_factory=list)
     warnings: list = dataclasses.field(default_factory=list)
     problems: list = dataclasses.field(default_factory=list)  # not gradient verdicts (a violated sparsity pattern)
+    # Coloured mode: the reverse-mode gradient is inconsistent with f's sparsity pattern (one text
+    # per input); run_check reruns a full check for element verdicts where it fits.
+    inconsistent: list = dataclasses.field(default_factory=list)
 
 
 class Pair(Protocol):
@@ -525,7 +531,8 @@ class GradientReport:
         """"pass", "fail" (a gradient is wrong), or "undecidable" (f itself is not finite or not deterministic)."""
         if self.ok:
             return "pass"
-        wrong = any(p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) for p in self.pairs)
+        wrong = any(p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) or getattr(p, "inconsistent", False)
+                    for p in self.pairs)
         return "fail" if wrong else "undecidable"
 
     @property
