@@ -342,12 +342,16 @@ class _Columns:
         return [(plus[k], minus[k], spans[k]) for k in range(len(levels))]
 
     def probe(self, seed: int, divide: float = 1.0):
-        """(f(x + d) - f(x - d)) / 2 [m] along d = s * h / divide, s random signs (drawn from ``seed``
-        on the device: no n-sized array crosses from the host), and the realised direction
-        ((x + d) - (x - d)) / 2 [n].  The colour kernel evaluates it: every label 0, the step signed."""
+        """(f(x + d) - f(x - d)) / 2 [m] along d = s * h / divide, s random weights of either sign and
+        magnitude in [1/2, 1] (drawn from ``seed`` on the device: no n-sized array crosses from the
+        host), and the realised direction ((x + d) - (x - d)) / 2 [n].  The colour kernel evaluates
+        it: every label 0, the step weighted.  Not signs alone: an entry (i, k) missing from a pattern
+        that holds (i, i) mixes into the compressed (i, i) as J_ik h_k / h_i, and equal signs of
+        d_i and d_k would cancel it from the probe half the time."""
         _, step = self.constants()
-        signs = tf.random.stateless_uniform([self.x.size], seed=tf.constant([seed, 7919], tf.int32)) < 0.5
-        d = tf.where(signs, step, -step) * tf.constant(self.dtype(1 / divide))
+        r = tf.random.stateless_uniform([self.x.size], seed=tf.constant([seed, 7919], tf.int32), minval=-1.0,
+                                        maxval=1.0, dtype=step.dtype)
+        d = step * tf.where(r < 0, r - 1, r + 1) * tf.constant(self.dtype(0.5 / divide))
         found: list = []
 
         def consume(part, difference):
@@ -627,10 +631,33 @@ class _Block:
                 derivative = (plus - minus) / spans
             noise = _noise(plan, rows, spans)
             stack.append((derivative[None, :], noise[None, :], (plus - y0)[None, :], (minus - y0)[None, :], spans))
-        sigma = None
+        # f's grid per element, for the test of steps below what f resolves (``_compare._below_quantum``:
+        # sides come back exactly f(x) after a coarser step moved f by a few quanta; their zero quotients
+        # would otherwise look like a settled ladder, or a step that resolves a kink).  The measured noise
+        # where there is one, floored by the outputs' own rounding: one unit roundoff of the terms f_i sums,
+        # sum_j |a_ij x_j| (a float32 convolution's output near 0 moves in steps of its partial sums'
+        # roundoff, far above |f_i|'s), and of |f_i| -- the measurement can read 0 on rows it sampled.
+        eps = MACHINE_EPSILON[plan.eval_dtype]
+        grid = eps * np.maximum(np.abs(plan.eval_output[rows]), self.row_terms(rows)) / np.sqrt(12.0)
         if plan.noise is not None:
-            sigma = np.array([float(np.max(plan.noise.sigma[rows], initial=0.0))])
-        return list(_compare.refine(stack, np.zeros(1), REFINE_RATIO, sigma))
+            grid = np.maximum(grid, float(np.max(plan.noise.sigma[rows], initial=0.0)))
+        return list(_compare.refine(stack, np.zeros(1), REFINE_RATIO, grid[None, :]))
+
+    def row_terms(self, rows: np.ndarray) -> np.ndarray:
+        """sum_j |a_ij x_j| over each row's nonzeros (f_i's terms were it linear), per entry of ``rows``."""
+        x = self.columns.x
+        if self.pattern.diagonal:
+            return np.abs(np.asarray(self.analytical.at(rows, rows), np.float64) * x[rows])
+        unique, inverse = np.unique(np.asarray(rows, np.int64), return_inverse=True)
+        indptr = self.pattern.indptr
+        counts = indptr[unique + 1] - indptr[unique]
+        owner = np.repeat(np.arange(len(unique)), counts)
+        index = np.repeat(indptr[unique], counts) + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
+        r, c = self.pattern.at(index)
+        with np.errstate(invalid="ignore", over="ignore"):
+            terms = np.abs(np.asarray(self.analytical.at(r, c), np.float64) * x[c])
+        sums = np.bincount(owner, weights=np.where(np.isfinite(terms), terms, 0.0), minlength=len(unique))
+        return sums[inverse]
 
 
 def _outside(plan: Plan, part, value, predicted, spread, realised, eps):

@@ -331,7 +331,7 @@ def _below_quantum(levels: list, y0: np.ndarray, sigma: np.ndarray) -> list:
     zeros would look settled.  (A flat region of f, relu below 0, moves by far more
     than its quanta before it freezes.)
     """
-    quantum = np.sqrt(12) * sigma[:, None]
+    quantum = np.sqrt(12) * (sigma[:, None] if sigma.ndim == 1 else sigma)  # per output, or [m, k]
     few = np.zeros(levels[0][0].shape, bool)
     result = []
     for derivative, noise, plus, minus, span in levels:

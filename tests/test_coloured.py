@@ -558,3 +558,42 @@ def test_explicit_coloured_mode_refuses_what_it_cannot_hold(monkeypatch):
     with pytest.raises(ValueError, match=r"mode='coloured' needs about .* GiB .*2,048 structural nonzeros.*mode='fast'"):
         fastcheck.check_gradients(tf.sin, x, mode="coloured")
     assert fastcheck.check_gradients(tf.sin, x, mode="fast").ok  # the mode the message names fits
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["correct", "one entry sign-flipped"])
+def test_refinement_below_float32_resolution_decides_nothing(wrong):
+    # A float32 convolution's output near 0 (large partial sums cancelling) moves in steps of its
+    # partial sums' roundoff: refinement's fine steps come back exactly f(x), and their zero quotients
+    # read as a step resolving a kink passed a sign-flipped entry of 0.29 (allowed 0.44).
+    shape = (4, 128, 128, 4)
+    kernel = tf.constant(np.random.default_rng(1).normal(size=(3, 3, 4, 4)), tf.float32)
+    x = tf.constant(np.random.default_rng(0).normal(size=shape), tf.float32)
+    row, col = np.ravel_multi_index((0, 67, 96, 1), shape), np.ravel_multi_index((0, 66, 96, 0), shape)
+    entry = float(kernel[0, 1, 0, 1])  # the tap linking them: the entry's exact value
+    f = lambda x: tf.nn.conv2d(x, kernel, 1, "SAME")  # noqa: E731
+    report = fastcheck.check_gradients(_one_entry_wrong(f, row, col, -2 * entry) if wrong else f, x,
+                                       precision="native", mode="coloured")
+    pair = report.pairs[0]
+    assert report.ok != wrong, str(report)
+    if wrong:
+        assert pair.count(1) == 1 and pair.worst_element.input_index == (0, 66, 96, 0), str(report)
+        assert pair.worst_element.output_index == (0, 67, 96, 1), str(report)
+    else:  # every nonzero's numerical value within its band of the exact entry, none read off a frozen step
+        assert np.max(np.abs(pair.numerical - pair.analytical)) < 0.05, str(report)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_pattern_missing_one_entry_is_seen_whatever_the_seed(seed):
+    # y_i = sin(x_i) + 3 [i == 1000] x_999 under a user's diagonal pattern: the missing entry mixes
+    # into the compressed (1000, 1000); a probe of random signs alone cancelled it half the time
+    # (equal signs at 999 and 1000) and the wrong gradient below passed.
+    n = 2000
+    x = tf.constant(np.random.default_rng(1).uniform(-0.9, 0.9, n), tf.float64)
+    select = tf.constant(np.where(np.arange(n) == 1000, 3.0, 0.0))
+
+    @tf.custom_gradient
+    def f(x):  # the 3 x_999 term's gradient credited to x_1000
+        return tf.sin(x) + select * tf.roll(x, 1, 0), lambda dy: dy * tf.cos(x) + select * dy
+
+    report = fastcheck.check_gradients(f, x, mode="coloured", sparsity=(np.arange(n), np.arange(n)), seed=seed)
+    assert report.verdict == "undecidable" and "sparsity pattern (given by sparsity=) is wrong" in str(report)
