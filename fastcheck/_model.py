@@ -351,8 +351,11 @@ class _Float64Copy:
             clone = _cloned(self.model)
             pairs = list(zip(self.every, [*clone.trainable_variables, *clone.non_trainable_variables]))
             if (len(pairs) != len(self.every) or len(clone.trainable_variables) != len(self.trainable)
-                    or any(variable_name(a) != variable_name(b) or tuple(a.shape) != tuple(b.shape) for a, b in pairs)):
-                raise _NoCopy("its float64 copy's variables do not correspond one to one with the model's")
+                    or any(not _counterparts(a, b) for a, b in pairs)):
+                unmatched = next(((a, b) for a, b in pairs if not _counterparts(a, b)), None)
+                raise _NoCopy("its float64 copy's variables do not correspond one to one with the model's" + (
+                    "" if unmatched is None else f" ({variable_name(unmatched[0])!r} against "
+                    f"{variable_name(unmatched[1])!r} in the copy)"))
             return (_keras3_loss(self.model, x64, compute, self.every, self.trainable, self.chosen, self.training,
                                  runner=clone, dtype=tf.float64),
                     "the model cloned layer by layer under the float64 dtype policy, same weights")
@@ -372,6 +375,16 @@ class _Float64Copy:
             generators = self.generators
         return _substituted_float64_loss(clone, x64, compute, self.every, self.chosen, counterpart, generators,
                                          self.training), what
+
+
+def _counterparts(original, copy) -> bool:
+    """A variable of the model and its float64 copy's, in the same place: same name and shape.  A
+    seed generator's state is named afresh in a clone (``seed_generator_1``: Keras numbers every
+    new generator), so it matches by shape alone."""
+    if tuple(original.shape) != tuple(copy.shape):
+        return False
+    names = variable_name(original), variable_name(copy)
+    return names[0] == names[1] or all("seed_generator" in name for name in names)
 
 
 class _NoCopy(Exception):

@@ -208,6 +208,15 @@ def test_variable_the_loss_does_not_use_has_zero_gradient():
     assert not np.any(report.pairs[-1].analytical) and not np.any(report.pairs[-1].numerical)
 
 
+def test_model_with_dropout_gets_its_float64_copy():
+    # A clone numbers its seed generators afresh (seed_generator_1): matched by shape, not refused
+    # (the refusal left a float32 numerical side, whose steps near ReLU kinks raised false alarms).
+    model = _keras3(keras.layers.Dropout(0.2))
+    report = fastcheck.check_model(model, "mse", _data())
+    assert report.ok, str(report)
+    assert any(n.startswith("numerical side on a float64 copy of the model") for n in report.notes), report.notes
+
+
 def test_frozen_model_is_named_as_such():
     model = _keras3()
     model.trainable = False
