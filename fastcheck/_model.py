@@ -160,6 +160,7 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
 
     if keras3:
         f = _keras3_loss(model, x, compute, every, trainable, chosen, training)
+        _assert_substitution_reaches_loss(f, real, chosen, values, names, every, keras3=True)
     else:
         f, names = _swapped_loss(model, x, compute, chosen, names, generators, training)
         _assert_substitution_reaches_loss(f, real, chosen, values, names, every)
@@ -583,17 +584,22 @@ def _accepts_training(model) -> bool:
     return "training" in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
 
 
-def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every):
+def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every, keras3: bool = False):
     """Every variable that the real loss depends on must also reach the substituted loss."""
     with preserved_variables(every), tf.GradientTape(persistent=True) as tape:
         tape.watch(values)
         substituted = loss(*values)
         real_loss = real()
     for name, value, variable in zip(names, values, chosen):
-        if tape.gradient(real_loss, variable) is not None and tape.gradient(substituted, value) is None:
+        source = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
+        if tape.gradient(real_loss, source) is not None and tape.gradient(substituted, value) is None:
+            how = ("Keras evaluates the model statelessly through its weights: read the weight as the layer's "
+                   "attribute in call() (self.kernel), not a tensor or tf.Variable kept from build() "
+                   "(self.kernel.value)" if keras3 else
+                   "keep it as a module attribute (not in a closure or a tuple)")
             raise ValueError(
-                f"Variable {name!r} is read in a way fastcheck cannot substitute (e.g. through a closure or a "
-                "tuple), so its gradient cannot be checked; keep it as a module attribute."
+                f"Variable {name!r} is read in a way fastcheck cannot substitute, so the numerical side would "
+                f"not move it and its gradient cannot be checked; {how}."
             )
 
 

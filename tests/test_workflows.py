@@ -217,6 +217,24 @@ def test_model_with_dropout_gets_its_float64_copy():
     assert any(n.startswith("numerical side on a float64 copy of the model") for n in report.notes), report.notes
 
 
+def test_keras3_weight_kept_from_build_is_refused_clearly():
+    # self.k = self.kernel.value in build(): the stateless evaluation never moves it, and the check
+    # read numerical 0 against the right tape gradient (a false alarm).
+    class Cached(keras.layers.Layer):
+        def build(self, shape):
+            self.kernel = self.add_weight(shape=(shape[-1], 1), initializer="glorot_uniform", name="kernel")
+            self.k = self.kernel.value
+
+        def call(self, x):
+            return tf.matmul(x, self.k)
+
+    model = keras.Sequential([keras.Input((3,)), Cached()])
+    before = _snapshot(model)
+    with pytest.raises(ValueError, match=r"read the weight as the layer's attribute in call\(\)"):
+        fastcheck.check_model(model, "mse", _data())
+    assert _snapshot(model) == before
+
+
 def test_frozen_model_is_named_as_such():
     model = _keras3()
     model.trainable = False
