@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -158,6 +159,7 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
         finally:
             _restore(state_before)
 
+    _assert_loss_runs(model, x, y, compute, every, training)
     if keras3:
         f = _keras3_loss(model, x, compute, every, trainable, chosen, training)
         _assert_substitution_reaches_loss(f, real, chosen, values, names, every, keras3=True)
@@ -192,6 +194,45 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
               "numerical side in the model's own precision: ")
     return ModelLoss(f if twin is None else _by_dtype(f, twin), values, names, chosen, every, real, training,
                      (*notes, prefix + note))
+
+
+def _assert_loss_runs(model, x, y, compute, every, training: bool) -> None:
+    """The model on x and the loss on its outputs, once, state restored: a failure of either says
+    which (and the shapes involved), not a TensorFlow traceback from inside the check."""
+    with preserved_variables(every):
+        try:
+            outputs = _call(model, x, training)
+        except Exception as error:
+            if _raised_by_fastcheck(error):
+                raise
+            raise ValueError(f"model(x, training={training}) raised {type(error).__name__}: {_first_line(error)}; "
+                             f"check x (shape(s) {_shapes(x)}) against the model's inputs.") from error
+        try:
+            compute(outputs)
+        except Exception as error:
+            if _raised_by_fastcheck(error):
+                raise
+            raise ValueError(f"loss_fn(y, model(x, training={training})) raised {type(error).__name__}: "
+                             f"{_first_line(error)}; the model's output shape(s) {_shapes(outputs)}, y's {_shapes(y)}: "
+                             "check that y matches the outputs and loss_fn takes (y_true, y_pred).") from error
+
+
+def _first_line(error: BaseException) -> str:
+    lines = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(error)).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
+
+
+def _shapes(value) -> str:
+    shapes = [tuple(np.shape(leaf)) for leaf in tf.nest.flatten(value)]
+    return str(shapes[0]) if len(shapes) == 1 else ", ".join(map(str, shapes))
+
+
+def _raised_by_fastcheck(error: BaseException) -> bool:
+    """The error came from fastcheck's own argument checks (its innermost frame is fastcheck's)."""
+    frame, last = error.__traceback__, None
+    while frame is not None:
+        last, frame = frame, frame.tb_next
+    return last is not None and "fastcheck" in last.tb_frame.f_code.co_filename.replace("\\", "/").split("/")[-2:-1]
 
 
 def _is_keras3(model) -> bool:

@@ -285,3 +285,11 @@ def test_check_model_bad_arguments():
         fastcheck.check_model(_keras3(), None, _data())
     with pytest.raises(ValueError, match="does not belong to the model"):
         fastcheck.check_model(_keras3(), keras.losses.MeanSquaredError(), _data(), variables=[tf.Variable(1.0)])
+    x, y = _data()
+    for training in (False, True):  # the loss's own error, with the shapes involved: no raw traceback
+        model = _keras3()
+        before = _snapshot(model)
+        with pytest.raises(ValueError, match=r"loss_fn\(y, model\(x, training=.*Incompatible shapes.*output shape\(s\) "
+                                             r"\(6, 1\), y's \(5, 1\)"):
+            fastcheck.check_model(model, "mse", (x, y[:5]), training=training)
+        assert _snapshot(model) == before
