@@ -68,7 +68,9 @@ def supplied_problem(f: Callable, inputs, grads, config: CheckConfig) -> Problem
         if not callable(grads):
             raise TypeError("verify_gradients(order=2) checks the derivatives of your gradient function: pass grads "
                             "as a callable taking the inputs, not as arrays.")
-        return Problem(grads, inputs, "verify_gradients (order=2: Jacobian of grads)")
+        return Problem(grads, inputs, "verify_gradients (order=2: Jacobian of grads)", notes=(
+            "order=2: the Jacobian of grads was checked (its reverse mode against its central differences); grads "
+            "itself was not compared with f's derivatives: verify_gradients with order=1 does that",))
     return Problem(_summed(f), inputs, "verify_gradients", supplied=_supplied_gradients(inputs, grads),
                    output_name="sum(f)")
 
