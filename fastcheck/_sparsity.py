@@ -439,11 +439,63 @@ def _stack(deps: list, sizes: list[int]) -> Dep:
     return Dep(indptr, cols, bool(injective), group=group)
 
 
+# Constant folding (``_Tracer.constant``): how deep a chain of ops it follows, and ops it never runs.
+FOLD_DEPTH = 32
+NO_FOLD = frozenset({"PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If", "StatelessIf"})
+
+
+def _run_op(op, inputs: list) -> list:
+    """``op`` run eagerly through ``tf.raw_ops`` on ``inputs`` (one tensor per op input), with its attributes."""
+    kwargs, inferred, position = {}, set(), 0
+    for arg in op.op_def.input_arg:
+        count = op.get_attr(arg.number_attr) if arg.number_attr else (
+            len(op.get_attr(arg.type_list_attr)) if arg.type_list_attr else 1)
+        for attr in (arg.type_attr, arg.number_attr, arg.type_list_attr):
+            if attr:
+                inferred.add(attr)
+        values = inputs[position : position + count]
+        kwargs[arg.name] = values if arg.number_attr or arg.type_list_attr else values[0]
+        position += count
+    for name in op.node_def.attr:
+        if name not in inferred and not name.startswith("_"):
+            kwargs[name] = op.get_attr(name)
+    result = getattr(tf.raw_ops, op.type)(**kwargs)
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
 class _Tracer:
     """Walks a traced graph op by op, giving each tensor its ``Dep`` (None: no dependence)."""
 
-    def __init__(self, n: int, budget: int):
+    def __init__(self, n: int, budget: int, captured: dict | None = None):
         self.n, self.budget = n, budget
+        # Placeholders of values f captured from outside (a tf.constant made before f): their values.
+        self.captured = captured or {}
+        self._folded: dict = {}
+
+    def constant(self, tensor, depth: int = 0):
+        """The value of ``tensor`` if it is constant -- in the graph, a captured eager value, or
+        computed by stateless ops from those (``tf.nn.softmax(x, axis=0)`` builds its transposes'
+        permutation with Range and Sub) -- else None."""
+        key = tensor.ref()
+        if key in self._folded:
+            return self._folded[key]
+        value = tf.get_static_value(tensor)
+        if value is None and key in self.captured:
+            external = self.captured[key]
+            if external.dtype != tf.resource and hasattr(external, "numpy"):
+                value = external.numpy()
+        op = tensor.op
+        if (value is None and depth < FOLD_DEPTH and op.inputs and op.type != "Placeholder"
+                and not op.op_def.is_stateful and op.type not in NO_FOLD):
+            inputs = [self.constant(t, depth + 1) for t in op.inputs]
+            if all(v is not None for v in inputs):
+                try:
+                    results = _run_op(op, [tf.constant(v, t.dtype) for v, t in zip(inputs, op.inputs)])
+                    value = results[list(op.outputs).index(tensor)].numpy()
+                except Exception:  # an attribute or form this cannot replay: not a constant here
+                    value = None
+        self._folded[key] = value
+        return value
 
     # -- combining ---------------------------------------------------------------------
 
@@ -644,42 +696,31 @@ class _Tracer:
     def replay(self, op, ins: list, what: str) -> list:
         """Run the op itself on element codes (float64 offset + index + 1; 0: no dependence)."""
         data = MOVEMENT[op.type]
-        inferred, kwargs, position = set(), {}, 0
         sizes: list[int] = []
         codes_of: list = []
-        for arg in op.op_def.input_arg:
-            count = op.get_attr(arg.number_attr) if arg.number_attr else 1
-            for attr in (arg.type_attr, arg.number_attr, arg.type_list_attr):
-                if attr:
-                    inferred.add(attr)
-            tensors = list(op.inputs[position : position + count])
-            values = []
-            for offset, tensor in enumerate(tensors):
-                dep = ins[position + offset]
-                if arg.name in data:
-                    size = _prod(_shape(tensor))
-                    start = sum(sizes) + 1
-                    codes = (np.arange(size, dtype=np.float64) + start) if dep is not None else np.zeros(size)
-                    values.append(tf.constant(codes.reshape(_shape(tensor)), tf.float64))
-                    sizes.append(size)
-                    codes_of.append(dep)
-                else:
-                    if dep is not None:
-                        raise UnknownSparsity(f"{what}: its argument {arg.name!r} depends on a checked input")
-                    value = tf.get_static_value(tensor)
-                    if value is None:
-                        raise UnknownSparsity(f"{what}: its argument {arg.name!r} is not a constant")
-                    values.append(tf.constant(value, tensor.dtype))
-            kwargs[arg.name] = values if arg.number_attr or arg.type_list_attr else values[0]
-            position += count
-        for name in op.node_def.attr:
-            if name not in inferred and not name.startswith("_"):
-                kwargs[name] = op.get_attr(name)
+        names = [arg.name for arg in op.op_def.input_arg
+                 for _ in range(op.get_attr(arg.number_attr) if arg.number_attr else
+                                len(op.get_attr(arg.type_list_attr)) if arg.type_list_attr else 1)]
+        inputs = []
+        for name, tensor, dep in zip(names, op.inputs, ins):
+            if name in data:
+                size = _prod(_shape(tensor))
+                start = sum(sizes) + 1
+                codes = (np.arange(size, dtype=np.float64) + start) if dep is not None else np.zeros(size)
+                inputs.append(tf.constant(codes.reshape(_shape(tensor)), tf.float64))
+                sizes.append(size)
+                codes_of.append(dep)
+            else:
+                if dep is not None:
+                    raise UnknownSparsity(f"{what}: its argument {name!r} depends on a checked input")
+                value = self.constant(tensor)
+                if value is None:
+                    raise UnknownSparsity(f"{what}: its argument {name!r} is not a constant")
+                inputs.append(tf.constant(value, tensor.dtype))
         try:
-            result = getattr(tf.raw_ops, op.type)(**kwargs)
+            results = _run_op(op, inputs)
         except Exception as error:  # an attribute or form this rule does not know
             raise UnknownSparsity(f"{what}: replaying it on element codes failed ({type(error).__name__})") from None
-        results = result if isinstance(result, (list, tuple)) else [result]
         stacked = _stack(codes_of, sizes)
         return [stacked.rows(np.asarray(r.numpy(), np.float64).reshape(-1).astype(np.int64) - 1)
                 if r.dtype == tf.float64 else None for r in results]
@@ -688,7 +729,7 @@ class _Tracer:
         if ins[1] is not None:
             raise UnknownSparsity(f"{what}: its axes depend on a checked input")
         shape = _shape(op.inputs[0])
-        axes = tf.get_static_value(op.inputs[1])
+        axes = self.constant(op.inputs[1])
         if axes is None:
             raise UnknownSparsity(f"{what}: its axes are not constant")
         axes = sorted({int(a) % max(len(shape), 1) for a in np.atleast_1d(axes)})
@@ -853,7 +894,7 @@ def trace(function, signature: list, checked: list[tuple[int, int]], budget: int
     concrete = function.get_concrete_function(*signature)
     graph = concrete.graph
     n = sum(size for _, size in checked)
-    tracer = _Tracer(n, budget)
+    tracer = _Tracer(n, budget, {internal.ref(): external for external, internal in graph.captures})
     inputs: list = [None] * len(graph.inputs)
     offset = 0
     for position, size in checked:

@@ -23,6 +23,8 @@ def _layer_norm(x):
     return (x - mean) * tf.math.rsqrt(tf.reduce_mean(tf.square(x - mean), -1, keepdims=True) + 1e-3)
 
 
+GATHER_INDICES = tf.constant([4, 0, 0, 2, 3])
+
 # name -> (f, input, column colours the pattern allows at best)
 CORRECT = {
     "sin": (tf.sin, RNG.normal(size=(4, 5)), 1),
@@ -31,6 +33,10 @@ CORRECT = {
     "conv3x3": (lambda x: tf.nn.conv2d(x, tf.cast(KERNEL, x.dtype), 1, "SAME"), RNG.normal(size=(1, 8, 8, 2)), 18),
     "softmax_rows": (tf.nn.softmax, RNG.normal(size=(4, 6)), 6),
     "layer_norm_rows": (_layer_norm, RNG.normal(size=(4, 8)), 8),
+    # The transposes' permutation is built with Range and Sub: folded as a constant.
+    "softmax_columns": (lambda x: tf.nn.softmax(x, axis=0), RNG.normal(size=(4, 6)), 4),
+    # Indices made outside f reach its graph as a captured placeholder: read as the constant they are.
+    "gather_captured": (lambda x: tf.gather(x, GATHER_INDICES) * 2, RNG.normal(size=(5, 3)), 1),
 }
 
 
