@@ -45,7 +45,7 @@ from fastcheck._full import DEEP_LEVELS, REFINE_LEVELS, REFINE_RATIO
 from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, is_compile_failure, pad
 from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
-from fastcheck._report import Element, GradientCheckError, Outcome, PairReport, _index, _num
+from fastcheck._report import Element, GradientCheckError, Outcome, PairReport, _index, _num, kernel_failure
 
 # Pairs with at most this many Jacobian entries are reported as a dense PairReport
 # (zeros outside the pattern, as full mode shows them); larger ones as nonzeros only.
@@ -1104,10 +1104,7 @@ def check_coloured(executor: Executor, plan: Plan, timings: dict, supplied=None,
     except (TypeError, ValueError, GradientCheckError, MemoryError):
         raise
     except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
-        raise ValueError(
-            f"f raised {type(error).__name__} while fastcheck evaluated it in a batched tf.function: "
-            f"{_first_line(error)}\nf ran eagerly at the inputs; check that it can be traced "
-            "(no .numpy() calls or Python side effects on tensors), or pass jit_compile=False.") from error
+        raise kernel_failure(error) from error
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -18,7 +18,7 @@ from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import Executor, numerical_columns, steps, timed
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, _first_line, measure_precision
-from fastcheck._report import GradientCheckError, Outcome, PairReport, _index
+from fastcheck._report import GradientCheckError, Outcome, PairReport, _index, kernel_failure
 
 # Refinement: failing columns are re-evaluated with the step divided by this.
 REFINE_RATIO = 4.0
@@ -411,11 +411,7 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     except (TypeError, ValueError, GradientCheckError):
         raise
     except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
-        raise ValueError(
-            f"f raised {type(error).__name__} while fastcheck evaluated it in a batched tf.function: "
-            f"{_first_line(error)}\nf ran eagerly at the inputs; check that it can be traced "
-            "(no .numpy() calls or Python side effects on tensors), or pass jit_compile=False."
-        ) from error
+        raise kernel_failure(error) from error
     plan = jac.plan  # with f's measured noise and precision, when they were needed
     side = "forward" if jac.config.autodiff == "forward" else "reverse"
     pairs = _pairs(plan, results, atol, rtol, output_name, side)

@@ -24,7 +24,7 @@ from fastcheck._compare import (
     UNRESOLVED_KINK,
 )
 from fastcheck._config import MACHINE_EPSILON
-from fastcheck._plan import InputSpec, Plan
+from fastcheck._plan import InputSpec, Plan, _first_line
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
 FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
@@ -853,3 +853,23 @@ def _logged_input(text: str, plan: Plan) -> InputSpec | None:
             if len(flat) == len(head) and np.allclose(flat, head, rtol=1e-5, atol=1e-7, equal_nan=True):
                 return spec
     return None
+
+
+# TensorFlow's gradient kernels: an error naming one came from the reverse-mode side, not from f.
+_GRADIENT_OP = re.compile(r"\[Op:(\w*(?:Backprop|Grad)\w*)\]|node (?:gradients?|gradient_tape)/")
+
+
+def kernel_failure(error: BaseException) -> ValueError:
+    """The error a strategy raises when f (or its gradient) fails inside a batched kernel: which, and the cause."""
+    gist = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", _first_line(error))
+    gradient = _GRADIENT_OP.search(str(error))
+    if gradient:
+        op = f" (op {gradient.group(1)})" if gradient.group(1) else ""
+        return ValueError(
+            f"f's reverse-mode gradient raised {type(error).__name__}{op}: {gist}\nTensorFlow's gradient of an op in "
+            "f fails at these inputs, on this device: a training step would fail the same way. Check f's ops for "
+            "the device (some gradients exist only on GPU) or give the op a tf.custom_gradient.")
+    return ValueError(
+        f"f raised {type(error).__name__} while fastcheck evaluated it in a batched tf.function: {gist}\nf ran "
+        "eagerly at the inputs; check that it can be traced (no .numpy() calls or Python side effects on "
+        "tensors), or pass jit_compile=False.")

@@ -109,3 +109,12 @@ def test_rounding_level_jitter_is_a_note_not_nondeterminism():
     report = fastcheck.check_gradients(f, tf.constant([1.0, 2.0], tf.float64), precision="native")
     assert "not deterministic" not in str(report)
     assert any("not bitwise deterministic" in n for n in report.notes)
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="TensorFlow's CPU kernels lack this gradient")
+def test_a_gradient_op_that_fails_is_named_as_the_gradients():
+    # TensorFlow has no CPU gradient for a dilated convolution: the error is the gradient's, not f's tracing.
+    kernel = tf.constant(np.random.default_rng(0).normal(size=(3, 3, 2, 2)))
+    x = tf.constant(np.random.default_rng(1).normal(size=(1, 12, 12, 2)))
+    with pytest.raises(ValueError, match=r"f's reverse-mode gradient raised InvalidArgumentError \(op Conv2DBackpropInput\)"):
+        fastcheck.check_gradients(lambda x: tf.nn.conv2d(x, kernel, 1, "VALID", dilations=2), x)
