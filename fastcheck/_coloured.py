@@ -764,7 +764,9 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
         return []
     rng = np.random.default_rng(executor.config.seed + 6151)
     dtype = plan.native_flat_dtype
-    weights = rng.choice(VJP_PROBE_WEIGHTS, size=plan.m)
+    # The native dtype holds these weights exactly: no float64 copy of an m-sized array.
+    weights = np.asarray(VJP_PROBE_WEIGHTS, dtype.as_numpy_dtype)[rng.integers(0, len(VJP_PROBE_WEIGHTS), plan.m,
+                                                                                dtype=np.int8)]
     values = [tf.identity(v) for v in executor.native]
     sources = [values[b.spec.position] for b in blocks]
     with tf.GradientTape() as tape:
@@ -776,31 +778,53 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
                   for i, leaf in enumerate(leaves)]
     grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
     eps = float(np.finfo(dtype.as_numpy_dtype).eps) if dtype.is_floating else 2.0**-52
+    floor = atol * float(np.max(np.abs(VJP_PROBE_WEIGHTS)))
     found = []
     for block, grad in zip(blocks, grads):
-        probe = np.asarray(tf.reshape(tf.convert_to_tensor(grad), [-1]), np.float64)
+        probe = view(tf.reshape(tf.convert_to_tensor(grad), [-1]))
         n = probe.size
-        predicted, magnitude = np.zeros(n), np.zeros(n)
-        for part in block.parts():
-            rows, cols = block.where(part)
-            a = np.asarray(block.analytical.at(rows, cols), np.float64)
-            term = weights[rows] * np.where(np.isfinite(a), a, 0.0)
-            cols = _array(cols)
-            predicted += np.bincount(cols, weights=term, minlength=n)
-            magnitude += np.bincount(cols, weights=np.abs(term), minlength=n)
-        with np.errstate(invalid="ignore"):
-            error = np.abs(probe - predicted)
-            allowed = atol * np.abs(weights).max() + VJP_PROBE_ROUNDING * eps * (magnitude + np.abs(probe))
-            bad = np.flatnonzero(np.isfinite(probe) & (error > allowed))
+
+        def judged(columns, predicted, magnitude, probe=probe):
+            """(input elements, |J^T u - predicted|, allowed) where the probe exceeds the allowance."""
+            value = probe[columns].astype(np.float64)
+            with np.errstate(invalid="ignore"):
+                error = np.abs(value - predicted)
+                allowed = floor + VJP_PROBE_ROUNDING * eps * (magnitude + np.abs(value))
+                bad = np.flatnonzero(np.isfinite(value) & (error > allowed))
+            return bad + (columns.start if isinstance(columns, slice) else 0), error[bad], allowed[bad], value[bad], \
+                predicted[bad]
+
+        parts = []
+        if block.pattern.diagonal:  # one nonzero per column: judged block by block, no n-sized temporaries
+            for part in block.parts():
+                a = np.asarray(block.analytical.at(part, part), np.float64)
+                term = weights[part] * np.where(np.isfinite(a), a, 0.0)
+                parts.append(judged(part, term, np.abs(term)))
+        else:
+            predicted, magnitude = np.zeros(n), np.zeros(n)
+            for part in block.parts():
+                rows, cols = block.where(part)
+                a = np.asarray(block.analytical.at(rows, cols), np.float64)
+                term = weights[rows] * np.where(np.isfinite(a), a, 0.0)
+                # Into the columns' range only (consecutive rows' columns lie close): no n-sized temporaries.
+                lo, hi = int(cols.min(initial=0)), int(cols.max(initial=-1)) + 1
+                predicted[lo:hi] += np.bincount(cols - lo, weights=term, minlength=hi - lo)
+                magnitude[lo:hi] += np.bincount(cols - lo, weights=np.abs(term), minlength=hi - lo)
+            for first in range(0, n, VERDICT_CHUNK):
+                span = slice(first, min(first + VERDICT_CHUNK, n))
+                parts.append(judged(span, predicted[span], magnitude[span]))
+        bad, error, allowed, probe_bad, predicted_bad = (np.concatenate(k) for k in zip(*parts)) if parts else \
+            (np.zeros(0, np.int64),) * 5
         if not len(bad):
             continue
-        worst = int(bad[np.argmax(error[bad] / np.maximum(allowed[bad], 1e-300))])
+        k = int(np.argmax(error / np.maximum(allowed, 1e-300)))
+        worst = int(bad[k])
         shape = tuple(block.spec.real_view.shape)
         where = _index(block.spec.name, tuple(int(i) for i in np.unravel_index(worst, shape)) if shape else ())
         found.append((block, (
             f"the reverse-mode gradient of {block.spec.name} is not the transpose of f's Jacobian: for a random "
-            f"cotangent u, (J^T u) at {where} is {probe[worst]:.8g}, but the Jacobian's nonzeros in that column "
-            f"(read off one VJP per row colour) give {predicted[worst]:.8g} (allowed difference {allowed[worst]:.3g}); "
+            f"cotangent u, (J^T u) at {where} is {probe_bad[k]:.8g}, but the Jacobian's nonzeros in that column "
+            f"(read off one VJP per row colour) give {predicted_bad[k]:.8g} (allowed difference {allowed[k]:.3g}); "
             f"{len(bad)} of {n} input element(s) so. The VJP writes gradient where f does not depend on the input, "
             "or does not scale with its cotangent dy (a missing transpose or reversal, gradient sent to the wrong "
             "element, a gradient that ignores dy)")))

@@ -434,7 +434,9 @@ def test_one_wrong_entry_of_a_normalisation_is_located(name, dtype, report_kind,
     if report_kind == "sparse":  # the report reads values off the compressed arrays
         monkeypatch.setattr(_coloured, "DENSE_REPORT_ENTRIES", 0)
     f, _ = NORMALISATIONS[name]
-    x = tf.constant(RNG.normal(size=(32, 8)), dtype)
+    # Its own data, not the module's RNG (whose draws depend on which tests ran before): about 1 draw
+    # in 100 leaves float32 layer norm's defect entry unresolved (undecidable, not a pass).
+    x = tf.constant(np.random.default_rng(11).normal(size=(32, 8)), dtype)
     row, col = (8 * 5 + 2, 8 * 5 + 6) if name != "batch_normalization" else (8 * 7 + 3, 8 * 20 + 3)
     report = fastcheck.check_gradients(_one_entry_wrong(f, row, col, 0.05), x, mode="coloured")
     assert report.verdict == "fail", str(report)
