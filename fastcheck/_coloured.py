@@ -790,26 +790,27 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
             with np.errstate(invalid="ignore"):
                 error = np.abs(value - predicted)
                 allowed = floor + VJP_PROBE_ROUNDING * eps * (magnitude + np.abs(value))
-                bad = np.flatnonzero(np.isfinite(value) & (error > allowed))
+                bad = np.flatnonzero(np.isfinite(value) & np.isfinite(predicted) & (error > allowed))
             return bad + (columns.start if isinstance(columns, slice) else 0), error[bad], allowed[bad], value[bad], \
                 predicted[bad]
 
         parts = []
         if block.pattern.diagonal:  # one nonzero per column: judged block by block, no n-sized temporaries
             for part in block.parts():
-                a = np.asarray(block.analytical.at(part, part), np.float64)
-                term = weights[part] * np.where(np.isfinite(a), a, 0.0)
+                term = (weights[part] * block.analytical.at(part, part)).astype(np.float64)
                 parts.append(judged(part, term, np.abs(term)))
         else:
             predicted, magnitude = np.zeros(n), np.zeros(n)
             for part in block.parts():
                 rows, cols = block.where(part)
-                a = np.asarray(block.analytical.at(rows, cols), np.float64)
-                term = weights[rows] * np.where(np.isfinite(a), a, 0.0)
+                # u_i a_ij in the native dtype: exact (u is a power of two).  A non-finite a makes its
+                # column's sums non-finite, and such a column is not judged here (its status says so).
+                term = weights[rows] * block.analytical.at(rows, cols)
                 # Into the columns' range only (consecutive rows' columns lie close): no n-sized temporaries.
                 lo, hi = int(cols.min(initial=0)), int(cols.max(initial=-1)) + 1
-                predicted[lo:hi] += np.bincount(cols - lo, weights=term, minlength=hi - lo)
-                magnitude[lo:hi] += np.bincount(cols - lo, weights=np.abs(term), minlength=hi - lo)
+                local = cols - lo
+                predicted[lo:hi] += np.bincount(local, weights=term, minlength=hi - lo)
+                magnitude[lo:hi] += np.bincount(local, weights=np.abs(term), minlength=hi - lo)
             for first in range(0, n, VERDICT_CHUNK):
                 span = slice(first, min(first + VERDICT_CHUNK, n))
                 parts.append(judged(span, predicted[span], magnitude[span]))

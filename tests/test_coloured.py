@@ -522,8 +522,9 @@ def _column_scaled(f, index: int, relative: float):
 def test_a_wrong_column_gets_full_modes_verdicts(relative):
     # Refinement re-evaluates only the failing nonzeros' columns; a column holding several of
     # them must still move along its own colour (regression: its label was summed once per nonzero).
-    x = tf.constant(RNG.normal(size=(1, 8, 8, 4)), tf.float32)
-    kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
+    rng = np.random.default_rng(5)  # its own data: with the module's RNG some draws put 1e-3 inside float32's allowance
+    x = tf.constant(rng.normal(size=(1, 8, 8, 4)), tf.float32)
+    kernel = tf.constant(rng.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
     f = _column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, relative)
     coloured = fastcheck.check_gradients(f, x, mode="coloured")
     full = fastcheck.check_gradients(f, x, mode="full")
