@@ -859,7 +859,7 @@ def _logged_input(text: str, plan: Plan) -> InputSpec | None:
 _GRADIENT_OP = re.compile(r"\[Op:(\w*(?:Backprop|Grad)\w*)\]|node (?:gradients?|gradient_tape)/")
 
 
-def kernel_failure(error: BaseException) -> ValueError:
+def kernel_failure(error: Exception) -> ValueError:
     """The error a strategy raises when f (or its gradient) fails inside a batched kernel: which, and the cause."""
     gist = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", _first_line(error))
     gradient = _GRADIENT_OP.search(str(error))
