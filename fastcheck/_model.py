@@ -626,14 +626,35 @@ def _accepts_training(model) -> bool:
 
 
 def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every, keras3: bool = False):
-    """Every variable that the real loss depends on must also reach the substituted loss."""
+    """Every variable that the real loss depends on must also reach the substituted loss.
+
+    Read off reverse mode where it can (the substituted loss's gradient is not None); a variable
+    whose substituted gradient is None -- or every one, where that gradient cannot run (a layer's
+    ``tf.custom_gradient`` taking ``variables=`` gets none in a stateless call) -- is moved by 1%
+    instead, and must move the substituted loss."""
     with preserved_variables(every), tf.GradientTape(persistent=True) as tape:
         tape.watch(values)
         substituted = loss(*values)
         real_loss = real()
-    for name, value, variable in zip(names, values, chosen):
+    try:
+        reached = [tape.gradient(substituted, value) is not None for value in values]
+    except Exception:  # reverse mode of the stateless loss cannot run here: perturb instead
+        reached = [False] * len(values)
+    for k, (name, value, variable) in enumerate(zip(names, values, chosen)):
+        if reached[k]:
+            continue
         source = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
-        if tape.gradient(real_loss, source) is not None and tape.gradient(substituted, value) is None:
+        try:
+            gradient = tape.gradient(real_loss, source)
+        except Exception:  # the real gradient's own error belongs to the check, not to this guard
+            continue
+        if gradient is None or not np.any(np.asarray(tf.convert_to_tensor(gradient))):
+            continue
+        moved = list(values)
+        moved[k] = value * tf.constant(1.01, value.dtype) + tf.constant(0.01, value.dtype)
+        with preserved_variables(every):
+            unmoved = _total(loss(*moved)) == _total(substituted)
+        if unmoved:
             how = ("Keras evaluates the model statelessly through its weights: read the weight as the layer's "
                    "attribute in call() (self.kernel), not a tensor or tf.Variable kept from build() "
                    "(self.kernel.value)" if keras3 else

@@ -91,6 +91,7 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
     if config.order == 2:
         with preserved_variables(loss.every):  # gradient_function calls the loss once
             gradient = gradient_function(_summed(loss.f), loss.values, config.seed)
+            _assert_stateless_gradient(gradient, loss)
         return Problem(gradient, loss.values,
                        f"{title} (order=2: Hessian of the loss)", names=loss.names, protect=tuple(loss.every),
                        notes=notes, if_random=if_random)
@@ -134,6 +135,30 @@ def gradient_function(f: Callable, inputs, seed: int = 0) -> Callable:
         return tuple(tf.convert_to_tensor(g) for g in grads)
 
     return gradient
+
+
+def _assert_stateless_gradient(gradient: Callable, loss) -> None:
+    """order=2 checks the Jacobian of the loss's gradient as a function of the variables' values
+    (the stateless loss): that gradient must be the training one at the point, or the Hessian
+    checked is not the one training's gradient has.  A layer's ``tf.custom_gradient`` taking
+    ``variables=`` sees no variables in a stateless call (its grad_fn gets ``variables=None``)."""
+    why = ("check_model(order=2) differentiates the loss as a function of the variables' values, where a layer's "
+           "tf.custom_gradient taking variables= gets variables=None")
+    try:
+        stateless = [np.asarray(g, np.float64).reshape(-1) for g in gradient(*loss.values)]
+    except Exception as error:
+        raise ValueError(f"{why}, and the gradient raised {type(error).__name__}: {str(error).splitlines()[0][:200]}. "
+                         "Check such a layer with order=1, or give its grad_fn the variables' gradients through "
+                         "inputs.") from error
+    real = [np.asarray(g, np.float64).reshape(-1) for g in training_gradients(loss)]
+    for name, value, a, b in zip(loss.names, loss.values, stateless, real):
+        eps = float(MACHINE_EPSILON[tf.as_dtype(value.dtype)])
+        scale = float(np.max(np.abs(b), initial=0.0))
+        if a.shape != b.shape or not np.allclose(a, b, rtol=256 * eps, atol=256 * eps * scale):
+            k = int(np.argmax(np.abs(a - b))) if a.shape == b.shape else 0
+            raise ValueError(f"{why}: its gradient there differs from the training gradient (variable {name!r}, "
+                             f"element {k}: {a[k] if a.size else float('nan'):.6g} against {b[k] if b.size else float('nan'):.6g}), "
+                             "so its Hessian is not training's. Check such a layer with order=1.")
 
 
 def _supplied_gradients(inputs, grads):

@@ -157,6 +157,47 @@ def test_keras3_custom_variable_gradient_is_the_checked_one(sign, correct):
     assert report.ok == correct, str(report)
 
 
+class _IteratingVariableGradient(keras.layers.Layer):
+    """x @ w + b whose custom gradient iterates over ``variables`` (None in a stateless call: it raises there)."""
+
+    def __init__(self, scale=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = scale
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], 2), initializer="glorot_uniform", name="w")
+        self.b = self.add_weight(shape=(2,), initializer="random_normal", name="b")
+
+    def call(self, x):
+        layer = self
+
+        @tf.custom_gradient
+        def op(x):
+            w, b = layer.w.value, layer.b.value
+
+            def grad(dy, variables=None):
+                grads = [layer.scale * tf.matmul(x, dy, transpose_a=True) if len(v.shape) == 2 else tf.reduce_sum(dy, 0)
+                         for v in variables]
+                return tf.matmul(dy, w, transpose_b=True), grads
+
+            return tf.matmul(x, w) + b, grad
+
+        return op(x)
+
+
+@pytest.mark.parametrize("scale, correct", [(1.0, True), (1.02, False)])
+def test_keras3_gradient_iterating_its_variables(scale, correct):
+    # Its grad_fn cannot run on the stateless loss: the check reads the real variables' gradient, and
+    # the guard that every variable reaches the stateless loss moves the weights instead.
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                              _IteratingVariableGradient(scale)])
+    data = (RNG.normal(size=(6, 3)).astype("float32"), RNG.normal(size=(6, 2)).astype("float32"))
+    report = fastcheck.check_model(model, "mse", data)
+    assert report.ok == correct, str(report)
+    with pytest.raises(ValueError, match=r"check_model\(order=2\) differentiates the loss as a function of"):
+        fastcheck.check_model(model, "mse", data, order=2)
+
+
 # ---------------------------------------------------------------- the precision f computes in
 
 
