@@ -606,3 +606,43 @@ def test_a_pattern_missing_one_entry_is_seen_whatever_the_seed(seed):
 
     report = fastcheck.check_gradients(f, x, mode="coloured", sparsity=(np.arange(n), np.arange(n)), seed=seed)
     assert report.verdict == "undecidable" and "sparsity pattern (given by sparsity=) is wrong" in str(report)
+
+
+def _vjp_defects():
+    """name -> (f, x): reverse-mode gradients right at every nonzero of one row colour's VJP, wrong elsewhere."""
+
+    @tf.custom_gradient
+    def transpose(x):  # the gradient forgets to transpose back
+        return tf.transpose(x), lambda dy: dy
+
+    @tf.custom_gradient
+    def softplus(x):  # the gradient ignores its cotangent
+        return tf.math.softplus(x), lambda dy: tf.sigmoid(x)
+
+    @tf.custom_gradient
+    def leaky_slice(x):  # gradient leaks to elements the output does not depend on
+        return 2 * x[:16], lambda dy: tf.concat([2 * dy, 0.1 * dy], 0)
+
+    square = tf.constant(np.random.default_rng(3).normal(size=(12, 12)))
+    return {"transpose": (transpose, square), "ignores_dy": (softplus, square),
+            "leaks": (leaky_slice, tf.constant(np.random.default_rng(4).normal(size=32)))}
+
+
+@pytest.mark.parametrize("fits", [True, False], ids=["full rerun", "pair fails"])
+@pytest.mark.parametrize("name", ["transpose", "ignores_dy", "leaks"])
+def test_a_vjp_off_the_pattern_fails(name, fits, monkeypatch):
+    # Each row colour's VJP is read only at the pattern's nonzeros: these passed with max abs error 0.
+    from fastcheck import _check
+
+    if not fits:  # full Jacobians "do not fit": the pair itself fails, with the problem
+        monkeypatch.setattr(_check, "FULL_BYTES_PER_ENTRY", 1 << 60)
+    f, x = _vjp_defects()[name]
+    report = fastcheck.check_gradients(f, x, mode="coloured")
+    assert report.verdict == "fail", str(report)
+    assert "is not the transpose of f's Jacobian" in str(report)
+    if fits:  # element verdicts from the full rerun, as mode="full" gives them
+        full = fastcheck.check_gradients(f, x, mode="full")
+        assert report.mode == "reverse" and "full Jacobians, which fit, give the element verdicts" in str(report)
+        np.testing.assert_array_equal(report.pairs[0].status, full.pairs[0].status)
+    else:
+        assert report.mode == "coloured" and report.pairs[0].label == "FAIL"
