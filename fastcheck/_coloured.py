@@ -587,13 +587,12 @@ class _Block:
             return
         rows, cols = self.pattern.at(failing)
         a = self.analytical.at(rows, cols)
-        first = self.first_sweep(rows, cols)
-        result = self._ladder(plan, rows, cols, first, REFINE_LEVELS)
+        result = self._ladder(plan, rows, cols, REFINE_LEVELS)
         estimate, error, settled = result[0][0], result[1][0], result[2][0]
         status, band = _verdicts(a, estimate, error, atol, rtol)
         unsettled = ((status == _compare.MISMATCH) & ~settled) | (status == _compare.NUMERICAL_NONFINITE)
         if unsettled.any():
-            deeper = self._ladder(plan, rows[unsettled], cols[unsettled], first[unsettled], DEEP_LEVELS)
+            deeper = self._ladder(plan, rows[unsettled], cols[unsettled], DEEP_LEVELS)
             for target, value in zip(result, deeper):
                 target[0, unsettled] = value[0]
             estimate, error = result[0][0], result[1][0]
@@ -616,17 +615,18 @@ class _Block:
         self.override = (failing, np.asarray(estimate, np.float64), np.asarray(band, np.float64))
         self.status[failing] = status
 
-    def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray, first: np.ndarray, levels: int):
-        """``_compare.refine`` over the first sweep and ``levels`` finer steps, elements as columns of one row.
+    def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray, levels: int):
+        """``_compare.refine`` over the first sweep's step and ``levels`` finer ones, elements as columns of one row.
 
         Each element's row value f(x) is subtracted from its sides, so the shared
         ``y0`` of ``refine`` is 0 (its one-sided quotients and second differences only
         ever use differences from f(x)).
         """
         y0 = plan.eval_output[rows]
-        noise = _noise(plan, rows, self.spans[cols])
-        stack: list[tuple] = [(first[None, :], noise[None, :], None, None, None)]
-        for plus, minus, spans in self.columns.sides(rows, cols, list(range(1, levels + 1))):
+        # The first step h again, with its sides (the sweep keeps none): a kink crossed at h and h/4
+        # then shows at two steps, as in full mode's refinement.
+        stack: list[tuple] = []
+        for plus, minus, spans in self.columns.sides(rows, cols, list(range(0, levels + 1))):
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 derivative = (plus - minus) / spans
             noise = _noise(plan, rows, spans)
