@@ -47,9 +47,11 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         mode, why = choose_mode(plan, config, executor.route, lambda: _traced_call_seconds(executor), sparse)
         outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name)
         inconsistent, rerun = list(outcome.inconsistent), False
-        if inconsistent and FULL_BYTES_PER_ENTRY * plan.m * plan.n <= _memory_limit(config)[0]:
+        if (inconsistent and FULL_BYTES_PER_ENTRY * plan.m * plan.n <= _memory_limit(config)[0]
+                and predict_full_seconds(plan, executor.route, config.seconds,
+                                         lambda: _traced_call_seconds(executor))[0] <= config.seconds):
             # The reverse-mode gradient is not what its row colours' VJPs said: coloured mode cannot
-            # name the wrong elements, full mode can (its Jacobians fit).
+            # name the wrong elements, full mode can (its Jacobians fit memory and time_budget).
             why = (f"coloured mode ({why}) found the reverse-mode gradient inconsistent with f's sparsity pattern (see "
                    "the notes), so the full Jacobians, which fit, give the element verdicts")
             notes_before = [f"coloured mode: {text}" for text in inconsistent]
