@@ -47,7 +47,8 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         mode, why = choose_mode(plan, config, executor.route, lambda: _traced_call_seconds(executor), sparse)
         outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name)
         inconsistent, rerun = list(outcome.inconsistent), False
-        if (inconsistent and FULL_BYTES_PER_ENTRY * plan.m * plan.n <= _memory_limit(config)[0]
+        if (inconsistent and plan.m * plan.n <= FULL_RERUN_MAX_ENTRIES
+                and FULL_BYTES_PER_ENTRY * plan.m * plan.n <= _memory_limit(config)[0]
                 and predict_full_seconds(plan, executor.route, config.seconds,
                                          lambda: _traced_call_seconds(executor))[0] <= config.seconds):
             # The reverse-mode gradient is not what its row colours' VJPs said: coloured mode cannot
@@ -259,6 +260,10 @@ def _require_coloured_memory(sparse, config: CheckConfig) -> None:
 # Peak host memory of a full check per Jacobian entry: numerical, analytical, noise and
 # band (float64), f(x+h) and f(x-h) of the sweep (float64), the status (int8).
 FULL_BYTES_PER_ENTRY = 49
+# Coloured mode's full rerun (element verdicts for a reverse-mode gradient off the pattern) up to
+# this many Jacobian entries: a noisy f's full check at 67M entries (a bfloat16 conv 32x32x8) peaked
+# past 20 GB in its noise measurement and refinement; beyond, the pair fails with the probe's text.
+FULL_RERUN_MAX_ENTRIES = 1 << 23
 
 
 def _memory_limit(config: CheckConfig) -> tuple[int, str]:

@@ -646,3 +646,16 @@ def test_a_vjp_off_the_pattern_fails(name, fits, monkeypatch):
         np.testing.assert_array_equal(report.pairs[0].status, full.pairs[0].status)
     else:
         assert report.mode == "coloured" and report.pairs[0].label == "FAIL"
+
+
+@pytest.mark.parametrize("low", [tf.bfloat16, tf.float16], ids=["bfloat16", "float16"])
+def test_a_function_rounding_in_low_precision_inside_has_no_false_pattern_problem(low):
+    # Its rounding (~1e-3 of every output) is what the pattern probe saw: "the sparsity pattern is
+    # wrong" (a false statement, undecidable).  A probe that complains first measures f's noise.
+    rng = np.random.default_rng(0)
+    kernel = tf.constant(rng.normal(size=(3, 3, 8, 8)).astype(np.float32) / 8)
+    x = tf.constant(rng.normal(size=(1, 32, 32, 8)).astype(np.float32))
+    report = fastcheck.check_gradients(
+        lambda x: tf.cast(tf.nn.conv2d(tf.cast(x, low), tf.cast(kernel, low), 1, "SAME"), tf.float32), x,
+        mode="coloured")
+    assert report.ok and not report.problems, str(report)
