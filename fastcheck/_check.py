@@ -261,8 +261,8 @@ def _require_coloured_memory(sparse, config: CheckConfig) -> None:
 # band (float64), f(x+h) and f(x-h) of the sweep (float64), the status (int8).
 FULL_BYTES_PER_ENTRY = 49
 # Coloured mode's full rerun (element verdicts for a reverse-mode gradient off the pattern) up to
-# this many Jacobian entries: a noisy f's full check at 67M entries (a bfloat16 conv 32x32x8) peaked
-# past 20 GB in its noise measurement and refinement; beyond, the pair fails with the probe's text.
+# this many Jacobian entries (a noisy f's full check at 67M entries, a bfloat16 conv 32x32x8, takes
+# ~50 s and ~4 GB); beyond, the pair fails with the probe's text.
 FULL_RERUN_MAX_ENTRIES = 1 << 23
 
 

@@ -302,6 +302,23 @@ def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, 
                              & np.all(np.isfinite(a), axis=0))
     if not len(columns):
         return columns
+    # Column by column independent: in chunks whose [m, 9, k] tables (the evaluations' quotients,
+    # both sides, the fit's values; twice) stay within memory_budget (a bfloat16 conv 32x32x8: 8192
+    # noisy columns held ~30 GB at once, and the OS killed the check).
+    chunk = max(1, int(jac.config.budget // (COARSE_TABLES * 9 * 8 * max(jac.plan.m, 1))))
+    taken = [_coarsen_columns(jac, position, columns[start:start + chunk], a, numerical, noise, status, band,
+                              tolerances, sigma) for start in range(0, len(columns), chunk)]
+    return np.concatenate(taken)
+
+
+# float64 [m, 9, k] tables alive at once in ``_coarsen``'s fits (plus and minus, the quotients, values, residuals).
+COARSE_TABLES = 8
+
+
+def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, noise, status, band, tolerances,
+                     sigma) -> np.ndarray:
+    """``_coarsen`` on the noise-limited ``columns``; returns those taken."""
+    atol, rtol = tolerances
     base = steps(jac.plan, jac.config, position)[columns]
     scale = base / jac.config.step(jac.eps_eval)  # max(1, |x_j|)
     spread = _compare.MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE

@@ -515,3 +515,27 @@ def test_forward_side_of_a_scalar_function_is_forward_mode():
     assert not fastcheck.check_gradients(loss, x).ok
     forward = fastcheck.check_gradients(loss, x, autodiff="forward")
     assert forward.ok and forward.mode == "forward" and {p.side for p in forward.pairs} == {"forward"}
+
+
+def test_noisy_columns_are_refitted_in_chunks_with_the_same_verdicts(monkeypatch):
+    # _coarsen's [m, 9, k] tables for every noise-limited column at once held ~30 GB on a bfloat16
+    # conv 32x32x8 (the OS killed the check); they go in chunks within memory_budget, same results.
+    from fastcheck import _full
+
+    rng = np.random.default_rng(2)
+    w, b = tf.constant(rng.normal(size=(6, 3))), tf.constant(rng.normal(size=3))
+
+    def f(x):
+        return tf.tanh(tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), tf.cast(w, tf.bfloat16)), x.dtype) + b)
+
+    x = tf.constant(rng.normal(size=(4, 6)))
+    whole = fastcheck.check_gradients(f, x, mode="full")
+    calls = []
+    original = _full._coarsen_columns
+    monkeypatch.setattr(_full, "_coarsen_columns", lambda *args: calls.append(len(args[2])) or original(*args))
+    monkeypatch.setattr(_full, "COARSE_TABLES", (1 << 30) // (9 * 8 * 12 * 3))  # 3 columns a chunk at 1 GiB
+    chunked = fastcheck.check_gradients(f, x, mode="full")
+    assert whole.ok and chunked.ok, str(chunked)
+    assert len(calls) > 1 and max(calls) <= 3, calls
+    np.testing.assert_array_equal(whole.pairs[0].status, chunked.pairs[0].status)
+    np.testing.assert_allclose(whole.pairs[0].numerical, chunked.pairs[0].numerical, rtol=0, atol=0)
