@@ -416,20 +416,29 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
             if not is_compile_failure(error) or not executor.fall_back(error, "coloured VJPs"):
                 raise
     if not done:
-        values = [tf.identity(v) for v in executor.native]
-        sources = [values[s.position] for s in plan.checked]
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch(sources)
-            leaves = plan.output_leaves(values)
-        sizes = [int(leaf.shape.num_elements()) for leaf in leaves]
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        vjp = _eager_vjp(executor, plan, [s.position for s in plan.checked])
         for colour in ids:
-            weights = (row_labels == colour)
-            cotangents = [tf.constant(weights[bounds[i] : bounds[i + 1]].reshape(leaf.shape), leaf.dtype)
-                          for i, leaf in enumerate(leaves)]
-            grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
-            consume(slice(colour, colour + 1), [tf.reshape(tf.convert_to_tensor(g), [1, -1]).numpy() for g in grads])
+            consume(slice(colour, colour + 1), [g.numpy()[None, :] for g in vjp(row_labels == colour)])
     return [_Analytical(block, row_labels) for block in compressed]
+
+
+def _eager_vjp(executor: Executor, plan: Plan, positions: list[int]):
+    """``vjp(weights)``: J^T w (flat, per input at ``positions``) for a cotangent given flat over
+    f's outputs [m], all from one eager pass of f on a persistent tape."""
+    values = [tf.identity(v) for v in executor.native]
+    sources = [values[p] for p in positions]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(sources)
+        leaves = plan.output_leaves(values)
+    bounds = np.concatenate([[0], np.cumsum([int(leaf.shape.num_elements()) for leaf in leaves])])
+
+    def vjp(weights: np.ndarray) -> list:
+        cotangents = [tf.constant(weights[bounds[i] : bounds[i + 1]].reshape(leaf.shape), leaf.dtype)
+                      for i, leaf in enumerate(leaves)]
+        grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
+        return [tf.reshape(tf.convert_to_tensor(g), [-1]) for g in grads]
+
+    return vjp
 
 
 class _Analytical:
@@ -652,8 +661,7 @@ class _Block:
         indptr = self.pattern.indptr
         counts = indptr[unique + 1] - indptr[unique]
         owner = np.repeat(np.arange(len(unique)), counts)
-        index = np.repeat(indptr[unique], counts) + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
-        r, c = self.pattern.at(index)
+        r, c = self.pattern.at(_sparsity._ranges(indptr[unique], counts))
         with np.errstate(invalid="ignore", over="ignore"):
             terms = np.abs(np.asarray(self.analytical.at(r, c), np.float64) * x[c])
         sums = np.bincount(owner, weights=np.where(np.isfinite(terms), terms, 0.0), minlength=len(unique))
@@ -788,23 +796,14 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
     # The native dtype holds these weights exactly: no float64 copy of an m-sized array.
     weights = np.asarray(VJP_PROBE_WEIGHTS, dtype.as_numpy_dtype)[rng.integers(0, len(VJP_PROBE_WEIGHTS), plan.m,
                                                                                 dtype=np.int8)]
-    values = [tf.identity(v) for v in executor.native]
-    sources = [values[b.spec.position] for b in blocks]
-    with tf.GradientTape() as tape:
-        tape.watch(sources)
-        leaves = plan.output_leaves(values)
-    sizes = [int(leaf.shape.num_elements()) for leaf in leaves]
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    cotangents = [tf.constant(weights[bounds[i]: bounds[i + 1]].reshape(leaf.shape), leaf.dtype)
-                  for i, leaf in enumerate(leaves)]
-    grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
+    grads = _eager_vjp(executor, plan, [b.spec.position for b in blocks])(weights)
     # The rounding of the precision f computes in, where measured lower than its dtype's (a bfloat16 op inside).
     eps = max(float(np.finfo(dtype.as_numpy_dtype).eps) if dtype.is_floating else 2.0**-52,
               PRECISION_EPSILON.get(plan.precision, 0.0) if plan.noise is not None else 0.0)
     floor = atol * float(np.max(np.abs(VJP_PROBE_WEIGHTS)))
     found = []
     for block, grad in zip(blocks, grads):
-        probe = view(tf.reshape(tf.convert_to_tensor(grad), [-1]))
+        probe = view(grad)
         n = probe.size
 
         def judged(columns, predicted, magnitude, probe=probe):

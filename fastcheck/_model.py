@@ -34,11 +34,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import re
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
+
+from fastcheck._plan import _first_line
 
 # tf_keras random layers draw from stateless ops seeded from this while the loss is computed
 # (a layer's own integer seed is used when it has one).
@@ -215,11 +216,6 @@ def _assert_loss_runs(model, x, y, compute, every, training: bool) -> None:
             raise ValueError(f"loss_fn(y, model(x, training={training})) raised {type(error).__name__}: "
                              f"{_first_line(error)}; the model's output shape(s) {_shapes(outputs)}, y's {_shapes(y)}: "
                              "check that y matches the outputs and loss_fn takes (y_true, y_pred).") from error
-
-
-def _first_line(error: BaseException) -> str:
-    lines = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(error)).strip().splitlines()
-    return lines[0][:300] if lines else type(error).__name__
 
 
 def _shapes(value) -> str:
@@ -643,9 +639,8 @@ def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every, 
     for k, (name, value, variable) in enumerate(zip(names, values, chosen)):
         if reached[k]:
             continue
-        source = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
         try:
-            gradient = tape.gradient(real_loss, source)
+            gradient = tape.gradient(real_loss, _tf_variable(variable))
         except Exception:  # the real gradient's own error belongs to the check, not to this guard
             continue
         if gradient is None or not np.any(np.asarray(tf.convert_to_tensor(gradient))):
@@ -665,6 +660,12 @@ def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every, 
             )
 
 
+def _tf_variable(variable):
+    """A Keras 3 variable's tf.Variable (the variable itself otherwise): what a tape differentiates;
+    tape.gradient's zeros for a variable the loss does not use fail on the Keras wrapper itself."""
+    return variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
+
+
 def training_gradients(model_loss: ModelLoss) -> list:
     """``tape.gradient(loss, variables)`` on the real model, as a training step computes it.
 
@@ -676,9 +677,7 @@ def training_gradients(model_loss: ModelLoss) -> list:
     from the same seed states (so it draws the same dropout mask), and the state it
     updates is restored at once.
     """
-    # A Keras 3 variable through its tf.Variable: tape.gradient's zeros for a variable the loss does not
-    # use (an auxiliary head) fail on the Keras wrapper itself.
-    sources = [v if isinstance(v, tf.Variable) else getattr(v, "value", v) for v in model_loss.chosen]
+    sources = [_tf_variable(v) for v in model_loss.chosen]
     with tf.GradientTape() as tape:
         # A tape watches trainable variables by itself; a non-trainable one named in variables= is watched
         # here (a training step would leave its gradient None: noted by model_loss_function).

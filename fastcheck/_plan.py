@@ -10,6 +10,7 @@ outputs.  Both Jacobians are computed for that function, so every pair
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -289,7 +290,9 @@ def _call_user(f, args, what: str):
 
 def _first_line(error: Exception, limit: int = 300) -> str:
     """The gist of an error: its first lines (Keras puts the cause on the second), shortened."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    # TensorFlow prefixes an op's error with "{{function_node __wrapped__Op_device_...}}": noise to a reader.
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(error))
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     text = " ".join(lines[:3]) if lines else repr(error)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

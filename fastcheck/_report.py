@@ -861,7 +861,7 @@ _GRADIENT_OP = re.compile(r"\[Op:(\w*(?:Backprop|Grad)\w*)\]|node (?:gradients?|
 
 def kernel_failure(error: Exception) -> ValueError:
     """The error a strategy raises when f (or its gradient) fails inside a batched kernel: which, and the cause."""
-    gist = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", _first_line(error))
+    gist = _first_line(error)
     gradient = _GRADIENT_OP.search(str(error))
     if gradient:
         op = f" (op {gradient.group(1)})" if gradient.group(1) else ""

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_real_networks import PlantedScale  # x * scale, its custom gradient's d/dscale times a factor
 
 import fastcheck
 from fastcheck._compare import DISCONTINUOUS
@@ -262,26 +263,6 @@ def test_keras_mixed_precision_model(factor, correct):
     assert "f computes in float16 inside" in str(report)
 
 
-class _ScaleWeight(keras.layers.Layer):
-    """x * s with a custom gradient whose d/ds is ``factor`` times the true one."""
-
-    def __init__(self, factor=1.0, **kwargs):
-        super().__init__(**kwargs)
-        self.factor = factor
-
-    def build(self, shape):
-        self.s = self.add_weight(shape=(shape[-1],), initializer="ones", name="s")
-
-    def call(self, x):
-        s, factor = tf.cast(self.s, x.dtype), self.factor
-
-        @tf.custom_gradient
-        def op(x, s):
-            return x * s, lambda dy: (dy * s, factor * tf.reduce_sum(dy * x, 0))
-
-        return op(x, s)
-
-
 @pytest.mark.parametrize("policy, factor, correct", [
     ("mixed_float16", 1.0, True), ("mixed_float16", 1.3, False), ("mixed_bfloat16", 2.0, False)])
 def test_named_loss_of_a_mixed_precision_model_computes_in_float32(policy, factor, correct):
@@ -290,7 +271,7 @@ def test_named_loss_of_a_mixed_precision_model_computes_in_float32(policy, facto
     keras.mixed_precision.set_global_policy(policy)
     try:
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"), _ScaleWeight(factor),
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"), PlantedScale(factor),
                                   keras.layers.Dense(3)])
         data = (RNG.normal(size=(6, 5)).astype("float32"), RNG.normal(size=(6, 3)).astype("float32"))
         named = fastcheck.check_model(model, "mse", data)
@@ -299,7 +280,7 @@ def test_named_loss_of_a_mixed_precision_model_computes_in_float32(policy, facto
         keras.mixed_precision.set_global_policy("float32")
     assert named.ok == loss_object.ok == correct, str(named)
     if not correct:
-        assert any(p.input_name.endswith("s") and not p.ok for p in named.pairs), str(named)
+        assert any(p.input_name.endswith("scale") and not p.ok for p in named.pairs), str(named)
 
 
 def test_function_that_changes_with_dtype_is_evaluated_natively():
