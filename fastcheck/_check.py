@@ -29,7 +29,7 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
     timings: dict[str, float] = {}
     with _on_device(config.device), preserved_variables(problem.variables):
         with timed(timings, "plan"):
-            plan = kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names))
+            plan = kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names, problem.computes_in))
         if plan.nondeterministic:
             problems = [plan.nondeterministic, *([problem.if_random] if problem.if_random else [])]
             return GradientReport([], "none", "-", time.perf_counter() - start, [*plan.notes, *problem.notes],
@@ -74,7 +74,7 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
 def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.ndarray | None]]:
     """``result[output][input]`` blocks of the numerical or the analytical Jacobian (None for unchecked inputs)."""
     with _on_device(config.device), preserved_variables(problem.variables):
-        plan = kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names))
+        plan = kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names, problem.computes_in))
         executor = _executor(plan, config, {})
         blocks = (numerical_blocks if side == "numerical" else analytical_blocks)(executor, executor.plan)
         by_input = {s.position: b for s, b in zip(plan.checked, blocks)}

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from fastcheck._config import (
     MACHINE_EPSILON,
+    PRECISION_EPSILON,
     CheckConfig,
     least_precise,
     less_precise,
@@ -185,6 +186,7 @@ class Plan:
     noise: Noise | None = None  # measured noise of the numerical side's evaluations
     precision: str = "float64"  # the precision the analytical side computes in (tolerance row)
     precision_reason: str | None = None  # why it is lower than the dtypes say
+    declared: tuple | None = None  # (precision, reason) the problem knows f's analytical side computes in
     autograph: bool = False  # kernels trace f with AutoGraph (set from the route: f needs it)
 
     @property
@@ -330,8 +332,13 @@ def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)))
 
 
-def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
-    """Normalise, probe ``f`` eagerly at the point, and decide the numerical precision."""
+def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in: tuple | None = None) -> Plan:
+    """Normalise, probe ``f`` eagerly at the point, and decide the numerical precision.
+
+    ``computes_in``: (precision, reason) when the problem knows that the analytical side
+    computes below its dtypes (a mixed-precision model judged through its float64 copy,
+    whose evaluations show no float16 noise to measure).
+    """
     if not callable(f):
         raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
     specs = normalize_inputs(inputs, names)
@@ -396,11 +403,19 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None) -> Plan:
     if not native_output.size:
         raise ValueError("f returned only empty outputs (size 0): there is no derivative to check; "
                          "return at least one element.")
-    plan = Plan(f, specs, outputs, out, leaf_is_output, False, notes, call_seconds, nondeterministic, native_output)
+    plan = Plan(f, specs, outputs, out, leaf_is_output, False, notes, call_seconds, nondeterministic, native_output,
+                declared=computes_in)
     upcast, eval_output, note = _choose_precision(plan, config, flat(again))
     return dataclasses.replace(plan, eval_upcast=upcast, eval_output=eval_output, notes=notes + ([note] if note else []),
                                repeat_output=None if upcast else flat(again),
-                               precision=precision_name(plan.analytical_dtype))
+                               **_declared_precision(precision_name(plan.analytical_dtype), computes_in))
+
+
+def _declared_precision(precision: str, declared: tuple | None) -> dict:
+    """The plan's ``precision`` and ``precision_reason``: the dtypes', lowered to a declared one."""
+    if declared is None or less_precise([precision, declared[0]]) == precision:
+        return {"precision": precision, "precision_reason": None}
+    return {"precision": declared[0], "precision_reason": declared[1]}
 
 
 def measure_precision(plan: Plan, line=None) -> Plan:
@@ -419,7 +434,8 @@ def with_noise(plan: Plan, noise: Noise) -> Plan:
     the evaluation dtype's rounding, one trace of f names the op computing in low precision
     (and every output's noise is floored, see ``Noise.floored``); TensorFloat-32 on a GPU."""
     eps_eval = MACHINE_EPSILON[plan.eval_dtype]
-    precision, reason = precision_name(plan.analytical_dtype), None
+    start = _declared_precision(precision_name(plan.analytical_dtype), plan.declared)
+    precision, reason = start["precision"], start["precision_reason"]
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in plan.native_values()]
     traced = None
     if noise.relative > NOISY_EPSILONS * eps_eval:
@@ -502,14 +518,18 @@ def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> s
     """Why f in float64 is not the native f (a dtype-dependent weight, layer or code path), or None.
 
     The float64 value must reproduce the native one within the native rounding:
-    64 machine epsilons of the output's scale, or, beyond that, 8 times the
-    native evaluations' measured noise.
+    64 machine epsilons of the output's scale (of the declared precision, where f is
+    known to compute below its dtypes), or, beyond that, 8 times the native
+    evaluations' measured noise.
     """
     native = plan.native_output
+    eps = MACHINE_EPSILON[plan.analytical_dtype]
+    if plan.declared is not None:
+        eps = max(eps, PRECISION_EPSILON[plan.declared[0]])
     with np.errstate(invalid="ignore", over="ignore"):
         difference = np.abs(upcast - native)
         scale = np.abs(native) + np.sqrt(np.mean(np.square(native[np.isfinite(native)]))) if np.isfinite(native).any() else 0
-        allowed = 64 * MACHINE_EPSILON[plan.analytical_dtype] * scale
+        allowed = 64 * eps * scale
         outside = difference > allowed
         outside &= np.isfinite(native) & np.isfinite(upcast)
     if not outside.any():

@@ -37,6 +37,7 @@ class Problem:
     kind: str | None = None  # what the report calls the analytical side, when not the strategy's own
     notes: tuple = ()
     if_random: str | None = None  # what to add when f turns out not to be deterministic
+    computes_in: tuple | None = None  # (precision, reason): the analytical side computes below its dtypes
 
     @property
     def variables(self) -> list:
@@ -94,13 +95,14 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
             _assert_stateless_gradient(gradient, loss)
         return Problem(gradient, loss.values,
                        f"{title} (order=2: Hessian of the loss)", names=loss.names, protect=tuple(loss.every),
-                       notes=notes, if_random=if_random)
+                       notes=notes, if_random=if_random, computes_in=loss.computes_in)
     # Called inside the check, after the determinism test, with every variable restored afterwards.
     supplied = _supplied_gradients(loss.values, lambda *_: training_gradients(loss))
     return Problem(_summed(loss.f), loss.values, title, supplied=supplied, names=loss.names,
                    protect=tuple(loss.every), output_name="loss", kind="reverse",
                    notes=("analytical side: tape.gradient of the loss over the model's own variables, as a training "
-                          "step computes it (custom gradients with variables= included)", *notes), if_random=if_random)
+                          "step computes it (custom gradients with variables= included)", *notes), if_random=if_random,
+                   computes_in=loss.computes_in)
 
 
 def _variables_in(inputs) -> list:
