@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -411,7 +412,7 @@ class _Float64Copy:
             pairs = list(zip(self.every, [*clone.trainable_variables, *clone.non_trainable_variables]))
             if (len(pairs) != len(self.every) or len(clone.trainable_variables) != len(self.trainable)
                     or any(not _counterparts(a, b, subclassed) for a, b in pairs)):
-                unmatched = next(((a, b) for a, b in pairs if not _counterparts(a, b)), None)
+                unmatched = next(((a, b) for a, b in pairs if not _counterparts(a, b, subclassed)), None)
                 raise _NoCopy("its float64 copy's variables do not correspond one to one with the model's" + (
                     "" if unmatched is None else f" ({variable_name(unmatched[0])!r} against "
                     f"{variable_name(unmatched[1])!r} in the copy)"))
@@ -446,8 +447,8 @@ def _counterparts(original, copy, rebuilt: bool = False) -> bool:
     if tuple(original.shape) != tuple(copy.shape):
         return False
     names = [variable_name(original), variable_name(copy)]
-    if rebuilt:
-        names = [getattr(v, "name", name).split(":")[0] for v, name in zip((original, copy), names)]
+    if rebuilt:  # own names, without the number Keras appends to a repeated one (``variable_1``)
+        names = [re.sub(r"_\d+$", "", getattr(v, "name", name).split(":")[0]) for v, name in zip((original, copy), names)]
     return names[0] == names[1] or all("seed_generator" in name for name in names)
 
 

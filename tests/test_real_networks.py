@@ -187,6 +187,23 @@ class Widths(keras.Model):
         return self.dense(x)
 
 
+class Unnamed(keras.layers.Layer):
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], 2), initializer="glorot_uniform")  # named "variable"
+
+    def call(self, x):
+        return tf.tanh(tf.matmul(x, self.w))
+
+
+class Nested(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner, self.head = Unnamed(), keras.layers.Dense(2)
+
+    def call(self, x, training=False):
+        return self.head(self.inner(x))
+
+
 def test_a_subclassed_model_is_rebuilt_in_float64_or_checked_natively_saying_why():
     x, y = _small_data()
     model = Subclassed()
@@ -196,6 +213,10 @@ def test_a_subclassed_model_is_rebuilt_in_float64_or_checked_natively_saying_why
     assert report.ok, str(report)
     copy = next(note for note in report.notes if note.startswith(COPY_NOTE))
     assert "rebuilt from Subclassed.from_config(get_config()) under the float64 dtype policy" in copy
+    nested = Nested()
+    nested(x)  # its copy's unnamed weight is "variable_1": matched without Keras's number
+    report = fastcheck.check_model(nested, "mse", (x, y))
+    assert report.ok and any(note.startswith(COPY_NOTE) for note in report.notes), str(report)
     widths = Widths(2)
     widths(x)
     report = fastcheck.check_model(widths, "mse", (x, y))
