@@ -480,7 +480,7 @@ def _substituted_float64_loss(clone, x, compute, every, chosen, counterpart, gen
 def _cloned(model):
     """``model`` cloned layer by layer (nested models too) with every layer under the float64 dtype policy."""
     keras = _keras_of(model)
-    if not isinstance(model, keras.Sequential) and not _is_functional(model):
+    if not _is_layer_graph(model):
         raise _NoCopy(f"{type(model).__name__} is a subclassed model: only Sequential and functional models can "
                       "be copied layer by layer")
 
@@ -495,28 +495,36 @@ def _cloned(model):
         return layer.__class__.from_config(config)
 
     clone = keras.models.clone_model(model, clone_function=float64_layer)
-    for layer in _layers(clone):
+    _assert_float64_layers(clone, "copy", "its get_config() does not carry the dtype policy")
+    return clone
+
+
+def _assert_float64_layers(copy, what: str, why: str) -> None:
+    """Every layer of a float64 copy computes in float64 (its input layers aside)."""
+    for layer in _layers(copy):
         compute = _compute_dtype(layer)
         if compute is not None and compute != "float64" and not type(layer).__name__ == "InputLayer":
-            raise _NoCopy(f"layer {layer.name!r} of its copy computes in {compute} (its get_config() does not "
-                          "carry the dtype policy)")
-    return clone
+            raise _NoCopy(f"layer {layer.name!r} of its {what} computes in {compute} ({why})")
 
 
 def _rebuilt(model, x, training: bool):
     """A Keras 3 subclassed model made afresh under the float64 dtype policy and built on ``x``.
 
-    Its constructor runs again, from ``get_config()`` (Keras records the arguments it was
-    called with) or with no arguments where the config holds only the base ones, while the
-    global dtype policy is float64, so every layer it creates computes in float64.  The
-    caller matches the variables one to one and compares the losses: a constructor that
-    builds another network is refused there."""
+    Its constructor runs again, from ``get_config()`` or with no arguments where the config
+    holds only the base ones, while the global dtype policy is float64, so every layer it
+    creates computes in float64.  Keras's automatic config records the constructor's
+    defaults, not the arguments given: the caller matches the variables one to one and
+    compares the losses, so a constructor that builds another network is refused there."""
     keras = _keras_of(model)
+
+    def cannot(error) -> _NoCopy:
+        return _NoCopy(f"{type(model).__name__} is a subclassed model that from_config(get_config()) cannot rebuild "
+                       f"({_gist(error)})")
+
     try:
         config = dict(model.get_config())
     except NotImplementedError as error:  # constructor arguments Keras cannot serialise
-        raise _NoCopy(f"{type(model).__name__} is a subclassed model that from_config(get_config()) cannot rebuild "
-                      f"({_gist(error)})") from None
+        raise cannot(error) from None
     if "dtype" in config:
         config["dtype"] = "float64"
     policy = keras.config.dtype_policy()
@@ -526,21 +534,15 @@ def _rebuilt(model, x, training: bool):
             clone = type(model).from_config(config)
         except TypeError as error:
             if set(config) - {"name", "trainable", "dtype"}:
-                raise _NoCopy(f"{type(model).__name__} is a subclassed model that from_config(get_config()) cannot "
-                              f"rebuild ({_gist(error)})") from None
+                raise cannot(error) from None
             try:
                 clone = type(model)()
             except TypeError:
-                raise _NoCopy(f"{type(model).__name__} is a subclassed model that from_config(get_config()) cannot "
-                              f"rebuild ({_gist(error)})") from None
+                raise cannot(error) from None
     finally:
         keras.config.set_dtype_policy(policy)
     _call(clone, x, training)  # creates its variables
-    for layer in _layers(clone):
-        compute = _compute_dtype(layer)
-        if compute is not None and compute != "float64" and not type(layer).__name__ == "InputLayer":
-            raise _NoCopy(f"layer {layer.name!r} of its rebuilt copy computes in {compute} (its constructor fixes "
-                          "the dtype)")
+    _assert_float64_layers(clone, "rebuilt copy", "its constructor fixes the dtype")
     return clone
 
 

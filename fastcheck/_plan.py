@@ -406,16 +406,18 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
     plan = Plan(f, specs, outputs, out, leaf_is_output, False, notes, call_seconds, nondeterministic, native_output,
                 declared=computes_in)
     upcast, eval_output, note = _choose_precision(plan, config, flat(again))
+    precision, reason = _declared_precision(plan)
     return dataclasses.replace(plan, eval_upcast=upcast, eval_output=eval_output, notes=notes + ([note] if note else []),
-                               repeat_output=None if upcast else flat(again),
-                               **_declared_precision(precision_name(plan.analytical_dtype), computes_in))
+                               repeat_output=None if upcast else flat(again), precision=precision,
+                               precision_reason=reason)
 
 
-def _declared_precision(precision: str, declared: tuple | None) -> dict:
-    """The plan's ``precision`` and ``precision_reason``: the dtypes', lowered to a declared one."""
-    if declared is None or less_precise([precision, declared[0]]) == precision:
-        return {"precision": precision, "precision_reason": None}
-    return {"precision": declared[0], "precision_reason": declared[1]}
+def _declared_precision(plan: Plan) -> tuple[str, str | None]:
+    """The plan's precision and its reason before any measurement: the dtypes', lowered to a declared one."""
+    precision = precision_name(plan.analytical_dtype)
+    if plan.declared is None or less_precise([precision, plan.declared[0]]) == precision:
+        return precision, None
+    return plan.declared[0], plan.declared[1]
 
 
 def measure_precision(plan: Plan, line=None) -> Plan:
@@ -434,8 +436,7 @@ def with_noise(plan: Plan, noise: Noise) -> Plan:
     the evaluation dtype's rounding, one trace of f names the op computing in low precision
     (and every output's noise is floored, see ``Noise.floored``); TensorFloat-32 on a GPU."""
     eps_eval = MACHINE_EPSILON[plan.eval_dtype]
-    start = _declared_precision(precision_name(plan.analytical_dtype), plan.declared)
-    precision, reason = start["precision"], start["precision_reason"]
+    precision, reason = _declared_precision(plan)
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in plan.native_values()]
     traced = None
     if noise.relative > NOISY_EPSILONS * eps_eval:
