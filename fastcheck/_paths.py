@@ -102,6 +102,11 @@ class Calibration:
     def learn_from(self, route: Route, path: str, seconds: float) -> None:
         """Learn from a finished check: ``seconds`` spent on routing and both Jacobians on ``path``.
 
+        An eager check teaches only when its predicted loop is long enough (EAGER_LEARN_SECONDS)
+        for the calls of f to dominate: a check of a few calls costs a few milliseconds of
+        fixed work (plan, comparison, report) the per-call model leaves out, and learning
+        from it would scale every later eager prediction up 5-20x (measured on the
+        verdict corpus: TFP functions of 8-12 inputs went to graph mode at 3-7x the cost).
         A traced check teaches only when the call was close (predictions within
         CLOSE_CALL of each other): there the batched run is small next to tracing, which
         is what the traced prediction models; a long sweep would read as slow tracing.
@@ -111,12 +116,14 @@ class Calibration:
             return  # not predicted (jit_compile given), or a fallback changed the path
         # Ratios are against the uncorrected prediction, so the correction settles instead of drifting.
         if path == EAGER:
-            self.learn(EAGER, eager / self.scale(EAGER), seconds)
+            if eager >= EAGER_LEARN_SECONDS * self.scale(EAGER):
+                self.learn(EAGER, eager / self.scale(EAGER), seconds)
         elif max(eager, traced) < CLOSE_CALL * min(eager, traced):
             self.learn("traced", traced / self.scale("traced"), seconds)
 
 
 CLOSE_CALL = 4.0
+EAGER_LEARN_SECONDS = 0.02
 CALIBRATION = Calibration()
 
 

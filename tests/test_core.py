@@ -549,6 +549,13 @@ def test_routing_predictions_follow_this_process_measured_costs(monkeypatch):
     assert calibration.scale("traced") == pytest.approx(2.0)
     calibration.learn_from(route, "eager", 1.0)  # a fallback changed the path: not a measurement of either
     assert len(calibration.ratios["eager"]) == 3
+    # A tiny eager check's milliseconds of fixed work would read as a slow loop (5-20x on the
+    # verdict corpus): only loops long enough for f's calls to dominate teach.
+    eager_route = dataclasses.replace(route, path="eager", predicted=(0.001, 0.1))
+    calibration.learn_from(eager_route, "eager", 0.01)
+    assert len(calibration.ratios["eager"]) == 3
+    calibration.learn_from(dataclasses.replace(eager_route, predicted=(3 * 0.05, 0.1)), "eager", 0.05)
+    assert calibration.ratios["eager"][-1] == pytest.approx(1.0)
 
 
 def test_checks_do_not_keep_the_function_alive_or_warn_about_retracing(caplog):
