@@ -440,15 +440,19 @@ class _Float64Copy:
 
 
 def _counterparts(original, copy, rebuilt: bool = False) -> bool:
-    """A variable of the model and its float64 copy's, in the same place: same name and shape.  A
-    seed generator's state is named afresh in a clone (``seed_generator_1``: Keras numbers every
-    new generator), so it matches by shape alone.  A rebuilt subclassed model names its layers
-    afresh too (``net_1/conv2d_1/kernel``): its variables match by their own names, in order."""
+    """A variable of the model and its float64 copy's, in the same place (they are paired in order):
+    the same shape and the same name, without the number Keras appends to a repeated one.  A clone
+    keeps the names of layers whose config holds them (``dense``), but a custom layer's automatic
+    config does not, nor does an unnamed ``add_weight``: the clone of ``sequential/bad/variable`` is
+    ``sequential/bad_1/variable_1``.  A seed generator's state is named afresh in a clone
+    (``seed_generator_1``), so it matches by shape alone.  A rebuilt subclassed model names its
+    layers afresh too (``net_1/conv2d_1/kernel``): its variables match by their own names."""
     if tuple(original.shape) != tuple(copy.shape):
         return False
     names = [variable_name(original), variable_name(copy)]
-    if rebuilt:  # own names, without the number Keras appends to a repeated one (``variable_1``)
-        names = [re.sub(r"_\d+$", "", getattr(v, "name", name).split(":")[0]) for v, name in zip((original, copy), names)]
+    if rebuilt:
+        names = [getattr(v, "name", name).split(":")[0] for v, name in zip((original, copy), names)]
+    names = ["/".join(re.sub(r"_\d+$", "", part) for part in name.split("/")) for name in names]
     return names[0] == names[1] or all("seed_generator" in name for name in names)
 
 

@@ -2,6 +2,8 @@
 defect, in float32 (numerical side on a float64 copy of the model) and float64; kinks of ReLU networks; the copy's
 fallbacks; the report of a model with many variables."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -226,6 +228,46 @@ def test_a_subclassed_model_is_rebuilt_in_float64_or_checked_natively_saying_why
     with pytest.raises(ValueError, match="precision='float64' was requested, but .*cannot rebuild"):
         fastcheck.check_model(widths, "mse", (x, y), precision="float64")
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))
+
+
+class AutoConfigScale(keras.layers.Layer):
+    """A custom layer as users write one: no get_config (Keras's automatic config, which keeps no
+    name), one unnamed and one named weight, a custom gradient off by ``factor`` for the scale."""
+
+    def __init__(self, factor=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def build(self, shape):
+        self.scale = self.add_weight(shape=(shape[-1],), initializer="ones")
+        self.shift = self.add_weight(shape=(shape[-1],), initializer="zeros", name="shift")
+
+    def call(self, x):
+        factor = self.factor
+
+        @tf.custom_gradient
+        def scaled(x, scale):
+            def grad(dy):
+                return dy * scale, factor * tf.reduce_sum(dy * x, axis=0)
+
+            return x * scale, grad
+
+        return scaled(x, self.scale.value) + self.shift
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.02])
+def test_a_custom_layer_without_a_config_name_is_cloned_in_float64(factor):
+    # Its clone is named afresh (sequential/auto_config_scale_1/variable_1): the copy used to be
+    # refused, and the model checked in float32, where steps across ReLU kinks raise false alarms.
+    x, y = _small_data()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(6), keras.layers.ReLU(),
+                              AutoConfigScale(factor), keras.layers.Dense(2)])
+    model(x)
+    report = fastcheck.check_model(model, "mse", (x, y))
+    assert any(note.startswith(COPY_NOTE) and "cloned layer by layer" in note for note in report.notes), str(report)
+    failed = {re.sub(r"_\d+$", "", p.input_name.rsplit("/", 1)[-1]) for p in report.pairs if not p.ok}
+    assert failed == (set() if factor == 1.0 else {"variable"}), str(report)
 
 
 class ReluCNN(keras.Model):
