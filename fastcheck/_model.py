@@ -335,6 +335,7 @@ class _Float64Copy:
         self.loss_fn, self.sample_weight = loss_fn, sample_weight
         self.every, self.trainable, self.chosen, self.training = every, trainable, chosen, training
         self.generators = generators
+        self._hint = ""  # what would let a refused copy stand in
 
     def loss(self, native: Callable, values: list) -> tuple[Callable | None, str]:
         """(the copy's loss, a note saying what was compared), or (None, why no copy stands in)."""
@@ -371,7 +372,7 @@ class _Float64Copy:
             return None, (f"its float64 copy ({what}) has loss {copied:.9g}, but the model's own is {original:.9g}: "
                           f"{difference / (eps * scale):.3g} roundings of the loss apart, more than the "
                           f"{FLOAT64_COPY_ROUNDINGS} allowed, so the copy computes another function or the model's "
-                          "float32 evaluation is too ill-conditioned to be judged against exact derivatives")
+                          "float32 evaluation is too ill-conditioned to be judged against exact derivatives" + self._hint)
         rounds = f" ({low[0]} roundings: {low[1]})" if low is not None else ""
         return twin, (f"{what}; its loss {copied:.9g} equals the model's {original:.9g} within "
                       f"{difference / (eps * scale):.2g} roundings{rounds} (at most {FLOAT64_COPY_ROUNDINGS} allowed); "
@@ -408,16 +409,20 @@ class _Float64Copy:
                                   self.model, dtype=tf.float64)
         if self.keras3:
             subclassed = _is_keras_model(self.model) and not _is_layer_graph(self.model)
-            clone = _rebuilt(self.model, x64, self.training) if subclassed else _cloned(self.model)
+            if subclassed and _automatic_config(self.model):
+                self._hint = REBUILD_HINT
+            clone, recovered = _rebuilt(self.model, x64, self.training) if subclassed else (_cloned(self.model), {})
             pairs = list(zip(self.every, [*clone.trainable_variables, *clone.non_trainable_variables]))
             if (len(pairs) != len(self.every) or len(clone.trainable_variables) != len(self.trainable)
                     or any(not _counterparts(a, b, subclassed) for a, b in pairs)):
                 unmatched = next(((a, b) for a, b in pairs if not _counterparts(a, b, subclassed)), None)
                 raise _NoCopy("its float64 copy's variables do not correspond one to one with the model's" + (
                     "" if unmatched is None else f" ({variable_name(unmatched[0])!r} against "
-                    f"{variable_name(unmatched[1])!r} in the copy)"))
+                    f"{variable_name(unmatched[1])!r} in the copy)") + self._hint)
+            given = "".join(f", {name}={value!r}" for name, value in sorted(recovered.items()))
             what = (f"the model rebuilt from {type(self.model).__name__}.from_config(get_config()) under the float64 "
-                    "dtype policy, same weights" if subclassed else
+                    "dtype policy, same weights" + (f" (constructor arguments read from the model's attributes of the "
+                                                    f"same names: {given[2:]})" if given else "") if subclassed else
                     "the model cloned layer by layer under the float64 dtype policy, same weights")
             return (_keras3_loss(self.model, x64, compute, self.every, self.trainable, self.chosen, self.training,
                                  runner=clone, dtype=tf.float64), what)
@@ -454,6 +459,11 @@ def _counterparts(original, copy, rebuilt: bool = False) -> bool:
         names = [getattr(v, "name", name).split(":")[0] for v, name in zip((original, copy), names)]
     names = ["/".join(re.sub(r"_\d+$", "", part) for part in name.split("/")) for name in names]
     return names[0] == names[1] or all("seed_generator" in name for name in names)
+
+
+REBUILD_HINT = ("; Keras's automatic config records a subclassed model's constructor defaults, not the arguments "
+                "given: keep each argument as an attribute of the same name (self.units = units) or define "
+                "get_config() for the float64 copy")
 
 
 class _NoCopy(Exception):
@@ -517,8 +527,9 @@ def _rebuilt(model, x, training: bool):
     Its constructor runs again, from ``get_config()`` or with no arguments where the config
     holds only the base ones, while the global dtype policy is float64, so every layer it
     creates computes in float64.  Keras's automatic config records the constructor's
-    defaults, not the arguments given: the caller matches the variables one to one and
-    compares the losses, so a constructor that builds another network is refused there."""
+    defaults, not the arguments given: arguments the model keeps as attributes of the same
+    names are read back (returned, for the note), and the caller matches the variables one
+    to one and compares the losses, so a constructor that builds another network is refused there."""
     keras = _keras_of(model)
 
     def cannot(error) -> _NoCopy:
@@ -529,6 +540,8 @@ def _rebuilt(model, x, training: bool):
         config = dict(model.get_config())
     except NotImplementedError as error:  # constructor arguments Keras cannot serialise
         raise cannot(error) from None
+    recovered = _arguments_kept_as_attributes(model, config) if _automatic_config(model) else {}
+    config.update(recovered)
     if "dtype" in config:
         config["dtype"] = "float64"
     policy = keras.config.dtype_policy()
@@ -547,7 +560,41 @@ def _rebuilt(model, x, training: bool):
         keras.config.set_dtype_policy(policy)
     _call(clone, x, training)  # creates its variables
     _assert_float64_layers(clone, "rebuilt copy", "its constructor fixes the dtype")
-    return clone
+    return clone, recovered
+
+
+# Constructor arguments a rebuilt model may take from its attributes: what Keras's automatic
+# config itself records (it refuses other types).
+_SIMPLE = (str, int, float, bool, type(None))
+
+
+def _automatic_config(model) -> bool:
+    """Whether ``model.get_config`` is Keras's own (the automatic config), not the class's."""
+    owner = next((klass for klass in type(model).__mro__ if "get_config" in vars(klass)), None)
+    return owner is not None and owner.__module__.startswith(("keras.", "tf_keras."))
+
+
+def _arguments_kept_as_attributes(model, config: dict) -> dict:
+    """Constructor arguments read back from attributes of the same name (``self.units = units``).
+
+    Keras's ``Model.__new__`` does not pass the constructor's arguments on, so a subclassed
+    model's automatic config holds the constructor's *defaults* (``Net(units=5)`` gives
+    ``units: 4``).  Where the model keeps an argument as an attribute of the same name (or
+    with a leading underscore) of a type the config can hold, that value is the argument
+    given; the copy is still matched variable by variable and loss against loss."""
+    recovered = {}
+    for name in set(config) - {"name", "trainable", "dtype"}:
+        for attribute in (name, f"_{name}"):
+            value = inspect.getattr_static(model, attribute, None)
+            if value is None and attribute not in vars(model):
+                continue
+            simple = isinstance(value, _SIMPLE) or (
+                isinstance(value, (list, tuple)) and all(isinstance(v, _SIMPLE) for v in value))
+            if simple and value != config[name]:
+                recovered[name] = list(value) if isinstance(value, tuple) and isinstance(config[name], list) else value
+            if simple:
+                break
+    return recovered
 
 
 def _is_layer_graph(model) -> bool:

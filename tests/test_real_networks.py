@@ -206,6 +206,39 @@ class Nested(keras.Model):
         return self.head(self.inner(x))
 
 
+class Leaky(keras.Model):
+    """Constructor arguments that Keras's automatic config records as their defaults (Model.__new__
+    drops them); ``units`` kept as an attribute of its name, ``slope`` under a leading underscore
+    unless ``hidden``, where the model keeps it under another name."""
+
+    def __init__(self, units=4, slope=0.1, hidden=False, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.hidden = units, hidden
+        if hidden:
+            self.alpha = slope
+        else:
+            self._slope = slope
+        self.inner, self.head = keras.layers.Dense(units), keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.head(tf.nn.leaky_relu(self.inner(x), self.alpha if self.hidden else self._slope))
+
+
+def test_a_subclassed_model_takes_its_constructor_arguments_from_its_attributes():
+    x, y = _small_data()
+    model = Leaky(units=5, slope=0.3)
+    model(x)
+    assert model.get_config()["units"] == 4  # what Keras records: the defaults
+    report = fastcheck.check_model(model, "mse", (x, y))
+    copy = next(note for note in report.notes if note.startswith(COPY_NOTE))
+    assert "attributes of the same names: slope=0.3, units=5" in copy and report.ok, str(report)
+    hidden = Leaky(slope=0.3, hidden=True)  # the slope is not found: the copy computes another loss
+    hidden(x)
+    report = fastcheck.check_model(hidden, "mse", (x, y))
+    reason = next(note for note in report.notes if note.startswith(NATIVE_NOTE))
+    assert "roundings of the loss apart" in reason and "keep each argument as an attribute" in reason, reason
+
+
 def test_a_subclassed_model_is_rebuilt_in_float64_or_checked_natively_saying_why():
     x, y = _small_data()
     model = Subclassed()
