@@ -616,8 +616,7 @@ class _Block:
                 low, high = sorted((left[k], right[k]))
                 if np.isfinite(low) and np.isfinite(high):
                     self.one_sided[(int(failing[k]),)] = (float(left[k]), float(right[k]))
-                allowed = band[k] + sides_error[k]
-                inside = bool(low - allowed <= a[k] <= high + allowed)
+                inside = bool(_compare.between_sides(a[k], low, high, sides_error[k], atol, rtol))
                 status[k] = _compare.NONDIFFERENTIABLE if inside else _compare.UNRESOLVED_KINK
             else:
                 status[k] = _compare.UNRESOLVED

@@ -270,8 +270,7 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
             low, high = sorted((left[row, k], right[row, k]))
             if np.isfinite(low) and np.isfinite(high):
                 one_sided[(int(row), int(column))] = (float(left[row, k]), float(right[row, k]))
-            allowed = band[row, column] + sides_error[row, k]
-            inside = bool(low - allowed <= a[row, column] <= high + allowed)
+            inside = bool(_compare.between_sides(a[row, column], low, high, sides_error[row, k], atol, rtol))
             status[row, column] = _compare.NONDIFFERENTIABLE if inside else _compare.UNRESOLVED_KINK
         else:
             status[row, column] = _compare.UNRESOLVED

@@ -46,6 +46,7 @@ NOISE_MAX_SCALE = 1e-2  # relative: far beyond any rounding, still far below mos
 # itself at a scale CONFIRM_SCALE times finer (rounding is scale-free; kinks crossed are not).
 CONFIRM_SCALE = 32.0
 CONFIRM_MARGIN = 8.0
+CALM_SPREAD = 2.0
 # Measured relative noise above this many machine epsilons of the evaluation dtype
 # means f loses precision inside (a cast, a low-precision op, a long cancellation).
 NOISY_EPSILONS = 16.0
@@ -166,7 +167,13 @@ def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
             with np.errstate(invalid="ignore"):
                 shape_of_f = rough & finer_moving & ~(finer_noisy & (finer >= estimate / CONFIRM_MARGIN))
             counted = counted & ~shape_of_f
-        sigma[counted] = np.maximum(sigma[counted], estimate[counted])
+        # Rounding is scale-free: a coarser table within CONFIRM_MARGIN of the calm one counts at
+        # most CALM_SPREAD times that (the spread of two estimates from four differences each);
+        # more would be kinks crossed at that scale (a float32 ReLU MLP's noise read 3.9x its
+        # rounding, and its steps' noise allowance with it).  Rough, confirmed tables count whole.
+        with np.errstate(invalid="ignore"):
+            value = np.where(rough | ~np.isfinite(calm), estimate, np.minimum(estimate, CALM_SPREAD * calm))
+        sigma[counted] = np.maximum(sigma[counted], value[counted])
         thawed = pending & moving & (not first)
         if thawed.any():
             values_seen = np.sort(np.concatenate([sides[0], sides[1], y0[None]]), axis=0)

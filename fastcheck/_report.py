@@ -191,8 +191,8 @@ class PairReport:
             lines.append(
                 f"  not differentiable at d {_index(self.output_name, e.output_index)} / d {_index(self.input_name, e.input_index)}: "
                 f"left derivative={left:.8g}, right derivative={right:.8g}, analytical={e.analytical:.8g} "
-                "(a kink of f at the point: both one-sided derivatives settled, and the analytical value lies "
-                "between them)"
+                "(the steps cross a kink of f at or near the point: both one-sided derivatives settled, and the "
+                "analytical value is one of them or between them, within their uncertainty)"
             )
         if len(kinks) > 3:
             lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")

@@ -148,3 +148,39 @@ def test_float32_steps_crossing_relu_kinks_are_not_a_mismatch():
                                    precision="native")
     kernel = next(p for p in report.pairs if p.input_name.endswith("conv2d/kernel"))
     assert kernel.status[0, np.ravel_multi_index((2, 1, 0, 2), (3, 3, 3, 4))] != 1, str(report)
+
+
+def _float32_relu_mlp(seed: int, factor: float = 1.0):
+    """MSE of a ReLU MLP over float32 data held in f (so no float64 evaluation): 2,048 ReLU inputs, a
+    few within the default step of their kinks.  ``factor`` scales the first layer's weight gradient."""
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.normal(size=(64, 16)).astype(np.float32))
+    y = tf.constant(rng.normal(size=(64, 4)).astype(np.float32))
+
+    @tf.custom_gradient
+    def first_layer(w1):
+        return tf.matmul(x, w1), lambda dy: factor * tf.matmul(x, dy, transpose_a=True)
+
+    def loss(w1, b1, w2, b2):
+        return tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(first_layer(w1) + b1), w2) + b2 - y))
+
+    weights = [rng.normal(size=(16, 32)).astype(np.float32) / 4, np.zeros(32, np.float32) + 0.01,
+               rng.normal(size=(32, 4)).astype(np.float32) / 6, np.zeros(4, np.float32)]
+    return loss, weights
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_a_float32_relu_mlp_is_no_false_alarm_and_its_wrong_gradient_fails(seed):
+    # These seeds each FAILed 2-9 correct weights: steps h and h/4 crossed a kink (at 0.1-0.8 h/4), the
+    # finer steps were float32 noise, and the pair settled on that noise, extrapolated with a 15th of its
+    # gap as error; kinks crossed steadily (one-sided gaps of 16 standard deviations) were not "visible".
+    loss, weights = _float32_relu_mlp(seed)
+    report = fastcheck.check_gradients(loss, weights)
+    assert any("native precision" in note for note in report.notes)  # the float32 side under test
+    statuses = np.concatenate([pair.status.ravel() for pair in report.pairs])
+    assert report.verdict == "pass" and not np.any(statuses == 1), str(report)
+    wrong_loss, _ = _float32_relu_mlp(seed, factor=1.1)
+    wrong = fastcheck.check_gradients(wrong_loss, weights)
+    assert wrong.verdict == "fail" and [p.ok for p in wrong.pairs] == [False, True, True, True], str(wrong)
+    # Most of the 512 weights, as mismatches (small gradients are within tolerance 10% off), named as such.
+    assert wrong.pairs[0].count(1) >= 300 and "constant factor of 1.1" in str(wrong), str(wrong)
