@@ -258,8 +258,8 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
 # a step crosses a kink only where its sides differ visibly, and resolves one only where
 # they would.  A jump of f needs a wider margin (its test compares just the two finest
 # steps, with no steadiness to confirm it).
-KINK_VISIBLE = 3.0
-UNSTEADY_VISIBLE = 6.0
+KINK_VISIBLE = 2.0
+UNSTEADY_VISIBLE = 4.0
 JUMP_VISIBLE = 20.0
 
 

@@ -405,7 +405,44 @@ def _confirmed(jac: _Jacobians, position: int, columns, a, estimate, error, chos
             error[:, check] + other_error))
             & (curvature[:, half:] <= curvature[:, :half] / 4 + slack[:, :half] + slack[:, half:]))
     result[check] = np.all(agree | ~mismatch[:, check], axis=0)
+    return result & _holds_below(jac, position, columns, a, estimate, level, check, mismatch)
+
+
+def _holds_below(jac: _Jacobians, position: int, columns, a, estimate, level, check, mismatch) -> np.ndarray:
+    """Per column: whether its mismatches hold at the step below the pair, averaged where needed.
+
+    A kink between the pair's fine step and the next one (a ReLU input at 0.5 h/4) moves both of
+    the pair's quotients alike, and only the next step shows the derivative at the point.  Where
+    that step's rounding bound exceeds a quarter of the mismatch (float32), the ladder could not
+    tell, so ``BELOW_POINTS`` steps in [0.6, 1] x that step are averaged: the mismatch holds unless
+    their mean departs from the estimate by more than half of it plus two of its standard
+    deviations (a correct float32 ReLU MLP: the mean lies on the analytical value, 4 of its
+    standard deviations from the pair's estimate)."""
+    result = np.ones(len(columns), bool)
+    below = steps(jac.plan, jac.config, position)[columns[check]] / REFINE_RATIO ** (level + 2)
+    with np.errstate(invalid="ignore"):
+        miss = np.abs(a[:, check] - estimate[:, check])
+        noisy = np.any(mismatch[:, check] & (jac.noise(2 * below) > miss / 4), axis=0)
+    if not noisy.any():
+        return result
+    chosen = check[noisy]
+    ladder = np.outer(np.linspace(BELOW_LOW, 1.0, BELOW_POINTS), below[noisy]).ravel()
+    derivative, _, _, spans = numerical_columns(jac.executor, position, np.tile(columns[chosen], BELOW_POINTS), ladder)
+    count = len(chosen)
+    mean = derivative.reshape(len(derivative), BELOW_POINTS, count).mean(axis=1)
+    deviation = jac.noise(spans).reshape(len(derivative), BELOW_POINTS, count).mean(axis=1) / (
+        BOUND_DEVIATIONS * np.sqrt(BELOW_POINTS))
+    with np.errstate(invalid="ignore"):
+        holds = np.abs(mean - estimate[:, chosen]) <= miss[:, noisy] / 2 + 2 * deviation
+    result[chosen] = np.all(holds | ~mismatch[:, chosen] | ~np.isfinite(mean), axis=0)
     return result
+
+
+# Steps averaged below a noisy pair, spread over [BELOW_LOW, 1] x the next step; a noise bound
+# is about this many standard deviations of a central quotient (MEASURED_NOISE_FACTOR / sqrt 2).
+BELOW_POINTS = 8
+BELOW_LOW = 0.6
+BOUND_DEVIATIONS = 7.0
 
 
 # Confirmation steps of a refined mismatch, relative to the pair that gave it.

@@ -150,37 +150,70 @@ def test_float32_steps_crossing_relu_kinks_are_not_a_mismatch():
     assert kernel.status[0, np.ravel_multi_index((2, 1, 0, 2), (3, 3, 3, 4))] != 1, str(report)
 
 
-def _float32_relu_mlp(seed: int, factor: float = 1.0):
+def _float32_relu_mlp(seed: int, defect: str | None = None):
     """MSE of a ReLU MLP over float32 data held in f (so no float64 evaluation): 2,048 ReLU inputs, a
-    few within the default step of their kinks.  ``factor`` scales the first layer's weight gradient."""
+    few within the default step of their kinks; every gradient hand-written, ``defect`` planted in one."""
     rng = np.random.default_rng(seed)
     x = tf.constant(rng.normal(size=(64, 16)).astype(np.float32))
     y = tf.constant(rng.normal(size=(64, 4)).astype(np.float32))
 
     @tf.custom_gradient
-    def first_layer(w1):
-        return tf.matmul(x, w1), lambda dy: factor * tf.matmul(x, dy, transpose_a=True)
+    def first(w1, b1):
+        def grad(dy):
+            gw, gb = tf.matmul(x, dy, transpose_a=True), tf.reduce_sum(dy, 0)
+            return (gw * {"w1_times_0.97": 0.97, "w1_times_1.1": 1.1}.get(defect, 1.0)
+                    + (tf.reshape(tf.one_hot(101, 512) * 0.01, [16, 32]) if defect == "one_element" else 0.0),
+                    gb * (0.0 if defect == "no_bias" else 1.0))
+
+        return tf.matmul(x, w1) + b1, grad
+
+    @tf.custom_gradient
+    def relu(z):
+        return tf.nn.relu(z), lambda dy: dy * tf.where(z > 0, 1.0, 0.05 if defect == "leaky_derivative" else 0.0)
+
+    @tf.custom_gradient
+    def second(h, w2):
+        def grad(dy):
+            return tf.matmul(dy, w2, transpose_b=True), tf.matmul(h, dy, transpose_a=True) * (
+                -1.0 if defect == "w2_sign" else 1.0)
+
+        return tf.matmul(h, w2), grad
 
     def loss(w1, b1, w2, b2):
-        return tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(first_layer(w1) + b1), w2) + b2 - y))
+        return tf.reduce_mean(tf.square(second(relu(first(w1, b1)), w2) + b2 - y))
 
     weights = [rng.normal(size=(16, 32)).astype(np.float32) / 4, np.zeros(32, np.float32) + 0.01,
                rng.normal(size=(32, 4)).astype(np.float32) / 6, np.zeros(4, np.float32)]
     return loss, weights
 
 
-@pytest.mark.parametrize("seed", [0, 1, 3])
-def test_a_float32_relu_mlp_is_no_false_alarm_and_its_wrong_gradient_fails(seed):
-    # These seeds each FAILed 2-9 correct weights: steps h and h/4 crossed a kink (at 0.1-0.8 h/4), the
+@pytest.mark.parametrize("seed", range(6))
+def test_a_float32_relu_mlp_raises_no_false_alarm(seed):
+    # Seeds 0-5 each FAILed 2-14 correct weights: steps h and h/4 crossed a kink (at 0.1-0.8 h/4), the
     # finer steps were float32 noise, and the pair settled on that noise, extrapolated with a 15th of its
-    # gap as error; kinks crossed steadily (one-sided gaps of 16 standard deviations) were not "visible".
+    # gap as error; kinks crossed steadily (one-sided gaps of 6-16 standard deviations) were not
+    # "visible", and kinks crossed by the noise tables inflated the noise up to 3.9x.  Now a pass, or
+    # undecidable where the only step resolving a kink is float32 noise (never a mismatch).
     loss, weights = _float32_relu_mlp(seed)
     report = fastcheck.check_gradients(loss, weights)
     assert any("native precision" in note for note in report.notes)  # the float32 side under test
     statuses = np.concatenate([pair.status.ravel() for pair in report.pairs])
-    assert report.verdict == "pass" and not np.any(statuses == 1), str(report)
-    wrong_loss, _ = _float32_relu_mlp(seed, factor=1.1)
-    wrong = fastcheck.check_gradients(wrong_loss, weights)
-    assert wrong.verdict == "fail" and [p.ok for p in wrong.pairs] == [False, True, True, True], str(wrong)
-    # Most of the 512 weights, as mismatches (small gradients are within tolerance 10% off), named as such.
-    assert wrong.pairs[0].count(1) >= 300 and "constant factor of 1.1" in str(wrong), str(wrong)
+    assert report.verdict != "fail" and not np.any(statuses == 1), str(report)
+    if seed in (0, 1, 3):
+        assert report.verdict == "pass", str(report)
+
+
+# (defect, the weights whose pair fails): each planted in the MLP's hand-written gradients.
+FLOAT32_MLP_DEFECTS = [("w1_times_0.97", [0]), ("w1_times_1.1", [0]), ("one_element", [0]), ("no_bias", [1]),
+                       ("leaky_derivative", [0, 1]), ("w2_sign", [2])]
+
+
+@pytest.mark.parametrize("defect, failing", FLOAT32_MLP_DEFECTS)
+@pytest.mark.parametrize("seed", [0, 2])
+def test_every_planted_defect_of_a_float32_relu_mlp_fails(seed, defect, failing):
+    loss, weights = _float32_relu_mlp(seed, defect)
+    report = fastcheck.check_gradients(loss, weights)
+    assert report.verdict == "fail", str(report)
+    assert [i for i, pair in enumerate(report.pairs) if pair.count(1)] == failing, str(report)
+    if defect == "one_element":
+        assert report.pairs[0].worst_element.input_index == (3, 5), str(report)
