@@ -213,20 +213,23 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
                            & (~kink | (gaps[k] <= 2 * (coarse_noise + fine_noise))))
             else:
                 settled = np.zeros(best.shape, bool)
-            # Every finer step must agree with a settled estimate within its rounding: one that
-            # departs shows a feature of f below the pair's steps (kinks within 1e-9 of the
-            # point, a bump a coarse step steps over), which the pair cannot have converged past.
-            for j in range(k + 2, len(levels)):
-                finer, finer_noise = levels[j][0], levels[j][1]
-                departs = np.abs(finer - estimate) > gaps[k] + truncation + rounding + 2 * finer_noise
-                settled &= ~(departs & np.isfinite(finer))
             # The Richardson error (a 15th of the gap) holds in the h^2 regime; the finer steps
             # confirm it only where their rounding is below the excess they rule out (a next gap of a
             # quarter of this one or more).  Where they are too noisy to tell (float32 over a ReLU
             # network: a kink at 0.4 h/4 moves the pair by 2e-4, and h/16 has 1.6e-3 of rounding),
             # the pair may still settle on agreeing within rounding, with the whole gap as its error.
             informative = (2 * (fine_noise + levels[k + 2][1]) <= gaps[k] / 4) if k + 2 < len(levels) else False
-            total = np.where(settled & informative, truncation, gaps[k]) + rounding
+            claimed = np.where(informative, truncation, gaps[k])
+            # Every finer step must agree with a settled estimate within its error and their rounding:
+            # one that departs shows a feature of f below the pair's steps (kinks within 1e-9 of the
+            # point, a bump a coarse step steps over), which the pair cannot have converged past.  (The
+            # whole gap as slack let a float32 probe through a ReLU MLP settle at -0.1747 +- 1.5e-3 with
+            # every finer step at -0.1675 +- 1.1e-3.)
+            for j in range(k + 2, len(levels)):
+                finer, finer_noise = levels[j][0], levels[j][1]
+                departs = np.abs(finer - estimate) > claimed + rounding + 2 * finer_noise
+                settled &= ~(departs & np.isfinite(finer))
+            total = np.where(settled, claimed, gaps[k]) + rounding
             # A settled pair beats any unsettled one: two steps that agree without the
             # h^2 regime confirmed may agree by coincidence (aliasing of a periodic f).
             better = np.isfinite(estimate) & np.isfinite(total) & (

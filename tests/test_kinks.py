@@ -217,3 +217,16 @@ def test_every_planted_defect_of_a_float32_relu_mlp_fails(seed, defect, failing)
     assert [i for i, pair in enumerate(report.pairs) if pair.count(1)] == failing, str(report)
     if defect == "one_element":
         assert report.pairs[0].worst_element.input_index == (3, 5), str(report)
+
+
+@pytest.mark.parametrize("defect", [None, "w1_times_0.97", "one_element"])
+def test_fast_mode_on_a_float32_relu_mlp(defect):
+    # A probe along all of W1 crosses several kinks at every coarse step; its pair (h, h/4) settled at
+    # -0.1747 +- 1.5e-3 with every finer step at -0.1675 +- 1.1e-3, because a finer step had the whole
+    # pair gap as slack: every seed of the correct MLP FAILed in fast mode.  (Seeds 1, 2 and 4 still do,
+    # within a factor 1.3 of the allowance, in the localisation's probes: design.md, verdict gaps.)
+    loss, weights = _float32_relu_mlp(0, defect)
+    report = fastcheck.check_gradients(loss, weights, mode="fast")
+    assert report.verdict == ("pass" if defect is None else "fail"), str(report)
+    if defect is not None:
+        assert not report.pairs[0].ok and all(pair.ok for pair in report.pairs[1:]), str(report)
