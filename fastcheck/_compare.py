@@ -395,9 +395,11 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
                 "check; check at a point away from the jump.")
     if np.any(status == UNRESOLVED_KINK) and not bad.any():
         return ("every step crossed a kink of f (e.g. ReLU inputs at or within a step of 0) and the analytical value "
-                "lies outside the one-sided derivatives: several kinks closer together than any step give that, so "
-                "these elements are undecidable, not wrong; check at a point away from the kinks (e.g. nonzero biases "
-                "or trained weights).")
+                "lies outside the one-sided derivatives: several kinks closer together than any step give that, as "
+                "does a kink closer than the smallest step float32 rounding allows, so these elements are "
+                "undecidable, not wrong; check at a point away from the kinks (e.g. nonzero biases or trained "
+                "weights), or with a float64 numerical side (f must then accept float64 inputs: build its constants "
+                "in the inputs' dtype).")
     if np.any(status == UNRESOLVED) and not bad.any():
         return ("the central differences did not settle at any step tried (down to 4**12 times smaller than the "
                 "first, or, for a noisy f, up to the largest step its noise allows): f varies on a scale far below "
