@@ -219,7 +219,9 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
             # network: a kink at 0.4 h/4 moves the pair by 2e-4, and h/16 has 1.6e-3 of rounding),
             # the pair may still settle on agreeing within rounding, with the whole gap as its error.
             informative = (2 * (fine_noise + levels[k + 2][1]) <= gaps[k] / 4) if k + 2 < len(levels) else False
-            claimed = np.where(informative, truncation, gaps[k])
+            # (A gap within the pair's own rounding is that rounding, which ``rounding`` covers: a
+            # linear float32 f keeps the Richardson error, and a defect at its tolerance stays visible.)
+            claimed = np.where(informative | (gaps[k] <= coarse_noise + fine_noise), truncation, gaps[k])
             # Every finer step must agree with a settled estimate within its error and their rounding:
             # one that departs shows a feature of f below the pair's steps (kinks within 1e-9 of the
             # point, a bump a coarse step steps over), which the pair cannot have converged past.  (The

@@ -199,7 +199,7 @@ def test_a_float32_relu_mlp_raises_no_false_alarm(seed):
     assert any("native precision" in note for note in report.notes)  # the float32 side under test
     statuses = np.concatenate([pair.status.ravel() for pair in report.pairs])
     assert report.verdict != "fail" and not np.any(statuses == 1), str(report)
-    if seed in (0, 1, 3):
+    if seed in (0, 1):
         assert report.verdict == "pass", str(report)
 
 
@@ -230,3 +230,35 @@ def test_fast_mode_on_a_float32_relu_mlp(defect):
     assert report.verdict == ("pass" if defect is None else "fail"), str(report)
     if defect is not None:
         assert not report.pairs[0].ok and all(pair.ok for pair in report.pairs[1:]), str(report)
+
+
+def _ladder(derivatives, noises, y0=1.0, h=4.9e-3):
+    """``_compare.refine`` levels of one element: central differences with equal sides, steps h/4**k."""
+    levels = []
+    for k, (d, noise) in enumerate(zip(derivatives, noises)):
+        step = h / 4**k
+        levels.append((np.array([[d]]), np.array([[noise]]), np.array([[y0 + d * step]]),
+                       np.array([[y0 - d * step]]), np.array([2 * step])))
+    return levels, np.array([y0])
+
+
+@pytest.mark.parametrize("case", ["rounding", "kink"])
+def test_a_settled_pairs_error_is_the_richardson_one_only_where_it_is_confirmed(case):
+    from fastcheck import _compare
+
+    noises = [6.6e-5 * 4**k for k in range(6)]
+    if case == "rounding":
+        # A linear float32 f: the pair's gap is rounding, which the error's rounding term covers; adding
+        # the gap again hid a 1e-3 defect of a float32 conv 32x32x8 (at 1.05 of its allowance).
+        derivatives = [0.5, 0.5 + 2e-4, 0.5 - 3e-4, 0.5 + 5e-4, 0.5 - 2e-3, 0.5 + 4e-3]
+    else:
+        # A kink at 0.77 h/4 moves the pair by 2.3e-3; h/16 and finer are too noisy to confirm h^2.
+        derivatives = [-0.04608, -0.04377, -0.04293, -0.04293 + 2e-3, -0.04293 - 8e-3, -0.04293 + 2e-2]
+    levels, y0 = _ladder(derivatives, noises)
+    best, error, settled, *_ = _compare.refine(levels, y0, 4.0)
+    assert settled[0, 0], (best, error)
+    if case == "rounding":
+        gap, rounding = abs(derivatives[0] - derivatives[1]), noises[1] * 17 / 15 + noises[0] / 15
+        assert error[0, 0] == pytest.approx(gap / 15 + rounding, rel=1e-6)
+    else:  # the pair (h, h/4) extrapolated to -0.04362 +- 3e-4 before, excluding the derivative at the point
+        assert abs(best[0, 0] - -0.04293) <= error[0, 0], (best, error)
