@@ -217,7 +217,7 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
             # confirm it only where their rounding is below the excess they rule out (a next gap of a
             # quarter of this one or more).  Where they are too noisy to tell (float32 over a ReLU
             # network: a kink at 0.4 h/4 moves the pair by 2e-4, and h/16 has 1.6e-3 of rounding),
-            # the pair may still settle on agreeing within rounding, with the whole gap as its error.
+            # the pair may still settle, with the whole gap as its error.
             informative = (2 * (fine_noise + levels[k + 2][1]) <= gaps[k] / 4) if k + 2 < len(levels) else False
             # (A gap within the pair's own rounding is that rounding, which ``rounding`` covers: a
             # linear float32 f keeps the Richardson error, and a defect at its tolerance stays visible.)
@@ -259,10 +259,14 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
 
 
 # One-sided quotients differ "visibly" when their gap exceeds this many times the level's
-# noise (the central difference's rounding bound; each side carries up to 4 of them):
-# a step crosses a kink only where its sides differ visibly, and resolves one only where
-# they would.  A jump of f needs a wider margin (its test compares just the two finest
-# steps, with no steadiness to confirm it).
+# noise (the central difference's rounding bound, ~7 standard deviations of it; the gap of
+# the sides has ~3.5 times a central quotient's deviation, so 2 bounds are ~4 of the gap's
+# deviations): a step crosses a kink only where its sides differ visibly, and resolves one
+# only where they would.  At 8 (~16 deviations), float32 ReLU networks' kinks crossed at
+# h and h/4 with gaps of 6-16 deviations went unseen, and their pairs settled on false
+# mismatches.  A crossing whose sides move between steps (a kink at a fraction of the step)
+# needs UNSTEADY_VISIBLE; a jump of f a wider margin still (its test compares just the two
+# finest steps, with no steadiness to confirm it).
 KINK_VISIBLE = 2.0
 UNSTEADY_VISIBLE = 4.0
 JUMP_VISIBLE = 20.0
