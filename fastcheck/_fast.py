@@ -100,6 +100,9 @@ LOCALISED_HINT = ("a directional derivative disagrees: the gradient of the named
 SPREAD_HINT = ("the projections over these inputs together fail, but no single group of them shows the defect: it "
                "may be spread thinly over them or close to the tolerance; rerun with more probes, or check these "
                "inputs with mode='full'.")
+REGION_PASSES_HINT = ("probes through the region shown disagree, but none of its elements does on its own (the worst "
+                      "one found is within its allowance): the disagreement may come from kinks the probes cross (a "
+                      "float32 f over ReLUs) or sit at the tolerance; check the input with mode='full' (on a slice).")
 CAPPED_HINT = ("the projections over this group of inputs fail; localisation stopped after {count} failing inputs: "
                "check the group's inputs with mode='full' (check_model: variables=[...]).")
 
@@ -913,4 +916,4 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: P
     status = "ok" if ratio <= 1 else _compare.STATUS_NAMES[int(found.kind[column])]
     worst = Element(output_index, at(columns[column]), float(a / unit), float(num / unit),
                     float(abs(a - num) / unit), float(band / unit), status)
-    return hint, region, worst, side
+    return (REGION_PASSES_HINT if ratio <= 1 else hint), region, worst, side

@@ -403,7 +403,8 @@ class ProjectionReport:
         if sides:
             lines.append(f"    failing side(s): {', '.join(sides)}")
         if self.region is not None:
-            lines.append(f"    defect localised to {self.input_name}[{self.region[0]} .. {self.region[1]}] (flattened-order slab)")
+            what = "the probes' disagreement" if self.worst is not None and self.worst.status == "ok" else "defect"
+            lines.append(f"    {what} localised to {self.input_name}[{self.region[0]} .. {self.region[1]}] (flattened-order slab)")
         if self.worst is not None:
             e = self.worst
             of = f"output[{', '.join(map(str, e.output_index))}]" if self.side == "forward" else "(u . output)"

@@ -262,3 +262,16 @@ def test_a_settled_pairs_error_is_the_richardson_one_only_where_it_is_confirmed(
         assert error[0, 0] == pytest.approx(gap / 15 + rounding, rel=1e-6)
     else:  # the pair (h, h/4) extrapolated to -0.04362 +- 3e-4 before, excluding the derivative at the point
         assert abs(best[0, 0] - -0.04293) <= error[0, 0], (best, error)
+
+
+def test_a_localised_region_whose_elements_all_pass_is_not_called_a_defect():
+    # Seed 1 of the correct float32 MLP still FAILs in fast mode (design.md, verdict gaps): the probes
+    # through a slab of W1 disagree at 1.3x their allowance, yet its worst element passes.  The report
+    # says exactly that, and names no defect.  (When fast mode stops failing here, pick another case.)
+    loss, weights = _float32_relu_mlp(1)
+    report = fastcheck.check_gradients(loss, weights, mode="fast")
+    passing = [p for p in report.pairs if p.region is not None and p.worst is not None and p.worst.status == "ok"]
+    assert passing, str(report)
+    for pair in passing:
+        assert "none of its elements does on its own" in pair.hint and pair.worst.abs_error <= pair.worst.band
+    assert "defect localised" not in str(report) and "disagreement localised" in str(report), str(report)
