@@ -40,7 +40,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._config import MACHINE_EPSILON
+from fastcheck._config import PRECISION_EPSILON
 from fastcheck._plan import _first_line
 
 # tf_keras random layers draw from stateless ops seeded from this while the loss is computed
@@ -335,7 +335,6 @@ class _Float64Copy:
         self.loss_fn, self.sample_weight = loss_fn, sample_weight
         self.every, self.trainable, self.chosen, self.training = every, trainable, chosen, training
         self.generators = generators
-        self._hint = ""  # what would let a refused copy stand in
 
     def loss(self, native: Callable, values: list) -> tuple[Callable | None, str]:
         """(the copy's loss, a note saying what was compared), or (None, why no copy stands in)."""
@@ -364,7 +363,7 @@ class _Float64Copy:
         eps = max(float(np.finfo(v.dtype.as_numpy_dtype).eps) for v in values)
         low = self.computes_in
         if low is not None:  # the model rounds in float16 or bfloat16 inside: their roundings
-            eps = max(eps, MACHINE_EPSILON[tf.as_dtype(low[0])])
+            eps = max(eps, PRECISION_EPSILON[low[0]])
         difference = abs(copied - original)
         if not (np.isfinite(copied) and np.isfinite(original)):
             return None, f"the loss is not finite at the point ({float(original):.9g})"
@@ -396,6 +395,16 @@ class _Float64Copy:
                                  f"(dtype policy {policy})")
         return None
 
+    @property
+    def _subclassed(self) -> bool:
+        """A Keras 3 subclassed model: rebuilt from its config rather than cloned layer by layer."""
+        return self.keras3 and _is_keras_model(self.model) and not _is_layer_graph(self.model)
+
+    @property
+    def _hint(self) -> str:
+        """What would let a refused copy stand in: for a subclassed model on Keras's automatic config."""
+        return REBUILD_HINT if self._subclassed and _automatic_config(self.model) else ""
+
     def _refusal(self) -> str | None:
         """Why no float64 copy can stand in for the model, known before making one."""
         if self.training and (self.generators or any("seed_generator" in variable_name(v) for v in self.every)):
@@ -408,9 +417,7 @@ class _Float64Copy:
         compute = loss_of_outputs(self.loss_fn, _cast_floating(self.y), _cast_floating(self.sample_weight),
                                   self.model, dtype=tf.float64)
         if self.keras3:
-            subclassed = _is_keras_model(self.model) and not _is_layer_graph(self.model)
-            if subclassed and _automatic_config(self.model):
-                self._hint = REBUILD_HINT
+            subclassed = self._subclassed
             clone, recovered = _rebuilt(self.model, x64, self.training) if subclassed else (_cloned(self.model), {})
             pairs = list(zip(self.every, [*clone.trainable_variables, *clone.non_trainable_variables]))
             if (len(pairs) != len(self.every) or len(clone.trainable_variables) != len(self.trainable)

@@ -18,6 +18,19 @@ COPY_NOTE = "numerical side on a float64 copy of the model"
 NATIVE_NOTE = "numerical side in the model's own precision"
 
 
+def planted_scale(x, scale, factor):
+    """``x * scale`` (scale per channel), with a custom gradient whose scale part is multiplied by ``factor``."""
+
+    @tf.custom_gradient
+    def scaled(x, scale):
+        def grad(dy):
+            return dy * scale, factor * tf.reduce_sum(dy * x, axis=list(range(len(x.shape) - 1)))
+
+        return x * scale, grad
+
+    return scaled(x, scale)
+
+
 class PlantedScale(keras.layers.Layer):
     """``y = scale * x`` per channel, with a custom gradient whose scale part is multiplied by ``factor``."""
 
@@ -29,16 +42,7 @@ class PlantedScale(keras.layers.Layer):
         self.scale = self.add_weight(shape=(shape[-1],), initializer="ones", name="scale")
 
     def call(self, x):
-        factor = self.factor
-
-        @tf.custom_gradient
-        def scaled(x, scale):
-            def grad(dy):
-                return dy * scale, factor * tf.reduce_sum(dy * x, axis=list(range(len(x.shape) - 1)))
-
-            return x * scale, grad
-
-        return scaled(x, self.scale.value)
+        return planted_scale(x, self.scale.value, self.factor)
 
     def get_config(self):
         return {**super().get_config(), "factor": self.factor}
@@ -276,16 +280,7 @@ class AutoConfigScale(keras.layers.Layer):
         self.shift = self.add_weight(shape=(shape[-1],), initializer="zeros", name="shift")
 
     def call(self, x):
-        factor = self.factor
-
-        @tf.custom_gradient
-        def scaled(x, scale):
-            def grad(dy):
-                return dy * scale, factor * tf.reduce_sum(dy * x, axis=0)
-
-            return x * scale, grad
-
-        return scaled(x, self.scale.value) + self.shift
+        return planted_scale(x, self.scale.value, self.factor) + self.shift
 
 
 @pytest.mark.parametrize("factor", [1.0, 1.02])
