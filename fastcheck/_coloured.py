@@ -39,8 +39,7 @@ import tensorflow as tf
 from fastcheck import _compare, _sparsity
 from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
-from fastcheck._executor import Executor, evaluate_rows, timed, view
-from fastcheck._fast import _measured
+from fastcheck._executor import Executor, evaluate_rows, measured, timed, view
 from fastcheck._full import DEEP_LEVELS, REFINE_LEVELS, REFINE_RATIO
 from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, is_compile_failure, pad
 from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
@@ -424,18 +423,33 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
 
 def _eager_vjp(executor: Executor, plan: Plan, positions: list[int]):
     """``vjp(weights)``: J^T w (flat, per input at ``positions``) for a cotangent given flat over
-    f's outputs [m], all from one eager pass of f on a persistent tape."""
-    values = [tf.identity(v) for v in executor.native]
-    sources = [values[p] for p in positions]
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(sources)
-        leaves = plan.output_leaves(values)
-    bounds = np.concatenate([[0], np.cumsum([int(leaf.shape.num_elements()) for leaf in leaves])])
+    f's outputs [m], from one eager pass of f on a persistent tape -- or one pass per call where
+    f's gradient runs only once per pass (a custom gradient that calls ``tape.gradient`` on a
+    non-persistent tape it closes over raises RuntimeError the second time)."""
+    state: dict = {"pass": None, "shared": True}
+
+    def forward():
+        values = [tf.identity(v) for v in executor.native]
+        sources = [values[p] for p in positions]
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(sources)
+            leaves = plan.output_leaves(values)
+        return tape, sources, leaves
 
     def vjp(weights: np.ndarray) -> list:
+        if state["pass"] is None or not state["shared"]:
+            state["pass"] = forward()
+        tape, sources, leaves = state["pass"]
+        bounds = np.concatenate([[0], np.cumsum([int(leaf.shape.num_elements()) for leaf in leaves])])
         cotangents = [tf.constant(weights[bounds[i] : bounds[i + 1]].reshape(leaf.shape), leaf.dtype)
                       for i, leaf in enumerate(leaves)]
-        grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
+        try:
+            grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
+        except RuntimeError:
+            if not state["shared"]:
+                raise
+            state["shared"] = False  # f's gradient consumed its own tape: a fresh pass per call from now on
+            return vjp(weights)
         return [tf.reshape(tf.convert_to_tensor(g), [-1]) for g in grads]
 
     return vjp
@@ -1325,7 +1339,10 @@ def _noise_line(blocks: list[_Block]):
     call of the colour kernel already traced for the sweep (every label 0), not 16 calls of f."""
     columns = {b.spec.position: b.columns for b in blocks}
 
-    def line(position: int, step: np.ndarray, ts: np.ndarray):
+    def line(steps: dict, ts: np.ndarray):
+        if len(steps) != 1:  # the colour kernel moves one input: such a table goes point by point
+            return None
+        (position, step), = steps.items()
         block = columns[position]
         plus, minus = np.empty((len(ts), block.plan.m), block.dtype), np.empty((len(ts), block.plan.m), block.dtype)
 
@@ -1352,7 +1369,7 @@ def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tupl
     m = plan.m
     failing = np.unique(np.concatenate([b.pattern.at(np.flatnonzero(b.status))[0] for b in blocks]))
     if m <= NOISE_ALL:
-        return _measured(executor, plan, _noise_line(blocks)), ""
+        return measured(executor, plan, _noise_line(blocks)), ""
     rng = np.random.default_rng(executor.config.seed + 4099)
     rows = np.union1d(failing, rng.choice(m, size=min(NOISE_SAMPLE, m), replace=False))
     # The columns of each checked input that those rows depend on.

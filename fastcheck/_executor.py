@@ -31,8 +31,23 @@ import tensorflow as tf
 
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._distribute import Share, spread_for
-from fastcheck._paths import EAGER, LOOP, Progress, Route, cached, compile_kernel, is_compile_failure, pad, plan_key
-from fastcheck._plan import Plan, _first_line, view
+from fastcheck._paths import (
+    CALIBRATION,
+    EAGER,
+    GRAPH,
+    LOOP,
+    MEMORY_SAFETY,
+    Progress,
+    Route,
+    cached,
+    compile_kernel,
+    is_compile_failure,
+    mark_traced,
+    pad,
+    plan_key,
+)
+from fastcheck._plan import Plan, _first_line, measure_precision, view
+from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
 
 # Fast mode evaluates at most this many rows per call: one compiled kernel then serves
 # probes, bisection blocks and element columns alike.
@@ -93,6 +108,55 @@ def _differences_kernel(plan: Plan, position: int, chunk: int, path: str, flat_f
         return (tf.cast(plus, tf.float64) - tf.cast(minus, tf.float64)) / wide[None, :], wide
 
     return compile_kernel(kernel, path, plan.autograph)
+
+
+def _line_kernel(plan: Plan):
+    """f at ``x + t s`` for t in ``ts`` and in ``-ts`` ([2 len(ts), m]): ``steps`` s holds one
+    step per checked input (zeros for those not moved).  The noise tables of ``_precision``: t and
+    s are exact in every dtype (small integers, powers of two times 1..3), so each point is
+    ``x + t s`` rounded once, as the host computes it.  A loop, one call of f per point."""
+    m = plan.m
+
+    def kernel(values, steps, ts):
+        def evaluate(t):
+            moved = list(values)
+            for spec, s in zip(plan.checked, steps):
+                v = values[spec.position]
+                moved[spec.position] = v + tf.cast(t, v.dtype) * s
+            return tf.ensure_shape(plan.call_flat(moved, plan.eval_upcast), [m])
+
+        return tf.map_fn(evaluate, tf.concat([ts, -ts], axis=0), parallel_iterations=1,
+                         fn_output_signature=tf.TensorSpec([m], plan.eval_flat_dtype))
+
+    return compile_kernel(kernel, GRAPH, plan.autograph)
+
+
+# Noise tables of one measurement, at least: NOISE_DIRECTIONS directions per group of inputs,
+# NOISE_SCALES fine scales and one coarser one.  Each is 2 NOISE_SIDE calls of f point by point.
+NOISE_TABLES = NOISE_DIRECTIONS * (NOISE_SCALES + 1)
+# On the eager path the line kernel is traced only where the calls it saves are predicted to
+# cost this many times its tracing: vectorising some f costs far more than the routing's
+# estimate (TFP's lbeta: 0.5 s against 0.16 s predicted).
+LINE_MARGIN = 2.0
+
+
+def measured(executor: Executor, plan: Plan, line=None) -> Plan:
+    """``measure_precision(plan)``, each noise table one batched call (``line``, or the
+    executor's ``noise_line``), else f called point by point: traced where the check's path
+    is (an eager call of MobileNetV2 costs 150 ms, a traced one 15 ms), eagerly on the eager path."""
+    line = line if line is not None else executor.noise_line()
+    if executor.path == EAGER:
+        return measure_precision(plan, line)
+    try:  # tables the line does not take go point by point through f traced once
+        measured_ = measure_precision(dataclasses.replace(plan, f=_f_kernel(plan.f, executor.plan.autograph)), line)
+    except Exception:  # f traced for the batched kernels, but not on its own: measure it eagerly
+        return measure_precision(plan)
+    return dataclasses.replace(measured_, f=plan.f)
+
+
+def _f_kernel(f, autograph: bool):
+    """f as a traced function (one per check: the name keeps TensorFlow's retracing warning off it)."""
+    return tf.function(lambda *args: f(*args), autograph=autograph, reduce_retracing=True)
 
 
 def _rows_kernel(plan: Plan, position: int, path: str, flat_function=None):
@@ -273,6 +337,58 @@ class Executor:
             pluses[:, row], minuses[:, row] = outs
             spans[row] = float(flat[j] + dtype.type(d)) - float(flat[j] - dtype.type(d))
         return pluses, minuses, spans
+
+    # -- noise tables ----------------------------------------------------------
+
+    def noise_line(self):
+        """``measure_noise``'s batched evaluator (``line(steps, ts)``: each noise table one call
+        of a traced loop instead of 2 NOISE_SIDE calls of f), or None where the
+        tables run point by point: across workers, beyond ``memory_budget``, and on the eager
+        path where those calls cost less than tracing the kernel (predicted in this process).
+        """
+        plan = self.plan
+        if self.share is not None or not plan.checked:
+            return None
+        itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
+        per_eval = (self.route.elements_per_eval + plan.n + plan.m) * itemsize * MEMORY_SAFETY
+        if 2 * NOISE_SIDE * per_eval > self.config.budget:
+            return None
+        if self.path == EAGER:
+            groups = len(plan.checked) if len(plan.checked) <= SEPARATE_INPUTS else 1
+            point_by_point = groups * NOISE_TABLES * 2 * NOISE_SIDE * plan.call_seconds * CALIBRATION.scale(EAGER)
+            traced = CALIBRATION.tracing() + groups * NOISE_TABLES * plan.call_seconds
+            if point_by_point <= LINE_MARGIN * traced:
+                return None
+        # A loop over the table's points, not vectorised: each point runs f's own kernels, so its
+        # rounding is that of f called alone (a batched matmul rounds otherwise, and the float32
+        # ReLU MLP's noise read 20% higher), and no pfor conversion is paid.
+        positions = [s.position for s in plan.checked]
+        state = {"ran": False, "failed": False}
+
+        def line(steps: dict, ts: np.ndarray):
+            if not set(positions).issuperset(steps) or state["failed"]:
+                return None
+            kernel = self.kernel(("noise line",), lambda: _line_kernel(self.plan))
+            moves = []
+            for p in positions:
+                value = self.values[p]
+                dtype = value.dtype.as_numpy_dtype
+                step = np.asarray(steps[p], dtype) if p in steps else np.zeros(value.shape, dtype)
+                moves.append(tf.constant(step.reshape(value.shape)))
+            try:
+                if self.path == EAGER:
+                    mark_traced()
+                out = view(kernel(self.values, tuple(moves), tf.constant(np.asarray(ts, np.float64))))
+            except Exception:
+                if state["ran"]:
+                    raise  # f refuses points this far out: the measurement stops there
+                state["failed"] = True  # f does not trace or vectorise: point by point
+                return None
+            state["ran"] = True
+            count = len(ts)
+            return out[:count], out[count:]
+
+        return line
 
     # -- fast mode: rows -------------------------------------------------------
 

@@ -72,9 +72,9 @@ import tensorflow as tf
 
 from fastcheck import _compare
 from fastcheck._config import MACHINE_EPSILON
-from fastcheck._executor import FAST_ROWS, Executor, ShapeChangeError, timed
+from fastcheck._executor import FAST_ROWS, Executor, ShapeChangeError, measured, timed
 from fastcheck._paths import EAGER, GRAPH, XLA, is_compile_failure
-from fastcheck._plan import Plan, measure_precision
+from fastcheck._plan import Plan
 from fastcheck._report import Comparison, Element, Outcome, ProjectionReport
 
 BLOCKS = 8
@@ -714,7 +714,7 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
         # allowance only turns failures into passes; calibrated MobileNetV2: 3 s saved);
         # then what still fails, refined again under them.
         with timed(timings, "noise"):
-            plan = _measured(executor, plan)
+            plan = measured(executor, plan)
         atol, rtol = config.tolerances(plan.precision)
         with timed(timings, "fast"):
             joint = joint.with_plan(plan)
@@ -763,27 +763,6 @@ def _screen(joint: Joint, groups: list, numbers, u, gradient, atol, rtol, refine
         found = compare(joint, directions, u, gradient, atol, rtol, refine=refine)
         results += [found.select(np.arange(j * k, (j + 1) * k)) for j in range(len(part))]
     return results
-
-
-def _measured(executor: Executor, plan: Plan, line=None) -> Plan:
-    """``measure_precision(plan)``, its ~100 evaluations of f run as one traced function where f traces
-    (or table by table through ``line``, a batched kernel's evaluator).
-
-    The noise is then that of the traced f the batched evaluations run (an eager call of
-    MobileNetV2 costs 150 ms, a traced one 15 ms).
-    """
-    if executor.path == EAGER:
-        return measure_precision(plan)
-    try:
-        measured = measure_precision(dataclasses.replace(plan, f=_f_kernel(plan.f, executor.plan.autograph)), line)
-    except Exception:  # f traced for the batched kernels, but not on its own: measure it eagerly
-        return measure_precision(plan)
-    return dataclasses.replace(measured, f=plan.f)
-
-
-def _f_kernel(f, autograph: bool):
-    """f as a traced function (one per check: the name keeps TensorFlow's retracing warning off it)."""
-    return tf.function(lambda *args: f(*args), autograph=autograph, reduce_retracing=True)
 
 
 def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -> dict:

@@ -15,9 +15,9 @@ import numpy as np
 from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
 from fastcheck._config import MACHINE_EPSILON
-from fastcheck._executor import Executor, numerical_columns, steps, timed
+from fastcheck._executor import Executor, measured, numerical_columns, steps, timed
 from fastcheck._paths import EAGER
-from fastcheck._plan import Plan, _first_line, measure_precision
+from fastcheck._plan import Plan, _first_line
 from fastcheck._report import GradientCheckError, Outcome, PairReport, _index, kernel_failure
 
 # Refinement: failing columns are re-evaluated with the step divided by this.
@@ -38,7 +38,7 @@ class _Jacobians:
 
     def measure(self) -> None:
         """Measure f's noise and the precision it computes in (see ``_precision``)."""
-        self.plan = measure_precision(self.plan)
+        self.plan = measured(self.executor, self.plan)
 
     @property
     def noisy(self) -> bool:

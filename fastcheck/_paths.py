@@ -93,10 +93,14 @@ class Calibration:
         """(eager loop, traced) seconds predicted for a full check of ``plan`` in this process."""
         passes = 1 if plan.m == 1 else min(plan.n, plan.m)
         eager = (2 * plan.n + VJP_CALLS * passes + 1) * plan.call_seconds
+        traced = self.tracing() + TRACE_CALLS * plan.call_seconds * self.scale("traced")
+        return eager * self.scale(EAGER), traced
+
+    def tracing(self) -> float:
+        """Seconds predicted for tracing a check's kernels in this process (its first trace pays TensorFlow's warm-up)."""
         # Clipped: one measurement under a momentary load must not make tracing look 100x dearer.
         machine = min(max(self.dispatch / REFERENCE_DISPATCH, 0.25), 8.0)
-        traced = (TRACE_SECONDS + (0.0 if _traced else FIRST_TRACE_SECONDS)) * machine + TRACE_CALLS * plan.call_seconds
-        return eager * self.scale(EAGER), traced * self.scale("traced")
+        return (TRACE_SECONDS + (0.0 if _traced else FIRST_TRACE_SECONDS)) * machine * self.scale("traced")
 
 
     def learn_from(self, route: Route, path: str, seconds: float) -> None:
@@ -282,7 +286,7 @@ def cached(key: tuple, make):
     return value
 
 
-def _mark_traced() -> None:
+def mark_traced() -> None:
     global _traced
     _traced = True
 
@@ -298,7 +302,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         return Route(EAGER, f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing {predicted_traced * 1e3:.0f} ms"
                      + ("" if _traced else " (the first trace in this process)"),
                      {s.position: s.size for s in plan.checked}, m, 0, predicted=(predicted_eager, predicted_traced))
-    _mark_traced()
+    mark_traced()
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
     except Exception as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly

@@ -87,8 +87,9 @@ def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, 
     ``positions`` are the indices of the checked (real-valued) entries of ``values``;
     ``repeat`` is a second evaluation at the point itself, if one was made.  See
     ``_noise_along`` for the scales; an output that never moves has no noise.
-    ``line(position, step, ts)``, when given, evaluates a whole table at once: f at
-    ``x +- t step`` (input ``position`` moved, t in ``ts``) as two [len(ts), m] arrays.
+    ``line(steps, ts)``, when given, evaluates a whole table at once: f at
+    ``x +- t step`` (``steps``: {position: step} of the inputs moved, t in ``ts``) as two
+    [len(ts), m] arrays, or None where it cannot (the table is then evaluated point by point).
     """
     rng = np.random.default_rng(seed + 7103)
     bases = {p: values[p].numpy() for p in positions}
@@ -247,10 +248,10 @@ class _Line:
 
     def sides(self, bases, steps) -> list[np.ndarray]:
         ts = np.arange(1, NOISE_SIDE + 1)
-        if self.line is not None and len(bases) == 1:  # one batched call for both tables
-            (p, base), = bases.items()
-            plus, minus = self.line(p, steps[p].astype(base.dtype), ts)
-            return [np.asarray(plus, np.float64), np.asarray(minus, np.float64)]
+        if self.line is not None:  # one batched call for both tables
+            found = self.line({p: steps[p].astype(base.dtype) for p, base in bases.items()}, ts)
+            if found is not None:
+                return [np.asarray(found[0], np.float64), np.asarray(found[1], np.float64)]
         return [self._along(bases, steps, ts * side) for side in (1, -1)]
 
     def _along(self, bases, steps, ts) -> np.ndarray:

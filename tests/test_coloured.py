@@ -534,20 +534,38 @@ def test_a_wrong_column_gets_full_modes_verdicts(relative):
     assert set(np.argwhere(pc.status == 1)[:, 1].tolist()) == {77}
 
 
+def test_a_gradient_that_runs_once_per_pass_is_checked_on_the_eager_path(monkeypatch):
+    # On the eager path every row colour's VJP reused one forward pass on a persistent tape: a custom
+    # gradient that calls tape.gradient on a non-persistent tape it closes over raised RuntimeError at
+    # the second colour ("f raised RuntimeError ..."), whenever routing chose the eager path (a loaded
+    # machine, a process whose tracing looked dear).
+    from fastcheck import _paths
+
+    monkeypatch.setattr(_paths.CALIBRATION, "predict", lambda plan: (0.0, 1.0))  # the eager path
+    rng = np.random.default_rng(5)
+    x = tf.constant(rng.normal(size=(1, 8, 8, 4)), tf.float32)
+    kernel = tf.constant(rng.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
+    report = fastcheck.check_gradients(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x,
+                                       mode="coloured")
+    (pair,) = report.pairs
+    assert report.path == "eager" and report.verdict == "fail", str(report)
+    assert set(np.argwhere(pair.status == 1)[:, 1].tolist()) == {77}
+
+
 def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(monkeypatch):
     # The noise tables of a coloured check are batched calls of the colour kernel; the noise they
     # measure equals the point-by-point measurement's, and the check stays on its traced path.
-    from fastcheck import _fast
+    from fastcheck import _executor
 
     measured = []
-    original = _fast.measure_precision
+    original = _executor.measure_precision
 
     def both(plan, line=None):
         batched = original(plan, line)
         measured.append((line is not None, batched.noise.sigma, original(plan).noise.sigma))
         return batched
 
-    monkeypatch.setattr(_fast, "measure_precision", both)
+    monkeypatch.setattr(_executor, "measure_precision", both)
     x = tf.constant(RNG.normal(size=(1, 8, 8, 4)), tf.float32)
     kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
     report = fastcheck.check_gradients(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x,
