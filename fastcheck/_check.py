@@ -10,12 +10,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from fastcheck import _paths
 from fastcheck._coloured import check_coloured, prospect
 from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._paths import CALIBRATION, EAGER, VJP_CALLS, Route, choose_route, kernel_plan
+from fastcheck._paths import EAGER, VJP_CALLS, Route, choose_route, kernel_plan
 from fastcheck._plan import Plan, _first_line, build_plan
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._report import GradientReport, describe_nonfinite, run_notes
@@ -61,7 +62,7 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
         if mode == "full" and not rerun:
             # What routing predicted, against what it cost: later checks in this process route by it.
-            CALIBRATION.learn_from(executor.chosen, executor.path,
+            _paths.CALIBRATION.learn_from(executor.chosen, executor.path,
                                    sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
         notes = run_notes(outcome, executor, config, mode, why, problem.notes)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
@@ -117,7 +118,7 @@ def predict_full_seconds(plan: Plan, route: Route, budget: float, call_seconds) 
     rows) at the cost above, with ``call_seconds()`` measuring one call of f's traced
     function -- only when the tracing alone fits ``budget``.
     """
-    eager, traced = CALIBRATION.predict(plan)
+    eager, traced = _paths.CALIBRATION.predict(plan)
     if route.path == EAGER:
         return eager, f"an eager loop of {2 * plan.n} calls of f at {plan.call_seconds * 1e3:.2g} ms"
     kernels = len(plan.checked) + 1

@@ -29,10 +29,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from fastcheck import _paths
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._distribute import Share, spread_for
 from fastcheck._paths import (
-    CALIBRATION,
     EAGER,
     GRAPH,
     LOOP,
@@ -355,8 +355,9 @@ class Executor:
             return None
         if self.path == EAGER:
             groups = len(plan.checked) if len(plan.checked) <= SEPARATE_INPUTS else 1
-            point_by_point = groups * NOISE_TABLES * 2 * NOISE_SIDE * plan.call_seconds * CALIBRATION.scale(EAGER)
-            traced = CALIBRATION.tracing() + groups * NOISE_TABLES * plan.call_seconds
+            calibration = _paths.CALIBRATION
+            point_by_point = groups * NOISE_TABLES * 2 * NOISE_SIDE * plan.call_seconds * calibration.scale(EAGER)
+            traced = calibration.tracing() + groups * NOISE_TABLES * plan.call_seconds
             if point_by_point <= LINE_MARGIN * traced:
                 return None
         # A loop over the table's points, not vectorised: each point runs f's own kernels, so its
