@@ -100,6 +100,10 @@ LOCALISED_HINT = ("a directional derivative disagrees: the gradient of the named
 SPREAD_HINT = ("the projections over these inputs together fail, but no single group of them shows the defect: it "
                "may be spread thinly over them or close to the tolerance; rerun with more probes, or check these "
                "inputs with mode='full'.")
+WITHIN_PARTS_HINT = ("the projections over these inputs together fail, but every probe of every part of them passes "
+                     "(the group's allowance grows less than the sum of its parts'): no part, and so no element, is "
+                     "shown to be wrong -- close to the tolerance, or kinks crossed (a float32 f over ReLUs); check "
+                     "these inputs with mode='full', or in float64.")
 REGION_PASSES_HINT = ("probes through the region shown disagree, but none of its elements does on its own (the worst "
                       "one found is within its allowance): the disagreement may come from kinks the probes cross (a "
                       "float32 f over ReLUs) or sit at the tolerance; check the input with mode='full' (on a slice).")
@@ -768,9 +772,15 @@ def _screen(joint: Joint, groups: list, numbers, u, gradient, atol, rtol, refine
 def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -> dict:
     """Per-input verdicts of the failing groups: ``{input index: (probes, hint, region, worst, side)}``.
 
-    ``failing`` holds (input indices, their failing probes).  Bisection over each
-    group's inputs (every sub-group that shows the defect followed, worst first), then
-    each input reached gets its own k probes and the within-input bisection.
+    ``failing`` holds (input indices, their failing probes).  Bisection over each group's
+    inputs (every sub-group that shows the defect followed, worst first), then each input
+    reached gets its own k probes and the within-input bisection.  A group whose defect shows
+    in no part fails as a whole (``SPREAD_HINT``) -- unless every probe of every part passed
+    outright, on every draw: then nothing below the group disagrees at all, the group's
+    failure is the sum of its parts' allowed errors against an allowance that grows less than
+    their sum (``atol ||d||``), and the group is undecidable (``WITHIN_PARTS_HINT``).  A correct
+    float32 ReLU MLP's probes over all four weights failed so at 2.2x (parts: 0.02-0.76x);
+    planted defects that reach this point have parts that fail or are undecidable.
     """
     k = joint.config.probes
     decided: dict = {}
@@ -793,14 +803,21 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
         parts = [[int(i) for i in part] for part in np.array_split(group, min(BLOCKS, len(group)))]
         # A projection catches a defect with a random-sized signal: when no part shows
         # it, draw again before concluding that it is spread over them.
+        within = True  # every probe of every part within its allowance, on every draw
         for _ in range(LOCALISE_DRAWS):
             directions = joint.restricted([joint.ranges(part) for part in parts], seed, SEEDS["groups"] + 64 * next(draws))
             found = compare(joint, directions, u, gradient, atol, rtol, forward_side=forward_side)
+            within = within and bool(np.all(found.score <= 1))
             if found.wrong:
                 break
         if not found.wrong:
+            hint = SPREAD_HINT
+            if within:
+                hint = WITHIN_PARTS_HINT
+                flagged = dataclasses.replace(flagged, kind=np.where(flagged.defect > 1, _compare.UNRESOLVED,
+                                                                     flagged.kind))
             for index in group:
-                decided[index] = (flagged, SPREAD_HINT, None, None, "forward")
+                decided[index] = (flagged, hint, None, None, "forward")
             continue
         for row, part in enumerate(parts):
             probe = found.select([row])

@@ -223,24 +223,30 @@ def test_every_planted_defect_of_a_float32_relu_mlp_fails(seed, defect, failing)
 def test_fast_mode_on_a_float32_relu_mlp(defect):
     # A probe along all of W1 crosses several kinks at every coarse step; its pair (h, h/4) settled at
     # -0.1747 +- 1.5e-3 with every finer step at -0.1675 +- 1.1e-3, because a finer step had the whole
-    # pair gap as slack: every seed of the correct MLP FAILed in fast mode.  (Seeds 1, 2 and 4 still do,
-    # within a factor 1.3 of the allowance, in the localisation's probes: design.md, verdict gaps.)
-    # Seed 0's correct MLP passed on the CPU this test was written on and FAILs on another (AMD EPYC,
-    # 2026-12-01: its float32 rounding differs): the probes over all four weights fail at 2.2x their
-    # allowance, crossing kinks, while every sub-group's probes pass (scores 0.02-0.76).  What holds on
-    # every machine: no element is named wrong -- the report says the disagreement shows in no group
-    # of inputs (SPREAD_HINT), a known gap of fast mode over kinks (design.md, verdict gaps).
-    from fastcheck import _fast
-
+    # pair gap as slack: every seed of the correct MLP FAILed in fast mode.
     loss, weights = _float32_relu_mlp(0, defect)
     report = fastcheck.check_gradients(loss, weights, mode="fast")
     if defect is None:
-        for pair in report.pairs:
-            assert pair.failed_count == 0 or (pair.hint == _fast.SPREAD_HINT and pair.region is None
-                                              and pair.worst is None), str(report)
+        assert report.verdict != "fail", str(report)
     else:
         assert report.verdict == "fail", str(report)
         assert not report.pairs[0].ok and all(pair.ok for pair in report.pairs[1:]), str(report)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_fast_mode_calls_a_group_whose_parts_all_pass_undecidable(seed):
+    # The correct MLP's probes over all four weights FAIL at ~2.2x their allowance while every probe
+    # restricted to a part of them passes (0.02-0.76x): the group's allowance (atol ||d||) grows less
+    # than the sum of its parts', and kinks crossed add up.  No part, so no element, is shown wrong:
+    # undecidable, not FAIL (seeds 0 and 3 FAILed so on the AMD EPYC of 2026-12-01; seed 0 passed
+    # outright on another CPU, whose float32 rounding differs -- either is right here).
+    from fastcheck import _fast
+
+    loss, weights = _float32_relu_mlp(seed)
+    report = fastcheck.check_gradients(loss, weights, mode="fast")
+    assert report.verdict != "fail", str(report)
+    for pair in report.pairs:
+        assert pair.ok or pair.hint in (_fast.WITHIN_PARTS_HINT, _fast.REGION_PASSES_HINT, None), str(report)
 
 
 def _ladder(derivatives, noises, y0=1.0, h=4.9e-3):
