@@ -135,8 +135,8 @@ def _line_kernel(plan: Plan):
 # NOISE_SCALES fine scales and one coarser one.  Each is 2 NOISE_SIDE calls of f point by point.
 NOISE_TABLES = NOISE_DIRECTIONS * (NOISE_SCALES + 1)
 # On the eager path the line kernel is traced only where the calls it saves are predicted to
-# cost this many times its tracing: vectorising some f costs far more than the routing's
-# estimate (TFP's lbeta: 0.5 s against 0.16 s predicted).
+# cost this many times its tracing: the routing's trace estimate is a whole check's, and some
+# f trace far slower than it (TFP's lbeta, vectorised: 0.5 s against 0.16 s predicted).
 LINE_MARGIN = 2.0
 
 
@@ -383,7 +383,7 @@ class Executor:
             except Exception:
                 if state["ran"]:
                     raise  # f refuses points this far out: the measurement stops there
-                state["failed"] = True  # f does not trace or vectorise: point by point
+                state["failed"] = True  # f does not trace: point by point
                 return None
             state["ran"] = True
             count = len(ts)
