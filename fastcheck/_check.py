@@ -63,7 +63,7 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         if mode == "full" and not rerun:
             # What routing predicted, against what it cost: later checks in this process route by it.
             _paths.CALIBRATION.learn_from(executor.chosen, executor.path,
-                                   sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
+                                          sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
         notes = run_notes(outcome, executor, config, mode, why, problem.notes)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it

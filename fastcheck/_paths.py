@@ -194,6 +194,8 @@ def _bytes(text: str) -> int:
     """'32768K' -> 33554432 (sysfs cache sizes: a number with an optional K/M/G suffix)."""
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
     return int(text[:-1] if scale > 1 else text) * scale
+
+
 # Working memory of one perturbed evaluation, relative to its traced tensors
 # (pfor keeps some intermediates of both the plus and minus halves alive).
 MEMORY_SAFETY = 2

@@ -42,3 +42,21 @@ def fresh_routing_calibration(monkeypatch):
     calibration = _paths.Calibration()
     calibration._dispatch = _paths.CALIBRATION.dispatch  # measured once per worker
     monkeypatch.setattr(_paths, "CALIBRATION", calibration)
+
+
+@pytest.fixture
+def noise_measurements(monkeypatch):
+    """Every noise measurement of the checks that follow: (whether a batched line was given, the sigma
+    it measured, the sigma measured point by point at the same plan)."""
+    from fastcheck import _executor
+
+    measured = []
+    original = _executor.measure_precision
+
+    def both(plan, line=None):
+        lined = original(plan, line)
+        measured.append((line is not None, lined.noise.sigma, original(plan).noise.sigma))
+        return lined
+
+    monkeypatch.setattr(_executor, "measure_precision", both)
+    return measured

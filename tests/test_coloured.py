@@ -552,27 +552,16 @@ def test_a_gradient_that_runs_once_per_pass_is_checked_on_the_eager_path(monkeyp
     assert set(np.argwhere(pair.status == 1)[:, 1].tolist()) == {77}
 
 
-def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(monkeypatch):
+def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(noise_measurements):
     # The noise tables of a coloured check are batched calls of the colour kernel; the noise they
     # measure equals the point-by-point measurement's, and the check stays on its traced path.
-    from fastcheck import _executor
-
-    measured = []
-    original = _executor.measure_precision
-
-    def both(plan, line=None):
-        batched = original(plan, line)
-        measured.append((line is not None, batched.noise.sigma, original(plan).noise.sigma))
-        return batched
-
-    monkeypatch.setattr(_executor, "measure_precision", both)
     x = tf.constant(RNG.normal(size=(1, 8, 8, 4)), tf.float32)
     kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
     report = fastcheck.check_gradients(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x,
                                        mode="coloured", jit_compile=False)
     assert report.verdict == "fail" and report.path == "graph", str(report)
     assert not any("failed for" in note for note in report.notes), report.notes
-    ((lined, batched, pointwise),) = measured
+    ((lined, batched, pointwise),) = noise_measurements
     assert lined
     np.testing.assert_array_equal(batched, pointwise)
 

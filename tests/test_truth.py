@@ -552,21 +552,13 @@ def test_noisy_columns_are_refitted_in_chunks_with_the_same_verdicts(monkeypatch
 
 
 @pytest.mark.parametrize("route", ["graph", "eager"])
-def test_noise_tables_are_one_traced_call_each_and_equal_the_point_by_point_noise(route, monkeypatch):
+def test_noise_tables_are_one_traced_call_each_and_equal_the_point_by_point_noise(route, monkeypatch,
+                                                                                 noise_measurements):
     # f's noise (measured when an element fails) is 100-250 evaluations of f; each table of 16 runs
     # as one traced loop over its points, with f's own kernels: the same noise as f called point by
     # point.  On the eager path the loop is traced where its calls would cost twice the tracing.
-    from fastcheck import _executor, _paths
+    from fastcheck import _paths
 
-    measured = []
-    original = _executor.measure_precision
-
-    def both(plan, line=None):
-        lined = original(plan, line)
-        measured.append((line is not None, lined.noise.sigma, original(plan).noise.sigma))
-        return lined
-
-    monkeypatch.setattr(_executor, "measure_precision", both)
     if route == "eager":  # the eager path, and point-by-point tables predicted dear
         monkeypatch.setattr(_paths.CALIBRATION, "predict", lambda plan: (0.0, 1.0))
         monkeypatch.setattr(_paths.CALIBRATION, "tracing", lambda: 0.0)
@@ -581,6 +573,6 @@ def test_noise_tables_are_one_traced_call_each_and_equal_the_point_by_point_nois
     report = fastcheck.check_gradients(f, tf.constant(RNG.normal(size=5), tf.float32),
                                        jit_compile=False if route == "graph" else "auto")
     assert report.verdict == "fail" and report.path == route, str(report)
-    ((lined, batched, pointwise),) = measured
+    ((lined, batched, pointwise),) = noise_measurements
     assert lined
     np.testing.assert_array_equal(batched, pointwise)
