@@ -157,16 +157,18 @@ XLA_SLOW_OPS = frozenset({"Betainc", "Igamma", "Igammac", "IgammaGradA"})
 # ... and on CPU only: XLA's CPU convolutions against TensorFlow's oneDNN ones, cold,
 # AMD EPYC: conv 3x3 of 32x32x4 2.71 s graph against 3.08 s XLA, of 16x16x4 0.46 against 0.65.
 XLA_SLOW_CPU_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
-# A batched evaluation of f doing fewer FLOPs than this per element of its
-# intermediates is memory-bound; its calls are then kept to the CPU's cache in
-# intermediates (but at least MIN_CACHED_CHUNK perturbations, to amortise the
-# ~0.5 ms per call).  Measured sweeps on TF 2.21 CPU: the 20,000-parameter MLP
-# (15 FLOPs per element) runs 4.0 s at 48 perturbations per call against 5.2 s
-# at 243; the 32x32x4 convolution (19) 0.79 s at 268 against 1.26 s at 1092;
-# the dense tanh(W x) problem (120) is fastest with the largest calls.
-# The cache is this machine's last-level one (``cache_bytes``): on an AMD EPYC with a 32 MiB
-# L3 the MLP's sweep ran 8.1-8.6 s at 24-32 perturbations per call and 14.4-14.9 s at 40-96
-# (a cliff where 2 x chunk x its intermediates pass 32 MiB); CACHE_BYTES where the OS does not say.
+# Each call's working set -- f's shared constants and variables, the chunk's x+ and x-
+# rows and their intermediates -- is kept within the CPU's last-level cache (``cache_bytes``)
+# where that still leaves MIN_CACHED_CHUNK perturbations per call (to amortise the ~0.5 ms
+# per call).  Measured on an AMD EPYC with a 32 MiB L3, XLA sweeps of tanh(W x), float64:
+# n=16384, m=64 3.2-3.4 s at 94-112 perturbations per call (the cache's size) against
+# 4.9-5.2 s at 581 (memory_budget's); n=4096 m=64 0.23 s against 0.33 s; n=4096 m=256
+# 0.51 against 0.66; n=8192 m=128 1.29 against 1.9 (the largest calls are never fastest).
+# A memory-bound f (fewer FLOPs than MEMORY_BOUND_INTENSITY per intermediate element) gets
+# cache-sized calls even when its shared data leave less than that: the 20,000-parameter
+# MLP (15 FLOPs per element) ran 8.1-8.6 s at 24-32 perturbations per call and 14.4-14.9 s
+# at 40-96 (a cliff where its working set passes the 32 MiB); the 32x32x4 convolution (19)
+# 0.79 s at 268 against 1.26 s at 1092.  CACHE_BYTES where the OS does not say.
 MEMORY_BOUND_INTENSITY = 32
 CACHE_BYTES = 64 << 20
 MIN_CACHED_CHUNK = 32
@@ -348,15 +350,18 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     per_perturbation = (2 * elements + 5 * plan.n + 2 * m) * itemsize * MEMORY_SAFETY
     chunk_rows = max(1, config.budget // per_perturbation)
     chunk_reason = "to fit memory_budget"
-    if probe.flops < MEMORY_BOUND_INTENSITY * elements:
-        # Memory-bound f (few FLOPs per intermediate element): a call whose
-        # intermediates stay in cache runs faster than one big call.
-        cache = cache_bytes()
-        cache_rows = max(MIN_CACHED_CHUNK, cache // (2 * elements * itemsize))
+    # The working set of a call: f's shared data, and per perturbation its x+ and x- rows
+    # with their intermediates (see MIN_CACHED_CHUNK).
+    cache = cache_bytes()
+    cache_rows = (cache - probe.shared_bytes) // (2 * (plan.n + probe.written) * itemsize)
+    memory_bound = probe.flops < MEMORY_BOUND_INTENSITY * elements
+    if memory_bound or cache_rows >= MIN_CACHED_CHUNK:
+        cache_rows = max(MIN_CACHED_CHUNK, cache_rows)
         if cache_rows < chunk_rows and 2 * cache_rows < max(s.size for s in plan.checked):
             chunk_rows = cache_rows
-            chunk_reason = (f"to keep each call's intermediates within the CPU's {cache >> 20} MiB cache "
-                            f"(f is memory-bound: {probe.flops / elements:.0f} FLOPs per intermediate element)")
+            chunk_reason = (f"to keep each call's working set within the CPU's {cache >> 20} MiB cache"
+                            + (f" (f is memory-bound: {probe.flops / elements:.0f} FLOPs per intermediate element)"
+                               if memory_bound else ""))
     per_eval = (elements + plan.n + m) * itemsize * MEMORY_SAFETY
     chunks = {s.position: int(min(s.size, chunk_rows)) for s in plan.checked}
     output_chunk = int(max(1, min(m, config.budget // (2 * per_eval + 8 * plan.n))))
@@ -388,6 +393,9 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
 
 
 _LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
+# Ops whose output is their input's buffer under another shape: nothing new in the cache.
+_VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity", "IdentityN", "StopGradient", "EnsureShape",
+                       "PreventGradient", "Snapshot"})
 
 
 def _size(shape) -> int:
@@ -433,6 +441,8 @@ class Probe:
     function: object  # the tf.function of the flat function, reused by the loop path
     op_types: frozenset
     autograph: bool  # f traces only with AutoGraph (Python control flow on tensors)
+    shared_bytes: int = 0  # bytes of the constants and variables f captures: shared by a call's evaluations
+    written: int = 1  # of ``elements``, those ops write anew (not reshapes and other views of their input)
 
 
 def probe_graph(plan: Plan) -> Probe:
@@ -459,7 +469,7 @@ def probe_graph(plan: Plan) -> Probe:
     # batched by vectorized_map; captured weights and constants are shared.
     captured = {id(t) for t in concrete.captured_inputs} | {id(t) for _, t in graph.captures}
     frontier = [t for t in graph.inputs if id(t) not in captured]
-    dependent, elements, flops = set(), 0, 0
+    dependent, elements, flops, written = set(), 0, 0, 0
     while frontier:
         tensor = frontier.pop()
         for consumer in tensor.consumers():
@@ -473,12 +483,27 @@ def probe_graph(plan: Plan) -> Probe:
             for output in consumer.outputs:
                 frontier.append(output)
                 if output.shape.rank is not None:
-                    elements += int(np.prod([d if d is not None else 1 for d in output.shape.as_list()], dtype=np.int64))
+                    size = _size(output.shape)
+                    elements += size
+                    written += 0 if consumer.type in _VIEW_OPS else size
     # Functions called from the graph (e.g. nested tf.functions) may hide loops.
     op_types = {op.type for op in graph.get_operations()}
     for function_def in graph.as_graph_def().library.function:
         op_types |= {node.op for node in function_def.node_def}
-    return Probe(bool(op_types & _LOOP_OPS), max(elements, 1), max(flops, 1), function, frozenset(op_types), autograph)
+    return Probe(bool(op_types & _LOOP_OPS), max(elements, 1), max(flops, 1), function, frozenset(op_types), autograph,
+                 _shared_bytes(graph), max(written, 1))
+
+
+def _shared_bytes(graph) -> int:
+    """Bytes of the tensors and variables a traced graph captures (a variable: what its reads return)."""
+    total = 0
+    for _, internal in graph.captures:
+        if internal.dtype == tf.resource:
+            reads = [o for c in internal.consumers() if c.type == "ReadVariableOp" for o in c.outputs]
+            total += sum(_size(o.shape) * o.dtype.size for o in reads[:1])
+        elif internal.dtype.is_numeric or internal.dtype.is_bool:
+            total += _size(internal.shape) * internal.dtype.size
+    return total
 
 
 class Progress:
