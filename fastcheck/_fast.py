@@ -97,16 +97,19 @@ F64 = tf.float64
 
 LOCALISED_HINT = ("a directional derivative disagrees: the gradient of the named input is wrong in the region "
                   "shown; check that region with mode='full' on a slice, starting at the worst element.")
-SPREAD_HINT = ("the projections over these inputs together fail, but no single group of them shows the defect: it "
-               "may be spread thinly over them or close to the tolerance; rerun with more probes, or check these "
-               "inputs with mode='full'.")
+NOT_SHOWN_HINT = ("the projections over these inputs together fail, but no part of them is shown wrong: neither fresh "
+                  "probes of each part nor the failing probe split over the parts fail as a wrong gradient would (a "
+                  "wrong gradient's error is linear: the split probe's errors add up to the whole one's); the failure "
+                  "comes from kinks the probes cross (a float32 f over ReLUs) or sits at the tolerance. Check these "
+                  "inputs with mode='full', or in float64.")
 WITHIN_PARTS_HINT = ("the projections over these inputs together fail, but every probe of every part of them passes "
                      "(the group's allowance grows less than the sum of its parts'): no part, and so no element, is "
                      "shown to be wrong -- close to the tolerance, or kinks crossed (a float32 f over ReLUs); check "
                      "these inputs with mode='full', or in float64.")
-REGION_PASSES_HINT = ("probes through the region shown disagree, but none of its elements does on its own (the worst "
-                      "one found is within its allowance): the disagreement may come from kinks the probes cross (a "
-                      "float32 f over ReLUs) or sit at the tolerance; check the input with mode='full' (on a slice).")
+REGION_PASSES_HINT = ("probes through the region shown disagree, but none of its elements is shown wrong on its own "
+                      "(the worst one found is within its allowance, or sits at a kink of f, judged as mode='full' "
+                      "judges kinks): the disagreement may come from kinks the probes cross (a float32 f over ReLUs) "
+                      "or sit at the tolerance; check the input with mode='full' (on a slice).")
 CAPPED_HINT = ("the projections over this group of inputs fail; localisation stopped after {count} failing inputs: "
                "check the group's inputs with mode='full' (check_model: variables=[...]).")
 
@@ -466,6 +469,14 @@ class Joint:
         """Element ranges [a, b) of the concatenated inputs that hold the given inputs."""
         return [(int(self.offsets[i]), int(self.offsets[i + 1])) for i in indices]
 
+    def split(self, direction: tf.Tensor, parts: list) -> tf.Tensor:
+        """``direction`` [n] restricted to each part (a list of input indices): [len(parts), n]."""
+        masks = np.zeros((len(parts), self.n))
+        for row, part in enumerate(parts):
+            for a, b in self.ranges(part):
+                masks[row, a:b] = 1.0
+        return direction[None, :] * tf.constant(masks)
+
     def restricted(self, rows: list, seed: int, first: int) -> tf.Tensor:
         """One random direction per entry of ``rows`` (a list of element ranges [a, b)), zero outside
         its ranges: [len(rows), n].  Row i draws from the stateless seed (seed, first + i)."""
@@ -728,13 +739,14 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             # leave their group undecidable, with what was found along its probes.
             failing = [g for g in failing if results[g].wrong]
             if failing:
-                decided = _localise(joint, config.seed, u, gradient, [(groups[g], results[g]) for g in failing],
-                                    atol, rtol)
+                worst = [_screen_directions(joint, groups[g], g)[int(np.argmax(results[g].defect))] for g in failing]
+                decided = _localise(joint, config.seed, u, gradient,
+                                    [(groups[g], results[g], d) for g, d in zip(failing, worst)], atol, rtol)
     group_of = {index: g for g, group in enumerate(groups) for index in group}
     pairs = []
     for index, spec in enumerate(joint.specs):
         probes, hint, region, worst, side = decided.get(index, (results[group_of[index]], None, None, None, "forward"))
-        if region is not None and worst is not None and worst.status == "ok":
+        if region is not None and worst is not None and worst.status != _compare.STATUS_NAMES[_compare.MISMATCH]:
             # The probes' disagreement, followed into a region, shows in none of its elements: no wrong
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
             probes = dataclasses.replace(probes, kind=np.where((probes.kind == _compare.MISMATCH) & (probes.score > 1),
@@ -762,36 +774,44 @@ def _screen(joint: Joint, groups: list, numbers, u, gradient, atol, rtol, refine
     numbers = list(numbers)
     for start in range(0, len(groups), per_call):
         part = range(start, min(start + per_call, len(groups)))
-        directions = tf.concat([joint.restricted([joint.ranges(groups[i])] * k, joint.config.seed,
-                                                 SEEDS["screen"] + numbers[i] * k) for i in part], 0)
+        directions = tf.concat([_screen_directions(joint, groups[i], numbers[i]) for i in part], 0)
         found = compare(joint, directions, u, gradient, atol, rtol, refine=refine)
         results += [found.select(np.arange(j * k, (j + 1) * k)) for j in range(len(part))]
     return results
 
 
+def _screen_directions(joint: Joint, group: list, number: int) -> tf.Tensor:
+    """The k screening probes of group number ``number``: [k, n]."""
+    k = joint.config.probes
+    return joint.restricted([joint.ranges(group)] * k, joint.config.seed, SEEDS["screen"] + number * k)
+
+
 def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -> dict:
     """Per-input verdicts of the failing groups: ``{input index: (probes, hint, region, worst, side)}``.
 
-    ``failing`` holds (input indices, their failing probes).  Bisection over each group's
-    inputs (every sub-group that shows the defect followed, worst first), then each input
-    reached gets its own k probes and the within-input bisection.  A group whose defect shows
-    in no part fails as a whole (``SPREAD_HINT``) -- unless every probe of every part passed
-    outright, on every draw: then nothing below the group disagrees at all, the group's
-    failure is the sum of its parts' allowed errors against an allowance that grows less than
-    their sum (``atol ||d||``), and the group is undecidable (``WITHIN_PARTS_HINT``).  A correct
-    float32 ReLU MLP's probes over all four weights failed so at 2.2x (parts: 0.02-0.76x);
-    planted defects that reach this point have parts that fail or are undecidable.
+    ``failing`` holds (input indices, their failing probes, the worst failing probe's direction
+    [n]).  Bisection over each group's inputs (every sub-group that shows the defect followed,
+    worst first), then each input reached gets its own k probes and the within-input
+    bisection.  A part shows the defect when fresh random probes restricted to it fail, or,
+    failing that, when the group's failing probe itself restricted to it does: a wrong
+    gradient's error is linear in the direction, so the split probe's errors add up to the
+    whole one's and the part holding a wrong element carries its error undiluted, against a
+    smaller allowance.  A group whose failure neither shows in any part is not shown wrong:
+    undecidable (``WITHIN_PARTS_HINT`` where every probe of every part passed outright,
+    ``NOT_SHOWN_HINT`` otherwise), never a FAIL without an input it names.  A correct float32
+    ReLU MLP's probes over two of its weights failed at 1.1-5.9x while no part did: the
+    differences along the whole direction cross kinks the parts' do not.
     """
     k = joint.config.probes
     decided: dict = {}
     draws = itertools.count()
     tie = itertools.count()
-    pending = [(-float(np.max(probes.defect)), next(tie), list(group), probes, len(group) == 1)
-               for group, probes in failing]  # groups showing the defect, worst first
+    pending = [(-float(np.max(probes.defect)), next(tie), list(group), probes, len(group) == 1, direction)
+               for group, probes, direction in failing]  # groups showing the defect, worst first
     heapq.heapify(pending)
     leaves: list = []
     while pending:
-        _, _, group, flagged, own = heapq.heappop(pending)
+        _, _, group, flagged, own, direction = heapq.heappop(pending)
         if len(leaves) >= MAX_LOCALISED_INPUTS:
             for index in group:
                 decided[index] = (flagged, CAPPED_HINT.format(count=MAX_LOCALISED_INPUTS), None, None, "forward")
@@ -810,12 +830,13 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
             within = within and bool(np.all(found.score <= 1))
             if found.wrong:
                 break
+        if not found.wrong and direction is not None:  # the failing probe itself, split over the parts
+            directions = joint.split(direction, parts)
+            found = compare(joint, directions, u, gradient, atol, rtol, forward_side=forward_side)
+            within = within and bool(np.all(found.score <= 1))
         if not found.wrong:
-            hint = SPREAD_HINT
-            if within:
-                hint = WITHIN_PARTS_HINT
-                flagged = dataclasses.replace(flagged, kind=np.where(flagged.defect > 1, _compare.UNRESOLVED,
-                                                                     flagged.kind))
+            hint = WITHIN_PARTS_HINT if within else NOT_SHOWN_HINT
+            flagged = dataclasses.replace(flagged, kind=np.where(flagged.defect > 1, _compare.UNRESOLVED, flagged.kind))
             for index in group:
                 decided[index] = (flagged, hint, None, None, "forward")
             continue
@@ -825,7 +846,7 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
                 for index in part:
                     decided[index] = (probe, None, None, None, "forward")
             else:
-                heapq.heappush(pending, (-float(probe.defect[0]), next(tie), part, probe, False))
+                heapq.heappush(pending, (-float(probe.defect[0]), next(tie), part, probe, False, directions[row]))
     for index, flagged, own in leaves:
         if not own:
             # The input's own test: k probes restricted to it, as if it were the only input.
@@ -917,4 +938,6 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: P
     status = "ok" if ratio <= 1 else _compare.STATUS_NAMES[int(found.kind[column])]
     worst = Element(output_index, at(columns[column]), float(a / unit), float(num / unit),
                     float(abs(a - num) / unit), float(band / unit), status)
-    return (REGION_PASSES_HINT if ratio <= 1 else hint), region, worst, side
+    # Only a mismatch names a wrong element; one at a kink the steps cross is judged as full mode would.
+    shown = ratio > 1 and int(found.kind[column]) == _compare.MISMATCH
+    return (hint if shown else REGION_PASSES_HINT), region, worst, side
