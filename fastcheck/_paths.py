@@ -100,8 +100,14 @@ class Calibration:
 
     def tracing(self) -> float:
         """Seconds predicted for tracing a check's kernels in this process (its first trace pays TensorFlow's warm-up)."""
-        # Clipped: one measurement under a momentary load must not make tracing look 100x dearer.
-        machine = min(max(self.dispatch / REFERENCE_DISPATCH, 0.25), 8.0)
+        # Tracing is Python-side work, but it grows less than eager dispatch does: on an AMD EPYC
+        # whose processes measured 14-33 us per dispatch (3.5x the reference at their median), the
+        # first graph-path check of dense n=256 took 0.23-0.30 s whatever the process measured,
+        # 2.3x the reference's 0.108 s; scaled by the dispatch ratio, tracing was predicted at
+        # 0.46-0.70 s, and dense n=512 ran eagerly in 0.76 s against 0.30 s traced.  Hence the
+        # square root.  Clipped: one measurement under a momentary load must not make tracing
+        # look 100x dearer.
+        machine = min(max((self.dispatch / REFERENCE_DISPATCH) ** 0.5, 0.5), 4.0)
         return (TRACE_SECONDS + (0.0 if _traced else FIRST_TRACE_SECONDS)) * machine * self.scale("traced")
 
 

@@ -588,8 +588,9 @@ def test_routing_predictions_follow_this_process_measured_costs(monkeypatch):
         calibration.learn("eager", 1.0, 3.0)
     route = _paths.choose_route(plan, config)
     assert route.path == "graph" and route.predicted[0] == pytest.approx(0.246, rel=1e-6)
-    # A machine whose Python-side work is ten times slower than the reference traces ten times slower.
+    # A machine whose eager dispatch is ten times slower than the reference traces sqrt(10) times slower.
     calibration._dispatch = 10 * _paths.REFERENCE_DISPATCH
+    assert calibration.tracing() == pytest.approx(_paths.TRACE_SECONDS * 10**0.5)
     assert _paths.choose_route(plan, config).path == "eager"
     # A long traced sweep (eager predicted far slower) says nothing about tracing; a close call does.
     calibration.learn_from(dataclasses.replace(route, predicted=(10.0, route.predicted[1])), "graph", 5.0)
