@@ -471,11 +471,11 @@ class Joint:
 
     def split(self, direction: tf.Tensor, parts: list) -> tf.Tensor:
         """``direction`` [n] restricted to each part (a list of input indices): [len(parts), n]."""
-        masks = np.zeros((len(parts), self.n))
-        for row, part in enumerate(parts):
-            for a, b in self.ranges(part):
-                masks[row, a:b] = 1.0
-        return direction[None, :] * tf.constant(masks)
+        rows = []
+        for part in parts:
+            index = np.concatenate([np.arange(a, b) for a, b in self.ranges(part)])[:, None]
+            rows.append(tf.scatter_nd(index, tf.gather_nd(direction, index), [self.n]))
+        return tf.stack(rows)
 
     def restricted(self, rows: list, seed: int, first: int) -> tf.Tensor:
         """One random direction per entry of ``rows`` (a list of element ranges [a, b)), zero outside

@@ -190,3 +190,19 @@ def test_invalid_time_budget_is_refused_naming_it(value, error):
         fastcheck.check_gradients(tf.tanh, tf.constant([0.5], tf.float64), time_budget=value)
     with pytest.raises(error, match="time_budget="):
         fastcheck.GradientChecker(time_budget=value)
+
+
+def test_a_failing_probe_split_over_parts_is_itself_restricted_to_each():
+    # Localisation's last test of a group: the failing probe d restricted to each part.  A wrong
+    # gradient's error is linear in d, so the parts' errors add up to d's: the parts must partition d.
+    import types
+
+    from fastcheck import _fast
+
+    stub = types.SimpleNamespace(offsets=np.array([0, 3, 5, 9]), n=9)
+    stub.ranges = lambda indices: _fast.Joint.ranges(stub, indices)
+    d = tf.constant(np.arange(1.0, 10.0))
+    split = _fast.Joint.split(stub, d, [[0, 2], [1]]).numpy()
+    np.testing.assert_array_equal(split.sum(axis=0), d.numpy())
+    np.testing.assert_array_equal(split[0], [1, 2, 3, 0, 0, 6, 7, 8, 9])
+    np.testing.assert_array_equal(split[1], [0, 0, 0, 4, 5, 0, 0, 0, 0])
