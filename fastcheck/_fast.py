@@ -739,14 +739,15 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             # leave their group undecidable, with what was found along its probes.
             failing = [g for g in failing if results[g].wrong]
             if failing:
-                worst = [_screen_directions(joint, groups[g], g)[int(np.argmax(results[g].defect))] for g in failing]
+                worst = [_screen_directions(joint, groups[g], g, first=int(np.argmax(results[g].defect)), count=1)[0]
+                         for g in failing]
                 decided = _localise(joint, config.seed, u, gradient,
                                     [(groups[g], results[g], d) for g, d in zip(failing, worst)], atol, rtol)
     group_of = {index: g for g, group in enumerate(groups) for index in group}
     pairs = []
     for index, spec in enumerate(joint.specs):
         probes, hint, region, worst, side = decided.get(index, (results[group_of[index]], None, None, None, "forward"))
-        if region is not None and worst is not None and worst.status != _compare.STATUS_NAMES[_compare.MISMATCH]:
+        if hint is REGION_PASSES_HINT:
             # The probes' disagreement, followed into a region, shows in none of its elements: no wrong
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
             probes = dataclasses.replace(probes, kind=np.where((probes.kind == _compare.MISMATCH) & (probes.score > 1),
@@ -780,10 +781,11 @@ def _screen(joint: Joint, groups: list, numbers, u, gradient, atol, rtol, refine
     return results
 
 
-def _screen_directions(joint: Joint, group: list, number: int) -> tf.Tensor:
-    """The k screening probes of group number ``number``: [k, n]."""
+def _screen_directions(joint: Joint, group: list, number: int, first: int = 0, count: int | None = None) -> tf.Tensor:
+    """Screening probes ``first`` .. ``first + count`` (default: all k) of group number ``number``: [count, n]."""
     k = joint.config.probes
-    return joint.restricted([joint.ranges(group)] * k, joint.config.seed, SEEDS["screen"] + number * k)
+    count = k - first if count is None else count
+    return joint.restricted([joint.ranges(group)] * count, joint.config.seed, SEEDS["screen"] + number * k + first)
 
 
 def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -> dict:
@@ -830,7 +832,7 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
             within = within and bool(np.all(found.score <= 1))
             if found.wrong:
                 break
-        if not found.wrong and direction is not None:  # the failing probe itself, split over the parts
+        if not found.wrong:  # the failing probe itself, split over the parts
             directions = joint.split(direction, parts)
             found = compare(joint, directions, u, gradient, atol, rtol, forward_side=forward_side)
             within = within and bool(np.all(found.score <= 1))

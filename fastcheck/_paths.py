@@ -505,8 +505,8 @@ def _shared_bytes(graph) -> int:
     total = 0
     for _, internal in graph.captures:
         if internal.dtype == tf.resource:
-            reads = [o for c in internal.consumers() if c.type == "ReadVariableOp" for o in c.outputs]
-            total += sum(_size(o.shape) * o.dtype.size for o in reads[:1])
+            read = next((c.outputs[0] for c in internal.consumers() if c.type == "ReadVariableOp"), None)
+            total += 0 if read is None else _size(read.shape) * read.dtype.size
         elif internal.dtype.is_numeric or internal.dtype.is_bool:
             total += _size(internal.shape) * internal.dtype.size
     return total
