@@ -4,8 +4,9 @@
 
 ``check_bijector`` checks a bijector's forward Jacobian, its
 ``forward_log_det_jacobian`` against the log-determinant of the *numerical*
-Jacobian of ``forward``, the inverse identities, and the gradient of the
-log-det-Jacobian.  ``check_distribution`` checks the gradients of ``log_prob``
+Jacobian of ``forward`` (in TFP's own coordinates where the input or output is a
+constrained set: a Cholesky factor's lower triangle, a simplex without its last
+element), the inverse identities, and the gradient of the log-det-Jacobian.  ``check_distribution`` checks the gradients of ``log_prob``
 and, for a reparameterized distribution, of ``sample`` at a fixed stateless seed.
 
 TensorFlow Probability is imported when a check runs, not when this module is.
@@ -14,6 +15,7 @@ TensorFlow Probability is imported when a check runs, not when this module is.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -74,6 +76,8 @@ class IdentityCheck:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
+        out.update({key: float(out[key]) for key in ("actual", "expected", "abs_error", "allowed")})
+        out.update({key: int(out[key]) for key in ("failed", "size")})
         out["ok"] = self.ok
         out["index"] = list(self.index) if self.index is not None else None
         return out
@@ -88,6 +92,15 @@ class BijectorReport:
     numerical Jacobian's, ``inverse(forward(x)) = x`` and
     ``inverse_log_det_jacobian(y) = -forward_log_det_jacobian(x)``.
     ``bool(report)`` is ``report.ok``.
+
+    ``convention`` says how the log-det-Jacobian was judged: ``"square"``
+    (``forward``'s own Jacobian is square), ``"chart"`` (TFP's coordinates of a
+    constrained input or output, named in ``chart``), or ``"volume"`` (an
+    event-size-changing bijector with no known chart: ``0.5 log det(J^T J)``).
+    ``mode`` is the checked side of the gradient checks (``GradientReport.mode``);
+    ``timings`` the seconds per stage summed over both gradient checks, plus
+    ``jacobian`` (the numerical Jacobian behind the log-det identity) and
+    ``identities``.
     """
 
     title: str
@@ -95,10 +108,23 @@ class BijectorReport:
     log_det_gradient: GradientReport
     identities: list[IdentityCheck]
     notes: list[str] = dataclasses.field(default_factory=list)
+    convention: str = "square"
+    chart: str = ""  # the coordinates, when convention == "chart"
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def reports(self) -> list[GradientReport]:
         return [self.forward, self.log_det_gradient]
+
+    @property
+    def mode(self) -> str:
+        """The checked side of both gradient checks (e.g. "reverse"), or "forward Jacobian: a, log-det gradient: b"."""
+        modes = [r.mode for r in self.reports]
+        return modes[0] if len(set(modes)) == 1 else f"forward Jacobian: {modes[0]}, log-det gradient: {modes[1]}"
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(self.timings.values()))
 
     @property
     def verdict(self) -> str:
@@ -139,8 +165,10 @@ class BijectorReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"title": self.title, "ok": self.ok, "verdict": self.verdict, "forward": self.forward.to_dict(),
-                "log_det_gradient": self.log_det_gradient.to_dict(),
+        return {"title": self.title, "ok": self.ok, "verdict": self.verdict, "mode": self.mode,
+                "convention": self.convention, "chart": self.chart, "seconds": self.seconds,
+                "timings": {stage: float(seconds) for stage, seconds in self.timings.items()},
+                "forward": self.forward.to_dict(), "log_det_gradient": self.log_det_gradient.to_dict(),
                 "identities": [i.to_dict() for i in self.identities], "notes": list(self.notes)}
 
 
@@ -152,10 +180,19 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
     1. the Jacobian of ``forward`` (``fastcheck.check_gradients``);
     2. ``forward_log_det_jacobian(x, event_ndims)`` against ``log|det J|`` of the
        numerical Jacobian of ``forward`` over each batch member's event (for
-       ``event_ndims=0`` the elementwise ``log|dy/dx|``; ``0.5 log det(J^T J)`` when
-       ``forward`` changes the event size), allowed
+       ``event_ndims=0`` the elementwise ``log|dy/dx|``), allowed
        ``atol + rtol * |log|det J|| + ||J^-1||_F ||atol + rtol |J|||_F`` per member
-       (the log-determinant of any Jacobian inside the element-wise tolerance band);
+       (the log-determinant of any Jacobian inside the element-wise tolerance band).
+       Where TFP defines the log-det in coordinates of a constrained input or
+       output (``report.convention == "chart"``), ``J`` is the square block of those
+       coordinates, as TFP's own ``get_fldj_theoretical`` tests compute it:
+       ``CorrelationCholesky`` the output's strictly lower triangle,
+       ``IteratedSigmoidCentered`` / ``SoftmaxCentered`` the output without its last
+       element, ``FillTriangular`` / ``FillScaleTriL`` the output's lower triangle,
+       ``CholeskyOuterProduct`` / ``CholeskyToInvCholesky`` / ``MatrixInverseTriL``
+       the lower triangles of both (subclasses, ``Invert`` and the ends of a
+       ``Chain`` inherit them).  Another bijector that changes the event size is
+       judged by the volume ``0.5 log det(J^T J)`` (``"volume"``), with a note;
     3. ``inverse(forward(x)) = x`` and ``inverse_log_det_jacobian(forward(x)) =
        -forward_log_det_jacobian(x)``, allowing ``atol + rtol * |value|`` plus the
        rounding of ``y`` carried through the inverse;
@@ -179,8 +216,9 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
     Raises:
       TypeError: ``x`` not floating, ``event_ndims`` not an integer.
       ValueError: ``event_ndims`` larger than ``x``'s rank or smaller than the
-        bijector's minimum, ``x`` not of the bijector's dtype, or ``forward``
-        failing on ``x``.
+        bijector's minimum, ``x`` not of the bijector's dtype, ``forward``
+        failing on ``x``, or ``x`` not lower-triangular for a bijector of
+        lower-triangular matrices.
 
     Example:
       >>> import tensorflow_probability as tfp
@@ -211,6 +249,14 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
                          f"batch shape broadcasts x's batch shape {batch_shape}; pass x with the full batch shape, e.g. "
                          f"x of shape {tuple(y.shape[: y.shape.rank - out_ndims]) + tuple(x.shape[len(batch_shape):])}.")
 
+    chart_in = _charts(bijector)[0]
+    kept = _chart_mask(chart_in, tuple(x.shape[len(batch_shape):]))
+    if kept is not None and not kept.all():
+        outside = np.abs(x.numpy().reshape(-1, kept.size)[:, ~kept]).max(initial=0.0)
+        if outside > 0:
+            raise ValueError(f"{name} reads {_CHART_WORDS[chart_in]} of x only, but x has entries up to {outside:.3g} "
+                             "above the diagonal (forward ignores them, inverse returns zeros there): pass x "
+                             "lower-triangular, e.g. tf.linalg.band_part(x, -1, 0).")
     forward = _titled(function_problem(lambda t: bijector.forward(tf.identity(t)), x, config),
                       f"{title}: forward Jacobian")
     log_det = _titled(function_problem(lambda t: bijector.forward_log_det_jacobian(tf.identity(t), event_ndims=in_ndims),
@@ -218,14 +264,35 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
     forward_report, log_det_report = run_check(forward, config), run_check(log_det, config)
 
     atol, rtol = config.tolerances(precision_name(x.dtype))
+    started = time.perf_counter()
     jacobians = _member_jacobians(bijector, x, batch_shape, options)
+    jacobian_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    event_in, event_out = tuple(x.shape[len(batch_shape):]), tuple(y.shape[len(batch_shape):])
+    convention, chart, chart_jacobians = _in_chart(bijector, jacobians, event_in, event_out)
     fldj = _broadcast(bijector.forward_log_det_jacobian(tf.identity(x), event_ndims=in_ndims), batch_shape)
-    identities = [_log_det_identity(fldj, jacobians, atol, rtol, batch_shape),
-                  *_inverse_identities(bijector, x, y, fldj, jacobians, in_ndims, out_ndims, atol, rtol, batch_shape)]
+    identities = [_log_det_identity(fldj, chart_jacobians, atol, rtol, batch_shape, convention, chart),
+                  *_inverse_identities(bijector, x, y, fldj, chart_jacobians, in_ndims, out_ndims, atol, rtol,
+                                       batch_shape)]
     given = options.get("atol") is not None or options.get("rtol") is not None
     notes = [f"identities judged with atol={atol:g}, rtol={rtol:g} ({'as given' if given else x.dtype.name + ' defaults'}), "
              "plus the numerical Jacobian's band carried into log|det J| and y's rounding carried through the inverse"]
-    return BijectorReport(title, forward_report, log_det_report, identities, notes)
+    if convention == "chart":
+        notes.append(f"log-det-Jacobian in TFP's convention for {name}: log|det| of the square Jacobian of forward "
+                     f"from {chart} (the coordinates TFP's own tests use; a coordinate selection adds no log-det of "
+                     "its own)")
+    elif convention == "volume":
+        notes.append(f"{name} maps {int(np.prod(event_in))} numbers per event to {int(np.prod(event_out))} and "
+                     "fastcheck knows no TFP chart for it: its log-det-Jacobian was judged as the volume change "
+                     "0.5 log det(J^T J), which differs from a log-det defined in coordinates of the output by that "
+                     "chart's own volume factor")
+    timings: dict[str, float] = {}
+    for report in (forward_report, log_det_report):
+        for stage, seconds in report.timings.items():
+            timings[stage] = timings.get(stage, 0.0) + float(seconds)
+    timings["jacobian"] = jacobian_seconds
+    timings["identities"] = time.perf_counter() - started
+    return BijectorReport(title, forward_report, log_det_report, identities, notes, convention, chart, timings)
 
 
 def check_distribution(make_distribution: Callable, params, x=None, *, seed: int = 0, **options) -> GradientReport:
@@ -362,6 +429,87 @@ def _member_jacobians(bijector, x: tf.Tensor, batch_shape: tuple, options: dict)
     return stacked / scale.numpy().astype(np.float64).reshape(members, 1, event_in)
 
 
+# TFP's coordinates for bijectors whose input or output is a constrained set of lower dimension than
+# its array (TFP's tests compute the theoretical log-det-Jacobian, get_fldj_theoretical, through the
+# same selections: correlation_cholesky_test's OutputToUnconstrained, matrix_inverse_tril_test's and
+# cholesky_outer_product's Invert(FillTriangular), iterated_sigmoid_centered_test's dropped last element).
+# (class name, input chart, output chart); "all" is every element.
+_CHARTS = (
+    ("CorrelationCholesky", "all", "strictly lower"),
+    ("IteratedSigmoidCentered", "all", "all but the last"),
+    ("SoftmaxCentered", "all", "all but the last"),
+    ("FillScaleTriL", "all", "lower"),
+    ("FillTriangular", "all", "lower"),
+    ("CholeskyOuterProduct", "lower", "lower"),
+    ("CholeskyToInvCholesky", "lower", "lower"),
+    ("MatrixInverseTriL", "lower", "lower"),
+)
+_CHART_WORDS = {"all": "all elements", "lower": "the lower-triangular elements (diagonal included)",
+                "strictly lower": "the strictly lower-triangular elements", "all but the last": "all but the last element"}
+
+
+def _mro_names(bijector) -> list[str]:
+    return [cls.__name__ for cls in type(bijector).__mro__]
+
+
+def _charts(bijector) -> tuple[str, str]:
+    """(input chart, output chart) of a bijector: its class's (a subclass inherits them), swapped for
+    ``Invert``, and for a ``Chain`` the first stage's input chart and the last stage's output chart
+    (looking through stages with no chart that keep the event's rank: elementwise ones)."""
+    names = _mro_names(bijector)
+    for name, chart_in, chart_out in _CHARTS:
+        if name in names:
+            return chart_in, chart_out
+    if "_Invert" in names and getattr(bijector, "bijector", None) is not None:
+        chart_in, chart_out = _charts(bijector.bijector)
+        return chart_out, chart_in
+    if "_Chain" in names:
+        stages = list(reversed(bijector.bijectors))  # in the order they are applied
+
+        def first(stages, side):
+            for stage in stages:
+                charts = _charts(stage)
+                if charts[side] != "all":
+                    return charts[side]
+                if charts != ("all", "all") or stage.forward_min_event_ndims != stage.inverse_min_event_ndims:
+                    return "all"
+            return "all"
+
+        return first(stages, 0), first(reversed(stages), 1)
+    return "all", "all"
+
+
+def _chart_mask(chart: str, event_shape: tuple) -> np.ndarray | None:
+    """The elements of an event a chart keeps (a flat boolean mask), None where it does not apply."""
+    mask = np.ones(event_shape, bool)
+    if chart == "all":
+        return mask.reshape(-1)
+    if chart in ("lower", "strictly lower"):
+        if len(event_shape) < 2 or event_shape[-1] != event_shape[-2]:
+            return None
+        rows, cols = np.indices(event_shape[-2:])
+        mask &= rows > cols if chart == "strictly lower" else rows >= cols
+    elif chart == "all but the last":
+        if not event_shape or event_shape[-1] < 1:
+            return None
+        mask[..., -1] = False
+    return mask.reshape(-1)
+
+
+def _in_chart(bijector, jacobians: np.ndarray, event_in: tuple, event_out: tuple) -> tuple[str, str, np.ndarray]:
+    """(convention, chart description, the Jacobians the log-det identity uses): forward's own Jacobians
+    ("square"), their rows and columns in TFP's coordinates ("chart"), or, for an event-size-changing
+    bijector with no known chart, the full rectangular Jacobians ("volume")."""
+    chart_in, chart_out = _charts(bijector)
+    rows, cols = _chart_mask(chart_out, event_out), _chart_mask(chart_in, event_in)
+    if (chart_in, chart_out) != ("all", "all") and rows is not None and cols is not None and rows.sum() == cols.sum():
+        described = f"{_CHART_WORDS[chart_in]} of x to {_CHART_WORDS[chart_out]} of forward(x)"
+        return "chart", described, jacobians[:, rows][:, :, cols]
+    if jacobians.shape[1] == jacobians.shape[2]:
+        return "square", "", jacobians
+    return "volume", "", jacobians
+
+
 def _log_det(jacobians: np.ndarray) -> np.ndarray:
     """log|det J| per member; 0.5 log det(J^T J) (the volume change) when J is not square."""
     if jacobians.shape[1] == jacobians.shape[2]:
@@ -380,12 +528,17 @@ def _inverse_norms(jacobians: np.ndarray) -> np.ndarray:
 
 
 def _log_det_identity(fldj: np.ndarray, jacobians: np.ndarray, atol: float, rtol: float,
-                      batch_shape: tuple) -> IdentityCheck:
+                      batch_shape: tuple, convention: str = "square", chart: str = "") -> IdentityCheck:
     numerical = _log_det(jacobians)
     band = np.linalg.norm(atol + rtol * np.abs(jacobians), axis=(1, 2))
     allowed = atol + rtol * np.abs(numerical) + _inverse_norms(jacobians) * band
-    return _judge("forward_log_det_jacobian(x) = log|det J| of the numerical Jacobian J of forward",
-                  "forward_log_det_jacobian", fldj.reshape(-1), "numerical log|det J|", numerical, allowed,
+    name = "forward_log_det_jacobian(x) = log|det J| of the numerical Jacobian J of forward"
+    if convention == "chart":
+        name += f" in TFP's chart ({chart})"
+    elif convention == "volume":
+        name = ("forward_log_det_jacobian(x) = log|det J| as the volume 0.5 log det(J^T J) of the numerical "
+                "Jacobian J of forward (no TFP chart known)")
+    return _judge(name, "forward_log_det_jacobian", fldj.reshape(-1), "numerical log|det J|", numerical, allowed,
                   batch_shape, "batch member")
 
 
