@@ -250,12 +250,12 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
                          f"x of shape {tuple(y.shape[: y.shape.rank - out_ndims]) + tuple(x.shape[len(batch_shape):])}.")
 
     chart_in = _charts(bijector)[0]
-    kept = _chart_mask(chart_in, tuple(x.shape[len(batch_shape):]))
-    if kept is not None and not kept.all():
-        outside = np.abs(x.numpy().reshape(-1, kept.size)[:, ~kept]).max(initial=0.0)
+    upper = _chart_mask("lower", tuple(x.shape[len(batch_shape):])) if chart_in in ("lower", "strictly lower") else None
+    if upper is not None:
+        outside = np.abs(x.numpy().reshape(-1, upper.size)[:, ~upper]).max(initial=0.0)
         if outside > 0:
-            raise ValueError(f"{name} reads {_CHART_WORDS[chart_in]} of x only, but x has entries up to {outside:.3g} "
-                             "above the diagonal (forward ignores them, inverse returns zeros there): pass x "
+            raise ValueError(f"{name} acts on lower-triangular matrices, but x has entries up to {outside:.3g} above "
+                             "the diagonal (forward ignores them, inverse returns zeros there): pass x "
                              "lower-triangular, e.g. tf.linalg.band_part(x, -1, 0).")
     forward = _titled(function_problem(lambda t: bijector.forward(tf.identity(t)), x, config),
                       f"{title}: forward Jacobian")
@@ -269,9 +269,25 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
     jacobian_seconds = time.perf_counter() - started
     started = time.perf_counter()
     event_in, event_out = tuple(x.shape[len(batch_shape):]), tuple(y.shape[len(batch_shape):])
-    convention, chart, chart_jacobians = _in_chart(bijector, jacobians, event_in, event_out)
+    convention, chart, chart_jacobians = _in_chart(bijector, jacobians, x, event_in, event_out)
+    parts = [chart_jacobians]
+    stages = _chart_stages(bijector)
+    if stages:  # a Chain's log-det is its stages' sum, each in its own convention
+        parts, described, value = [], [], x
+        for stage in stages:
+            moved = stage.forward(tf.identity(value))
+            stage_jacobians = _member_jacobians(stage, value, batch_shape, options)
+            kind, words, stage_jacobians = _in_chart(stage, stage_jacobians, value, tuple(value.shape[len(batch_shape):]),
+                                                     tuple(moved.shape[len(batch_shape):]))
+            parts.append(stage_jacobians)
+            described.append(f"{type(stage).__name__}: {words or kind}")
+            convention = "volume" if kind == "volume" else convention if convention == "volume" else "chart"
+            value = moved
+        chart = "stage by stage, summed as Chain sums its stages' log-dets: " + "; ".join(described)
+        jacobian_seconds = time.perf_counter() - started + jacobian_seconds
+        started = time.perf_counter()
     fldj = _broadcast(bijector.forward_log_det_jacobian(tf.identity(x), event_ndims=in_ndims), batch_shape)
-    identities = [_log_det_identity(fldj, chart_jacobians, atol, rtol, batch_shape, convention, chart),
+    identities = [_log_det_identity(fldj, parts, atol, rtol, batch_shape, convention, chart),
                   *_inverse_identities(bijector, x, y, fldj, chart_jacobians, in_ndims, out_ndims, atol, rtol,
                                        batch_shape)]
     given = options.get("atol") is not None or options.get("rtol") is not None
@@ -445,7 +461,8 @@ _CHARTS = (
     ("MatrixInverseTriL", "lower", "lower"),
 )
 _CHART_WORDS = {"all": "all elements", "lower": "the lower-triangular elements (diagonal included)",
-                "strictly lower": "the strictly lower-triangular elements", "all but the last": "all but the last element"}
+                "strictly lower": "the strictly lower-triangular elements",
+                "all but the last": "all but the last element"}
 
 
 def _mro_names(bijector) -> list[str]:
@@ -479,6 +496,23 @@ def _charts(bijector) -> tuple[str, str]:
     return "all", "all"
 
 
+def _stages(bijector) -> list:
+    """A Chain's stages in the order they are applied (nested Chains flattened); [bijector] otherwise."""
+    names = _mro_names(bijector)
+    if "_Chain" in names and not any(name in names for name, _, _ in _CHARTS):
+        return [inner for stage in reversed(bijector.bijectors) for inner in _stages(stage)]
+    return [bijector]
+
+
+def _chart_stages(bijector) -> list | None:
+    """A Chain's stages when one has a chart or changes the event's rank (TFP then sums log-dets each in
+    its own convention, which no one chart of the whole map reproduces); None otherwise."""
+    stages = _stages(bijector)
+    special = [stage for stage in stages if _charts(stage) != ("all", "all")
+               or stage.forward_min_event_ndims != stage.inverse_min_event_ndims]
+    return stages if len(stages) > 1 and special else None
+
+
 def _chart_mask(chart: str, event_shape: tuple) -> np.ndarray | None:
     """The elements of an event a chart keeps (a flat boolean mask), None where it does not apply."""
     mask = np.ones(event_shape, bool)
@@ -496,15 +530,46 @@ def _chart_mask(chart: str, event_shape: tuple) -> np.ndarray | None:
     return mask.reshape(-1)
 
 
-def _in_chart(bijector, jacobians: np.ndarray, event_in: tuple, event_out: tuple) -> tuple[str, str, np.ndarray]:
+def _embedding(chart: str, x_events: np.ndarray, event_shape: tuple) -> np.ndarray:
+    """[B, event size, chart size]: d x / d u of the map from a chart's coordinates u back to x.
+
+    "all" and "lower" (the upper triangle ignored, held at zero) select coordinates;
+    "strictly lower" is a correlation matrix's Cholesky factor (each diagonal entry
+    ``sqrt(1 - sum of its row's others squared)``), "all but the last" a simplex point
+    (the last element ``1 - sum of the others``): those determined elements move with u.
+    """
+    kept = _chart_mask(chart, event_shape)
+    members, size = x_events.shape[0], kept.size
+    embedding = np.zeros((members, size, int(kept.sum())))
+    embedding[:, np.flatnonzero(kept), np.arange(int(kept.sum()))] = 1.0
+    if chart == "strictly lower":
+        n = event_shape[-1]
+        values = x_events.reshape(members, -1, n, n)
+        for column, flat in enumerate(np.flatnonzero(kept)):
+            lead, rest = divmod(int(flat), n * n)
+            i, j = divmod(rest, n)
+            diagonal = lead * n * n + i * n + i
+            with np.errstate(all="ignore"):
+                embedding[:, diagonal, column] = -values[:, lead, i, j] / values[:, lead, i, i]
+    elif chart == "all but the last":
+        n = event_shape[-1]
+        for column, flat in enumerate(np.flatnonzero(kept)):
+            embedding[:, (int(flat) // n) * n + n - 1, column] = -1.0
+    return embedding
+
+
+def _in_chart(bijector, jacobians: np.ndarray, x: tf.Tensor, event_in: tuple,
+              event_out: tuple) -> tuple[str, str, np.ndarray]:
     """(convention, chart description, the Jacobians the log-det identity uses): forward's own Jacobians
-    ("square"), their rows and columns in TFP's coordinates ("chart"), or, for an event-size-changing
-    bijector with no known chart, the full rectangular Jacobians ("volume")."""
+    ("square"), in TFP's coordinates ("chart": the rows of the output's chart, times the embedding of
+    the input's chart), or, for an event-size-changing bijector with no known chart, the full
+    rectangular Jacobians ("volume")."""
     chart_in, chart_out = _charts(bijector)
     rows, cols = _chart_mask(chart_out, event_out), _chart_mask(chart_in, event_in)
     if (chart_in, chart_out) != ("all", "all") and rows is not None and cols is not None and rows.sum() == cols.sum():
         described = f"{_CHART_WORDS[chart_in]} of x to {_CHART_WORDS[chart_out]} of forward(x)"
-        return "chart", described, jacobians[:, rows][:, :, cols]
+        x_events = x.numpy().astype(np.float64).reshape(jacobians.shape[0], -1)
+        return "chart", described, jacobians[:, rows] @ _embedding(chart_in, x_events, event_in)
     if jacobians.shape[1] == jacobians.shape[2]:
         return "square", "", jacobians
     return "volume", "", jacobians
@@ -527,11 +592,13 @@ def _inverse_norms(jacobians: np.ndarray) -> np.ndarray:
             return np.full(len(jacobians), np.inf)
 
 
-def _log_det_identity(fldj: np.ndarray, jacobians: np.ndarray, atol: float, rtol: float,
+def _log_det_identity(fldj: np.ndarray, parts: list, atol: float, rtol: float,
                       batch_shape: tuple, convention: str = "square", chart: str = "") -> IdentityCheck:
-    numerical = _log_det(jacobians)
-    band = np.linalg.norm(atol + rtol * np.abs(jacobians), axis=(1, 2))
-    allowed = atol + rtol * np.abs(numerical) + _inverse_norms(jacobians) * band
+    """``parts``: the Jacobians whose log-dets add up (one; or a Chain's stages, each in its chart)."""
+    numerical = sum(_log_det(jacobians) for jacobians in parts)
+    carried = sum(_inverse_norms(jacobians) * np.linalg.norm(atol + rtol * np.abs(jacobians), axis=(1, 2))
+                  for jacobians in parts)
+    allowed = atol + rtol * np.abs(numerical) + carried
     name = "forward_log_det_jacobian(x) = log|det J| of the numerical Jacobian J of forward"
     if convention == "chart":
         name += f" in TFP's chart ({chart})"
