@@ -19,7 +19,7 @@ from fastcheck._full import analytical_blocks, check_full, numerical_blocks
 from fastcheck._paths import EAGER, VJP_CALLS, Route, choose_route, kernel_plan
 from fastcheck._plan import Plan, _first_line, build_plan
 from fastcheck._problem import Problem, preserved_variables
-from fastcheck._report import GradientReport, describe_nonfinite, run_notes
+from fastcheck._report import GradientReport, Pair, PairReport, describe_nonfinite, run_notes
 
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
@@ -35,6 +35,8 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             problems = [plan.nondeterministic, *([problem.if_random] if problem.if_random else [])]
             return GradientReport([], "none", "-", time.perf_counter() - start, [*plan.notes, *problem.notes],
                                   problems, problem.title, timings)
+        if plan.empty:
+            return _nothing_to_check(plan, problem, config, time.perf_counter() - start, timings)
         if config.mode == "full":
             _require_memory(plan, config)  # before routing: a refused check traces nothing
         # Routing first (it only routes): the time a full check would take depends on its path.
@@ -64,7 +66,7 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             # What routing predicted, against what it cost: later checks in this process route by it.
             _paths.CALIBRATION.learn_from(executor.chosen, executor.path,
                                           sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
-        notes = run_notes(outcome, executor, config, mode, why, problem.notes)
+        notes = run_notes(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
         kind = mode if mode in ("fast", "coloured") else problem.kind or outcome.kind
@@ -74,13 +76,50 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
 
 def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.ndarray | None]]:
     """``result[output][input]`` blocks of the numerical or the analytical Jacobian (None for unchecked inputs)."""
+    return jacobian_blocks(problem, config, (side,))[side]
+
+
+def jacobian_blocks(problem: Problem, config: CheckConfig, sides: tuple[str, ...]) -> dict:
+    """``jacobians`` of each side in ``sides`` ("numerical", "analytical"), from one plan and executor."""
     with _on_device(config.device), preserved_variables(problem.variables):
         plan = kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names, problem.computes_in))
+        if plan.empty:  # the blocks are empty arrays of their shapes
+            return {side: [[np.zeros((o.size, s.size)) if s.checked else None for s in plan.inputs]
+                           for o in plan.outputs] for side in sides}
         executor = _executor(plan, config, {})
-        blocks = (numerical_blocks if side == "numerical" else analytical_blocks)(executor, executor.plan)
-        by_input = {s.position: b for s, b in zip(plan.checked, blocks)}
-        return [[by_input[s.position][o.offset : o.offset + o.size] if s.position in by_input else None
-                 for s in plan.inputs] for o in plan.outputs]
+        found = {}
+        for side in sides:
+            blocks = (numerical_blocks if side == "numerical" else analytical_blocks)(executor, executor.plan)
+            by_input = {s.position: b for s, b in zip(plan.checked, blocks)}
+            found[side] = [[by_input[s.position][o.offset : o.offset + o.size] if s.position in by_input else None
+                            for s in plan.inputs] for o in plan.outputs]
+        return found
+
+
+def _nothing_to_check(plan: Plan, problem: Problem, config: CheckConfig, seconds: float,
+                      timings: dict) -> GradientReport:
+    """The report of an empty Jacobian (f's outputs, or its checked inputs, have no elements):
+    it passes, with a note, as ``tf.test.compute_gradient`` returns empty Jacobians."""
+    atol, rtol = config.tolerances(plan.precision)
+
+    def pair(o, s) -> PairReport:
+        block = np.zeros((o.size, s.size))
+        output_shape = tuple(o.shape) + ((2,) if o.dtype.is_complex else ())
+        return PairReport(problem.output_name or o.name, s.name, output_shape, tuple(s.real_view.shape), block,
+                          block.copy(), np.zeros(block.shape, np.int8), block.copy(), atol, rtol)
+
+    pairs: list[Pair] = [pair(o, s) for s in plan.checked for o in plan.outputs]
+    empty = "f's outputs have" if not plan.m else "the checked inputs have"
+    note = (f"nothing to check: {empty} no elements, so the Jacobian has no entries "
+            f"({plan.m} output x {plan.n} input elements); the check passes vacuously")
+    return GradientReport(pairs, "none", "-", seconds, [*plan.notes, *problem.notes, note], [], problem.title,
+                          timings)
+
+
+def _empty_parts(plan: Plan) -> list[str]:
+    """Notes on the outputs and checked inputs with no elements, in a check of the others."""
+    empty = [o.name for o in plan.outputs if not o.size] + [s.name for s in plan.checked if not s.size]
+    return [f"nothing to check for {name}: it has no elements (its pairs' Jacobians are empty)" for name in empty]
 
 
 def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:

@@ -441,9 +441,10 @@ def test_unknown_option_is_a_type_error_naming_it():
         fastcheck.verify_gradients(tf.sin, tf.constant([0.3], tf.float64), [1.0], tolerance=1e-3)
 
 
-def test_empty_output_is_a_clear_error():
-    with pytest.raises(ValueError, match="only empty outputs"):
-        fastcheck.check_gradients(lambda x: x[:0], tf.constant([0.3, 0.4], tf.float64))
+def test_empty_output_passes_with_a_note():  # as tf.test.compute_gradient returns empty Jacobians
+    report = fastcheck.check_gradients(lambda x: x[:0], tf.constant([0.3, 0.4], tf.float64))
+    assert report.ok and report.verdict == "pass" and report.notes, str(report)
+    assert [p.numerical.shape for p in report.pairs] == [(0, 2)]
 
 
 def test_function_that_cannot_be_traced_runs_eagerly():
