@@ -19,6 +19,8 @@ _EXPORTS = {
     "autodiff_jacobian": "fastcheck._api",
     "check_gradients": "fastcheck._api",
     "check_model": "fastcheck._api",
+    "compute_gradient": "fastcheck._compat",
+    "max_error": "fastcheck._compat",
     "verify_gradients": "fastcheck._api",
     "numerical_jacobian": "fastcheck._api",
 }
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
     from fastcheck._api import check_model as check_model
     from fastcheck._api import numerical_jacobian as numerical_jacobian
     from fastcheck._api import verify_gradients as verify_gradients
+    from fastcheck._compat import compute_gradient as compute_gradient
+    from fastcheck._compat import max_error as max_error
     from fastcheck._report import GradientCheckError as GradientCheckError
     from fastcheck._report import GradientReport as GradientReport
 
