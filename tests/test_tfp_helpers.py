@@ -1,5 +1,6 @@
 """fastcheck.tfp: check_bijector (Jacobian, log-det identity, inverse, log-det gradient) and check_distribution."""
 
+import json
 import subprocess
 import sys
 
@@ -150,3 +151,98 @@ def test_fastcheck_does_not_import_tfp_until_a_check_runs():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
     assert fastcheck.tfp.check_distribution is check_distribution
+
+
+class OffCorrelationCholesky(tfb.CorrelationCholesky):
+    """CorrelationCholesky (3 numbers -> a 3x3 Cholesky factor) whose log-det-Jacobian is 0.01 too large."""
+
+    def _forward_log_det_jacobian(self, x):
+        return super()._forward_log_det_jacobian(x) + 0.01
+
+
+class OffIteratedSigmoidCentered(tfb.IteratedSigmoidCentered):
+    """IteratedSigmoidCentered (n numbers -> a point of the n-simplex in R^(n+1)), log-det 0.01 too large."""
+
+    def _forward_log_det_jacobian(self, x):  # TFP defines only the inverse one
+        return -self._inverse_log_det_jacobian(self.forward(x)) + 0.01
+
+
+EVENT_CHANGING = {
+    "correlation_cholesky_3x3": (lambda: tfb.CorrelationCholesky(), X, 1),  # 3 -> 3x3
+    "correlation_cholesky_4x4": (lambda: tfb.CorrelationCholesky(), RNG.normal(size=(2, 6)), 1),  # 6 -> 4x4
+    "correlation_cholesky_event_ndims_2": (lambda: tfb.CorrelationCholesky(), X[None], 2),
+    "iterated_sigmoid_centered": (lambda: tfb.IteratedSigmoidCentered(), X, 1),  # 3 -> 4
+    "inverse_correlation_cholesky": (lambda: tfb.Invert(tfb.CorrelationCholesky()),
+                                     tfb.CorrelationCholesky().forward(f64(X)), 2),
+    "inverse_iterated_sigmoid_centered": (lambda: tfb.Invert(tfb.IteratedSigmoidCentered()),
+                                          tfb.IteratedSigmoidCentered().forward(f64(X)), 1),
+    "scaled_correlation_cholesky": (lambda: tfb.Chain([tfb.TransformDiagonal(tfb.Exp()), tfb.CorrelationCholesky()]),
+                                    X, 1),
+    "cholesky_outer_product": (lambda: tfb.CholeskyOuterProduct(),
+                               np.tril(RNG.normal(size=(2, 3, 3))) + 2 * np.eye(3), 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EVENT_CHANGING))
+def test_event_size_changing_bijectors_pass_in_tfps_chart(name):
+    make, x, event_ndims = EVENT_CHANGING[name]
+    bijector = make()
+    report = check_bijector(bijector, x, event_ndims)
+    assert report.ok, str(report)
+    assert report.convention == "chart" and report.chart
+    log_det = report.identities[0]
+    assert "in TFP's chart" in log_det.name and log_det.abs_error < 1e-6
+    fldj = np.asarray(bijector.forward_log_det_jacobian(f64(x), event_ndims=event_ndims)).reshape(-1)
+    assert log_det.actual == pytest.approx(fldj[log_det.index[0] if log_det.index else 0])
+    assert any("TFP's convention" in note for note in report.notes)
+
+
+def test_iterated_sigmoid_centered_matches_tfps_closed_form():
+    # TFP's own test: inverse_log_det_jacobian(y) = -sum(log y), so forward_log_det_jacobian = sum(log y).
+    y = tfb.IteratedSigmoidCentered().forward(f64(X)).numpy()
+    report = check_bijector(tfb.IteratedSigmoidCentered(), X, 1)
+    log_det = report.identities[0]
+    assert log_det.expected == pytest.approx(np.sum(np.log(y), axis=1)[log_det.index[0]], abs=1e-6)
+
+
+@pytest.mark.parametrize("bijector", [OffCorrelationCholesky(), OffIteratedSigmoidCentered(),
+                                      tfb.Chain([tfb.TransformDiagonal(tfb.Exp()), OffCorrelationCholesky()])],
+                         ids=["correlation_cholesky", "iterated_sigmoid_centered", "in_a_chain"])
+def test_wrong_log_det_on_event_size_changing_bijector_fails(bijector):
+    report = check_bijector(bijector, X, 1)
+    assert report.verdict == "fail" and report.convention == "chart"
+    assert report.forward.ok and report.log_det_gradient.ok  # a constant offset changes no gradient
+    log_det = report.identities[0]
+    assert log_det.verdict == "fail" and log_det.failed == len(X)
+    assert log_det.actual - log_det.expected == pytest.approx(0.01, abs=1e-6)
+    assert "FAIL at batch member" in str(report)
+
+
+def test_bijector_report_mode_timings_and_dict():
+    report = check_bijector(tfb.CorrelationCholesky(), X, 1)
+    assert report.mode == report.forward.mode == report.log_det_gradient.mode
+    stages = set(report.forward.timings) | set(report.log_det_gradient.timings)
+    assert stages and stages | {"jacobian", "identities"} == set(report.timings)
+    for stage in stages:
+        expected = report.forward.timings.get(stage, 0.0) + report.log_det_gradient.timings.get(stage, 0.0)
+        assert report.timings[stage] == pytest.approx(expected)
+    assert all(isinstance(seconds, float) and seconds >= 0 for seconds in report.timings.values())
+    out = report.to_dict()
+    assert out["mode"] == report.mode and out["convention"] == "chart" and out["timings"] == report.timings
+    assert all(isinstance(out["identities"][0][key], float) for key in ("actual", "expected", "abs_error", "allowed"))
+    assert isinstance(out["identities"][0]["failed"], int)
+    json.dumps(out)
+
+
+def test_lower_triangular_bijector_rejects_a_full_matrix():
+    with pytest.raises(ValueError, match=r"CholeskyOuterProduct acts on lower-triangular matrices.*band_part"):
+        check_bijector(tfb.CholeskyOuterProduct(), RNG.normal(size=(2, 3, 3)) + 2 * np.eye(3), 2)
+
+
+def test_bijector_sweep_rows():
+    from benchmarks.bijectors import sweep_one
+
+    row = sweep_one("CorrelationCholesky", tfb.CorrelationCholesky)
+    assert row["verdict"] == "pass" and row["convention"] == "chart" and row["seconds"] > 0
+    skipped = sweep_one("Shift", tfb.Shift)
+    assert skipped["verdict"] == "skipped" and "cannot be built with no arguments" in skipped["note"]
