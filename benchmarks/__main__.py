@@ -5,6 +5,8 @@
     python -m benchmarks verdicts [--out DIR] [--cases NAME,NAME] [--dtypes float32,float64]
     python -m benchmarks op-audit [--quick] [--only NAME,NAME]
     python -m benchmarks cold [--only dense-4096,mlp-20000] [--repeats 3]
+    python -m benchmarks models [--env main|legacy] [--quick] [--classes NAME,NAME]
+    python -m benchmarks bijectors [--only Exp,CorrelationCholesky]
 
 A run writes ``<timestamp>.json``, ``latest.json``, ``latest.md`` and
 ``latest.png`` to ``--out`` (default ``benchmarks/results``) and prints the
@@ -15,6 +17,8 @@ fastcheck measurement broke), else 0.  ``verdicts`` runs fastcheck and
 ``tf.test.compute_gradient`` (judged with torch's and JAX's tolerances) on every
 case of the corpus and writes ``verdicts.md`` / ``verdicts.json`` (see
 ``benchmarks/verdicts.py``); it exits 1 when fastcheck got a case wrong.
+``bijectors`` runs ``check_bijector`` on every TFP bijector built with no
+arguments and writes ``bijectors.md`` (see ``benchmarks/bijectors.py``).
 """
 
 from __future__ import annotations
@@ -134,10 +138,18 @@ def main(argv=None) -> int:
         from benchmarks import cold
 
         return cold.main(argv[1:])
+    if argv and argv[0] == "models":
+        from benchmarks import models
+
+        return models.main(argv[1:])
     if argv and argv[0] == "op-audit":
         from benchmarks import op_audit
 
         return op_audit.main(argv[1:])
+    if argv and argv[0] == "bijectors":
+        from benchmarks import bijectors
+
+        return bijectors.main(argv[1:])
     if argv and argv[0] == "verdicts":
         from benchmarks import verdicts
 
