@@ -12,7 +12,8 @@ For each model class, two variants that differ in one number:
 
 Each is checked with ``fastcheck.check_model`` in the default mode
 (``mode="auto"``) and with ``mode="fast"``, over seeds 0-7 (the seed draws the
-weights and the data).  Per check the JSON keeps the verdict, the resolved mode
+weights and the data); where ``mode="auto"`` resolves to fast mode anyway
+(``mobilenet-nested``), also with ``mode="full"`` on seeds 0-1 (``EXTRA_MODES``).  Per check the JSON keeps the verdict, the resolved mode
 and path, the FAIL-named and undecidable variables, the seconds of the
 ``check_model`` call (the model built before the clock; the first check of a
 class in its process includes TensorFlow's tracing), the report's note on the
@@ -65,7 +66,7 @@ Legacy environment (numpy < 2, ``TF_USE_LEGACY_KERAS=1``; setup in
     right too: only the head decides "right".
 
     python -m benchmarks models [--env main|legacy|auto] [--quick] [--classes NAME,NAME]
-                                [--modes default,fast] [--seeds 8] [--out DIR]
+                                [--modes default,fast,full] [--seeds 8] [--out DIR] [--in-process]
 
 ``--env auto`` (the default) runs the legacy classes when numpy < 2 (the legacy
 venv) and the main ones otherwise.  ``--quick``: seed 0 only and fewer classes
@@ -73,9 +74,10 @@ venv) and the main ones otherwise.  ``--quick``: seed 0 only and fewer classes
 ``larq-bnn``), for a smoke run.  Each class runs in a fresh Python process (one
 per class, all its variants, modes and seeds), killed after ``--timeout``
 seconds; a class one of whose checks takes over 60 s drops to 2 seeds from then
-on (the table says so).  Writes ``models.md`` and ``models.json`` to ``--out``
-(default ``benchmarks/results``; ``--name`` changes the file stem) with the CPU
-model.  Exits 0: the verdicts are the measurement, not a pass/fail of this run.
+on (the table says so).  ``--in-process`` runs the checks in this process instead
+(the smoke test).  Writes ``models.md`` and ``models.json`` (legacy:
+``models-legacy.md`` / ``.json``) to ``--out`` (default ``benchmarks/results``;
+``--name`` changes the file stem) with the CPU model.  Exits 0: the verdicts are the measurement, not a pass/fail of this run.
 """
 
 from __future__ import annotations
@@ -678,7 +680,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 8; --quick 1)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per class process (default 1800)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
-    parser.add_argument("--name", default="models", help="file stem of the outputs (default models)")
+    parser.add_argument("--name", default=None, help="file stem of the outputs (default models; models-legacy in the "
+                        "legacy environment)")
     parser.add_argument("--in-process", action="store_true", help="run the checks in this process (for tests)")
     return parser
 
@@ -731,13 +734,14 @@ def main(argv=None) -> int:
         "class_errors": class_errors, "rows": rows,
     }
     record["summary"] = summarise(rows)
+    stem = args.name or ("models" if env == "main" else "models-legacy")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
     text = to_markdown(record)
-    (args.out / f"{args.name}.md").write_text(text)
+    (args.out / f"{stem}.md").write_text(text)
     print()
     print(text)
-    print(f"wrote {args.out / (args.name + '.md')}, {args.out / (args.name + '.json')}")
+    print(f"wrote {args.out / (stem + '.md')}, {args.out / (stem + '.json')}")
     return 0
 
 
