@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._check import jacobian_blocks
+from fastcheck._check import _on_device, jacobian_blocks
 from fastcheck._config import CheckConfig
 from fastcheck._problem import function_problem
 
@@ -61,6 +61,11 @@ def compute_gradient(f: Callable, x, delta=None) -> tuple[tuple[np.ndarray, ...]
     if not isinstance(x, (list, tuple)):
         raise ValueError("`x` must be a list or tuple of values convertible to a Tensor "
                          f"(arguments to `f`), not a {type(x)}")
+    with _on_device(None):  # inside tf.Graph().as_default() (TF1-style tests): eagerly, on the side
+        return _compute_gradient(f, x, delta)
+
+
+def _compute_gradient(f: Callable, x, delta) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     xs = [tf.convert_to_tensor(value) for value in x]
     for position, value in enumerate(xs):
         if value.dtype.base_dtype not in _ALLOWED:
@@ -101,7 +106,7 @@ def max_error(grad1, grad2):
 
     Example:
       >>> import tensorflow as tf, fastcheck
-      >>> fastcheck.max_error(*fastcheck.compute_gradient(tf.sin, [tf.constant([0.5], tf.float64)])) < 1e-8
+      >>> bool(fastcheck.max_error(*fastcheck.compute_gradient(tf.sin, [tf.constant([0.5], tf.float64)])) < 1e-8)
       True
     """
     error = 0

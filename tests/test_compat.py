@@ -112,6 +112,14 @@ def test_compute_gradient_accepts_a_tf_function():
     np.testing.assert_allclose(numerical[1], [[1.0, 2.0]], rtol=1e-8)
 
 
+def test_compute_gradient_in_graph_mode_runs_eagerly_on_the_side():
+    x = np.array([0.2, -0.7], np.float64)
+    with tf.Graph().as_default():
+        theoretical, numerical = fastcheck.compute_gradient(tf.sin, [x])
+    np.testing.assert_allclose(theoretical[0], np.diag(np.cos(x)), rtol=1e-12)
+    np.testing.assert_allclose(numerical[0], np.diag(np.cos(x)), rtol=1e-8, atol=1e-10)
+
+
 # Empty inputs and outputs: nothing to check, as tf.test.compute_gradient returns empty Jacobians.
 EMPTY = {
     "empty input and output": (lambda x: tf.reshape(x, [-1, 0]), [tf.zeros([3, 0], tf.float64)]),
