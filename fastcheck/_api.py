@@ -167,7 +167,7 @@ class GradientChecker:
     def verify_gradients(self, f: Callable, inputs, grads, **overrides) -> GradientReport:
         return verify_gradients(f, inputs, grads, **self._options(overrides))
 
-    def check_model(self, model, loss_fn: Callable, data, *, variables=None, **overrides) -> GradientReport:
+    def check_model(self, model, loss_fn: Callable, data=None, *, variables=None, **overrides) -> GradientReport:
         return check_model(model, loss_fn, data, variables=variables, **self._options(overrides))
 
 
@@ -195,7 +195,7 @@ def verify_gradients(f: Callable, inputs, grads, **options) -> GradientReport:
     return run_check(supplied_problem(f, inputs, grads, config), config)
 
 
-def check_model(model, loss_fn, data, *, variables=None, training: bool = False, sample_weight=None,
+def check_model(model, loss_fn, data=None, *, variables=None, training: bool = False, sample_weight=None,
                 **options) -> GradientReport:
     """Check the gradient of ``loss_fn(y, model(x, training=training))`` w.r.t. the model's variables.
 
@@ -222,7 +222,12 @@ def check_model(model, loss_fn, data, *, variables=None, training: bool = False,
         model with several outputs: one loss for all, or a list (output order) or
         dict (output names) of them; the per-output losses are summed.
       data: a pair ``(x, y)``; ``x`` a tensor or a list/dict of them for a model
-        with several inputs, ``y`` a list/dict for one with several outputs.
+        with several inputs, ``y`` a list/dict for one with several outputs.  Omitted
+        (``None``): ``loss_fn`` takes no arguments and computes the loss itself
+        (GPflow's ``model.training_loss`` or ``model.training_loss_closure(data)``),
+        for any ``tf.Module`` (callable or not); the pairs are named by where the
+        module keeps each variable (``likelihood.variance``), a GPflow ``Parameter``
+        checked in its unconstrained variable, as training's ``tape.gradient`` sees it.
       variables: the variables to check (default: all trainable ones).
       training: call the model as a training step does (dropout, batch statistics).
       sample_weight: per-sample weights passed to the loss as Keras does (a list or

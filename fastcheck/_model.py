@@ -9,7 +9,13 @@ be a *function* of the variables' values, not of their state:
   discarded.
 * tf_keras models and ``tf.Module``s: the variable attributes are swapped for
   the given tensors while the loss is computed (bypassing attribute tracking),
-  and swapped back at once.  No variable is ever assigned.
+  and swapped back at once; a variable inside a wrapper (larq's ``QuantizedVariable``,
+  a TFP ``TransformedVariable`` such as a GPflow ``Parameter``) is swapped inside it
+  for an object that reads as the tensor and has the variable's attributes, so the
+  wrapper's read transform still applies (``_variables.swapped``).  No variable is
+  ever assigned.
+* a zero-argument loss (GPflow's ``model.training_loss``) with no data: the loss
+  itself, with the model's variables read as above.
 
 With ``training=True`` the same holds, and randomness is held fixed so that every
 evaluation, perturbed or not, batched or not, draws the same dropout mask:
@@ -42,6 +48,15 @@ import tensorflow as tf
 
 from fastcheck._config import PRECISION_EPSILON
 from fastcheck._plan import _first_line
+from fastcheck._variables import (
+    attribute_paths,
+    library_state_restored,
+    python_function,
+    storage,
+    stored_value,
+    swapped,
+    takes_no_arguments,
+)
 
 # tf_keras random layers draw from stateless ops seeded from this while the loss is computed
 # (a layer's own integer seed is used when it has one).
@@ -70,21 +85,26 @@ def variable_name(variable) -> str:
 
 
 def variable_value(variable) -> tf.Tensor:
-    return tf.identity(tf.convert_to_tensor(variable))
+    """The value a check substitutes: what the variable's storage holds (a wrapper's latent value)."""
+    return stored_value(variable)
 
 
 @contextlib.contextmanager
 def preserved_variables(variables):
-    """Restore every variable to its exact bytes afterwards, whatever happens inside."""
+    """Restore every variable to its exact bytes afterwards, whatever happens inside, and every
+    library context flag fastcheck knows (``_variables.LIBRARY_FLAGS``) to its value."""
     saved = _saved(variables)
     try:
-        yield
+        with library_state_restored():
+            yield
     finally:
         _restore(saved)
 
 
 def _saved(variables) -> list:
-    return [(v, v.numpy().copy()) for v in variables]
+    # The storage's bytes: a wrapper's numpy() may read transformed (larq: quantized in its scope).
+    held = [storage(v) if isinstance(v, tf.Variable) else v for v in variables]
+    return [(v, v.numpy().copy()) for v in dict((id(v), v) for v in held).values()]
 
 
 def _restore(saved) -> None:
@@ -117,7 +137,106 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
     lower) variables gets a float64 copy that the loss evaluates when given float64
     values (see the module docstring), up to ``upcast_limit`` checked elements with
     ``"auto"``.  ``"float64"`` insists: a model that cannot be copied is a ValueError.
+    With ``data=None`` the loss is ``loss_fn()`` (``_loss_without_data``).  Library
+    context flags an attempt leaves switched are restored (``library_state_restored``).
     """
+    with library_state_restored():
+        if data is None:
+            return _loss_without_data(model, loss_fn, variables, training, sample_weight, precision)
+        return _model_loss_function(model, loss_fn, data, variables, training=training, sample_weight=sample_weight,
+                                    precision=precision, upcast_limit=upcast_limit)
+
+
+def _loss_without_data(model, loss_fn, variables, training, sample_weight, precision) -> ModelLoss:
+    """``loss_fn()`` (GPflow's ``model.training_loss``, a closure over the data) as a function of the model's
+    variables' values: each read where the model keeps it, as ``_swapped`` does; a Keras 3 model's through
+    ``keras.StatelessScope``.  The analytical side is ``tape.gradient(loss_fn(), variables)``."""
+    if isinstance(loss_fn, str) or not callable(loss_fn):
+        raise TypeError(f"data is None, so loss_fn must be a callable taking no arguments that returns the loss (e.g. "
+                        f"model.training_loss, or model.training_loss_closure(data)); got {loss_fn!r}. To check "
+                        "loss_fn(y, model(x)), pass data=(x, y).")
+    if not takes_no_arguments(loss_fn):
+        raise ValueError("data is None, so fastcheck calls loss_fn() with no arguments, but loss_fn takes arguments "
+                         "(y_true, y_pred); pass data=(x, y), or a loss taking no arguments (e.g. model.training_loss).")
+    if training is not False or sample_weight is not None:
+        what = "training=True" if training is not False else "sample_weight"
+        raise ValueError(f"{what} is for loss_fn(y, model(x, training=...)), but data is None and loss_fn takes no "
+                         f"arguments, so fastcheck cannot pass it on; omit {what} (build it into loss_fn).")
+    keras3 = _is_keras3(model)
+    if keras3:
+        trainable, every = list(model.trainable_variables), list(model.variables)
+    else:
+        trainable, every = _module_variables(model)
+    chosen = _chosen(variables, trainable, every)
+    names = [variable_name(v) for v in chosen]
+    values = [variable_value(v) for v in chosen]
+    own = python_function(loss_fn)  # a tf.function's graph would read the variables it captured
+    if keras3:
+        import keras
+
+        def f(*new_values):
+            with keras.StatelessScope(state_mapping=list(zip(chosen, new_values))):
+                return own()
+    else:
+        places = _places(model, chosen)
+        names = _module_names(model, chosen, names)
+
+        def f(*new_values):
+            with _swapped(places, {id(v): value for v, value in zip(chosen, new_values)}):
+                return own()
+
+    with preserved_variables(every):
+        try:
+            loss_fn()
+        except Exception as error:
+            if _raised_by_fastcheck(error):
+                raise
+            raise ValueError(f"loss_fn() raised {type(error).__name__}: {_first_line(error)}.") from error
+    _assert_substitution_reaches_loss(f, loss_fn, chosen, values, names, every, keras3=keras3)
+    notes = _frozen_note(names, chosen)
+    if precision != "native" and any(v.dtype.is_floating and v.dtype != tf.float64 for v in values):
+        why = ("loss_fn takes no arguments, so fastcheck cannot give it float64 data (a float64 copy needs "
+               "data=(x, y))")
+        if precision == "float64":
+            raise ValueError(f"precision='float64' was requested, but {why}; pass precision='native' or 'auto'.")
+        notes += ("numerical side in the model's own precision: " + why,)
+    return ModelLoss(f, values, names, chosen, every, loss_fn, False, notes)
+
+
+def _chosen(variables, trainable, every) -> list:
+    """The variables to check: ``variables``, or every trainable one; each must be the model's."""
+    chosen = list(variables) if variables is not None else trainable
+    if not chosen:
+        if every:
+            raise ValueError(f"The model has no trainable variables to check: all {len(every)} of its variables are "
+                             "frozen (trainable=False); set trainable=True on the layers to check, or pass "
+                             "variables=[...].")
+        raise ValueError("The model has no trainable variables to check; build it first (call it once on data) "
+                         "or pass variables=[...].")
+    known = {id(v) for v in every}
+    for variable in chosen:
+        if id(variable) not in known:
+            raise ValueError(f"variables contains {variable_name(variable)!r}, which does not belong to the model.")
+    return chosen
+
+
+def _frozen_note(names, chosen) -> tuple:
+    frozen = [name for name, v in zip(names, chosen) if not getattr(v, "trainable", True)]
+    if not frozen:
+        return ()
+    return (f"not trainable, checked because variables= names them: {', '.join(frozen)}; the analytical side "
+            "watches them on the tape (a training step's tape.gradient would return None for them)",)
+
+
+def _model_loss_function(model, loss_fn, data, variables=None, *, training: bool = False,
+                         sample_weight=None, precision: str = "native", upcast_limit: int | None = None) -> ModelLoss:
+    if takes_no_arguments(loss_fn) and not isinstance(loss_fn, str):
+        raise ValueError("loss_fn takes no arguments (it computes the loss by itself, as model.training_loss does), "
+                         "so data is unused; omit data: check_model(model, loss_fn).")
+    if not callable(model):
+        raise TypeError(f"model ({type(model).__name__}) is not callable, so fastcheck cannot compute "
+                        "loss_fn(y, model(x)); pass a loss taking no arguments and omit data, e.g. "
+                        "check_model(model, model.training_loss).")
     if not isinstance(data, (tuple, list)) or len(data) != 2:
         raise TypeError(f"data must be a pair (x, y); the loss is loss_fn(y, model(x, training={training})).")
     if not isinstance(training, bool):
@@ -134,18 +253,7 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
         raise ValueError(f"training=True, but {type(model).__name__}'s call takes no `training` argument, so the "
                          "model has no training mode to check; call check_model without training=True.")
     compute = loss_of_outputs(loss_fn, y, sample_weight, model)
-    chosen = list(variables) if variables is not None else trainable
-    if not chosen:
-        if every:
-            raise ValueError(f"The model has no trainable variables to check: all {len(every)} of its variables are "
-                             "frozen (trainable=False); set trainable=True on the layers to check, or pass "
-                             "variables=[...].")
-        raise ValueError("The model has no trainable variables to check; build it first (call it once on data) "
-                         "or pass variables=[...].")
-    known = {id(v) for v in every}
-    for variable in chosen:
-        if id(variable) not in known:
-            raise ValueError(f"variables contains {variable_name(variable)!r}, which does not belong to the model.")
+    chosen = _chosen(variables, trainable, every)
     names = [variable_name(v) for v in chosen]
     values = [variable_value(v) for v in chosen]
     chosen_ids = {id(v) for v in chosen}
@@ -170,11 +278,7 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
     else:
         f, names = _swapped_loss(model, x, compute, chosen, names, generators, training)
         _assert_substitution_reaches_loss(f, real, chosen, values, names, every)
-    notes: tuple = ()
-    frozen = [name for name, v in zip(names, chosen) if not getattr(v, "trainable", True)]
-    if frozen:
-        notes = (f"not trainable, checked because variables= names them: {', '.join(frozen)}; the analytical side "
-                 "watches them on the tape (a training step's tape.gradient would return None for them)",)
+    notes = _frozen_note(names, chosen)
     if training:
         with preserved_variables(every):  # a tf_keras model updates its moving statistics in training mode
             unchanged = _same_loss(f(*values), _inference_loss(model, x, compute, every, trainable, chosen))
@@ -274,27 +378,48 @@ def _keras3_loss(model, x, compute, every, trainable, chosen, training, runner=N
 
 
 def _swapped_loss(model, x, compute, chosen, names, generators, training) -> tuple[Callable, list]:
-    places = _paths_to(model, {id(v) for v in chosen})
-    reachable = {id(v) for _, _, v, _ in places}
-    generic = [n for n in names if names.count(n) > 1 or n.startswith("Variable")]
-    if generic:  # unnamed tf.Variables: name them by where the module keeps them
-        where: dict = {}
-        for _, _, variable, path in places:
-            where.setdefault(id(variable), path)
-        names = [where.get(id(v), n) if n in generic else n for v, n in zip(chosen, names)]
-    missing = [variable_name(v) for v in chosen if id(v) not in reachable]
-    if missing:
-        raise ValueError(
-            f"Could not find where the model keeps {missing[0]!r} (not an attribute or list item of the model "
-            "or its submodules), so it cannot be substituted; pass a Keras 3 model or keep variables as attributes."
-        )
+    """The loss with each chosen variable read as the given value where the model keeps it (``_swapped``)."""
+    places = _places(model, chosen)
 
     def loss(*new_values):
         substitutes = {id(v): value for v, value in zip(chosen, new_values)}
         with _swapped(places, substitutes), _stateless_randomness(generators):
             return compute(_call(model, x, training))
 
-    return loss, names
+    return loss, _module_names(model, chosen, names)
+
+
+def _places(model, chosen) -> list:
+    """Where the model keeps each chosen variable (``_paths_to``): every one must be somewhere."""
+    places = _paths_to(model, {id(v) for v in chosen})
+    reachable = {id(v) for _, _, v, _ in places}
+    missing = [variable_name(v) for v in chosen if id(v) not in reachable]
+    if missing:
+        raise ValueError(
+            f"Could not find where the model keeps {missing[0]!r} (not an attribute or list item of the model "
+            "or its submodules), so it cannot be substituted; pass a Keras 3 model or keep variables as attributes."
+        )
+    return places
+
+
+def _module_names(model, chosen, names) -> list:
+    """A ``tf.Module``'s variables named by where it keeps them (``likelihood.variance``, ``layers[0].kernel``);
+    a tf_keras model's by their own names, unnamed ones (``Variable``, repeated names) by their path."""
+    if not _is_keras_layer(model):
+        paths = attribute_paths(model, chosen)
+        return [paths.get(id(v), n) for v, n in zip(chosen, names)]
+    generic = [n for n in names if names.count(n) > 1 or n.startswith("Variable")]
+    if not generic:
+        return names
+    where: dict = {}
+    for _, _, variable, path in _paths_to(model, {id(v) for v in chosen}):
+        where.setdefault(id(variable), path)
+    return [where.get(id(v), n) if n in generic else n for v, n in zip(chosen, names)]
+
+
+def _is_keras_layer(model) -> bool:
+    """A Keras (3 or tf_keras) layer or model, the user's subclasses included."""
+    return any(klass.__module__.startswith(("keras.", "tf_keras.")) for klass in type(model).__mro__)
 
 
 def _inference_loss(model, x, compute, every, trainable, chosen):
@@ -418,7 +543,7 @@ class _Float64Copy:
                                   self.model, dtype=tf.float64)
         if self.keras3:
             subclassed = self._subclassed
-            clone, recovered = _rebuilt(self.model, x64, self.training) if subclassed else (_cloned(self.model), {})
+            clone, recovered, cloned = self._keras3_copy(x64)
             pairs = list(zip(self.every, [*clone.trainable_variables, *clone.non_trainable_variables]))
             if (len(pairs) != len(self.every) or len(clone.trainable_variables) != len(self.trainable)
                     or any(not _counterparts(a, b, subclassed) for a, b in pairs)):
@@ -427,10 +552,12 @@ class _Float64Copy:
                     "" if unmatched is None else f" ({variable_name(unmatched[0])!r} against "
                     f"{variable_name(unmatched[1])!r} in the copy)") + self._hint)
             given = "".join(f", {name}={value!r}" for name, value in sorted(recovered.items()))
-            what = (f"the model rebuilt from {type(self.model).__name__}.from_config(get_config()) under the float64 "
-                    "dtype policy, same weights" + (f" (constructor arguments read from the model's attributes of the "
-                                                    f"same names: {given[2:]})" if given else "") if subclassed else
-                    "the model cloned layer by layer under the float64 dtype policy, same weights")
+            what = (f"the model cloned layer by layer under the float64 dtype policy, same weights ({cloned})"
+                    if cloned else
+                    f"the model rebuilt from {type(self.model).__name__}.from_config(get_config()) under the float64 "
+                    "dtype policy (every dtype of its config float64, nested configs too), same weights" + (
+                        f" (constructor arguments read from the model's attributes of the same names: {given[2:]})"
+                        if given else ""))
             return (_keras3_loss(self.model, x64, compute, self.every, self.trainable, self.chosen, self.training,
                                  runner=clone, dtype=tf.float64), what)
         if _is_keras_model(self.model):  # tf_keras
@@ -450,6 +577,23 @@ class _Float64Copy:
         return _substituted_float64_loss(clone, x64, compute, self.every, self.chosen, counterpart, generators,
                                          self.training), what
 
+    def _keras3_copy(self, x64) -> tuple[object, dict, str]:
+        """(copy, constructor arguments read from attributes, why it was cloned layer by layer or "").
+
+        Rebuilt from its float64 config (``_rebuilt``) first; a Sequential or functional
+        model whose config cannot be rebuilt (a layer deserialisation refuses) is cloned
+        layer by layer instead, each layer from its own config."""
+        try:
+            clone, recovered = _rebuilt(self.model, x64, self.training)
+            return clone, recovered, ""
+        except _NoCopy as reason:
+            if not _is_layer_graph(self.model):
+                raise
+            try:
+                return _cloned(self.model), {}, f"its config as a whole could not be: {reason}"
+            except _NoCopy:
+                raise reason from None
+
 
 def _counterparts(original, copy, rebuilt: bool = False) -> bool:
     """A variable of the model and its float64 copy's, in the same place (they are paired in order):
@@ -458,14 +602,19 @@ def _counterparts(original, copy, rebuilt: bool = False) -> bool:
     config does not, nor does an unnamed ``add_weight``: the clone of ``sequential/bad/variable`` is
     ``sequential/bad_1/variable_1``.  A seed generator's state is named afresh in a clone
     (``seed_generator_1``), so it matches by shape alone.  A rebuilt subclassed model names its
-    layers afresh too (``net_1/conv2d_1/kernel``): its variables match by their own names."""
+    layers afresh too (``net_1/conv2d_1/kernel``): its variables match by their own names.  A
+    Sequential model rebuilt from its config may build its layers outside its own name scope
+    (``sequential/conv2d/kernel`` against ``conv2d/kernel``): one path may end the other."""
     if tuple(original.shape) != tuple(copy.shape):
         return False
     names = [variable_name(original), variable_name(copy)]
     if rebuilt:
         names = [getattr(v, "name", name).split(":")[0] for v, name in zip((original, copy), names)]
-    names = ["/".join(re.sub(r"_\d+$", "", part) for part in name.split("/")) for name in names]
-    return names[0] == names[1] or all("seed_generator" in name for name in names)
+    parts = [[re.sub(r"_\d+$", "", part) for part in name.split("/")] for name in names]
+    if all(any("seed_generator" in part for part in path) for path in parts):
+        return True
+    shorter, longer = sorted(parts, key=len)
+    return shorter == longer[len(longer) - len(shorter):] and (len(shorter) > 1 or len(longer) == 1 or rebuilt)
 
 
 REBUILD_HINT = ("; Keras's automatic config records a subclassed model's constructor defaults, not the arguments "
@@ -529,45 +678,91 @@ def _assert_float64_layers(copy, what: str, why: str) -> None:
 
 
 def _rebuilt(model, x, training: bool):
-    """A Keras 3 subclassed model made afresh under the float64 dtype policy and built on ``x``.
+    """A Keras 3 model made afresh from its config with every floating dtype in it float64, built on ``x``.
 
-    Its constructor runs again, from ``get_config()`` or with no arguments where the config
-    holds only the base ones, while the global dtype policy is float64, so every layer it
-    creates computes in float64.  Keras's automatic config records the constructor's
-    defaults, not the arguments given: arguments the model keeps as attributes of the same
-    names are read back (returned, for the note), and the caller matches the variables one
-    to one and compares the losses, so a constructor that builds another network is refused there."""
+    ``type(model).from_config(get_config())`` with each serialised ``DTypePolicy`` and each
+    ``"dtype"`` string of the config set to float64, nested configs included (a sub-model's
+    layers, a keras-hub task's backbone), while the global dtype policy is float64 (so a
+    container without a dtype of its own, and every layer a constructor creates without one,
+    computes in float64 too) and the model's own layer classes are known to deserialisation.
+    This covers Sequential and functional models (nested ones too), subclassed models and
+    keras-hub backbones and tasks.  Where the config holds only the base arguments, a
+    constructor that rejects them is called with none.  Keras's automatic config records a
+    subclassed model's constructor defaults, not the arguments given: arguments the model
+    keeps as attributes of the same names are read back (returned, for the note), and the
+    caller matches the variables one to one and compares the losses, so a constructor that
+    builds another network is refused there."""
     keras = _keras_of(model)
 
     def cannot(error) -> _NoCopy:
-        return _NoCopy(f"{type(model).__name__} is a subclassed model that from_config(get_config()) cannot rebuild "
-                       f"({_gist(error)})")
+        return _NoCopy(f"{type(model).__name__} is a {'' if _is_layer_graph(model) else 'subclassed '}model that "
+                       f"from_config(get_config()) cannot rebuild ({_gist(error)})")
 
     try:
         config = dict(model.get_config())
     except NotImplementedError as error:  # constructor arguments Keras cannot serialise
         raise cannot(error) from None
-    recovered = _arguments_kept_as_attributes(model, config) if _automatic_config(model) else {}
-    config.update(recovered)
-    if "dtype" in config:
-        config["dtype"] = "float64"
+    automatic = not _is_layer_graph(model) and _automatic_config(model)
+    recovered = _arguments_kept_as_attributes(model, config) if automatic else {}
+    config = _float64_config({**config, **recovered})
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy("float64")
     try:
-        try:
-            clone = type(model).from_config(config)
-        except TypeError as error:
-            if set(config) - {"name", "trainable", "dtype"}:
-                raise cannot(error) from None
+        with keras.saving.custom_object_scope(_classes_in(model)):
             try:
-                clone = type(model)()
-            except TypeError:
+                clone = type(model).from_config(config)
+            except TypeError as error:
+                if set(config) - {"name", "trainable", "dtype"}:
+                    raise cannot(error) from None
+                try:
+                    clone = type(model)()
+                except TypeError:
+                    raise cannot(error) from None
+            except Exception as error:  # a layer deserialisation cannot make
                 raise cannot(error) from None
     finally:
         keras.config.set_dtype_policy(policy)
     _call(clone, x, training)  # creates its variables
     _assert_float64_layers(clone, "rebuilt copy", "its constructor fixes the dtype")
     return clone, recovered
+
+
+# Dtypes and dtype policies below float64 that a float64 copy's config replaces.
+_BELOW_FLOAT64 = frozenset({"float16", "bfloat16", "float32", "mixed_float16", "mixed_bfloat16"})
+
+
+def _float64_config(config):
+    """A ``get_config()`` structure with every floating dtype below float64 set to float64, nested configs too.
+
+    Each serialised ``DTypePolicy`` (``{"class_name": "DTypePolicy", "config": {"name": "float32"}}``),
+    each ``"dtype": "float32"`` entry and each dtype policy object; integer dtypes (token ids)
+    and quantised policies are kept."""
+    if isinstance(config, dict):
+        inner = config.get("config")
+        if (config.get("class_name") in ("DTypePolicy", "FloatDTypePolicy") and isinstance(inner, dict)
+                and inner.get("name") in _BELOW_FLOAT64):
+            return {**config, "config": {**inner, "name": "float64"}}
+        return {key: "float64" if key == "dtype" and isinstance(value, str) and value in _BELOW_FLOAT64
+                else _float64_config(value) for key, value in config.items()}
+    if type(config) in (list, tuple):
+        return type(config)(_float64_config(value) for value in config)
+    if hasattr(config, "compute_dtype") and getattr(config, "name", None) in _BELOW_FLOAT64:  # a DTypePolicy
+        return "float64"
+    return config
+
+
+def _classes_in(model) -> dict:
+    """The model's own layer classes (not Keras's), by class name and registered name, for deserialisation:
+    a custom layer defined in a function or a script is found where its module cannot be imported."""
+    keras = _keras_of(model)
+    classes: dict = {}
+    for layer in [model, *_layers(model)]:
+        klass = type(layer)
+        if klass.__module__.startswith(("keras.", "tf_keras.")):
+            continue
+        for name in (klass.__name__, keras.saving.get_registered_name(klass)):
+            classes.setdefault(name, klass)
+    return classes
 
 
 # Constructor arguments a rebuilt model may take from its attributes: what Keras's automatic
@@ -722,28 +917,9 @@ def _paths_to(module, wanted: set) -> list[tuple[object, object, object, str]]:
 
 @contextlib.contextmanager
 def _swapped(places, substitutes: dict):
-    done = []
-    try:
-        for owner, key, variable, _ in places:
-            if isinstance(owner, tuple):
-                continue
-            if isinstance(key, str) and not isinstance(owner, (dict, list)) and type(owner).__name__ not in ("ListWrapper", "_DictWrapper"):
-                object.__setattr__(owner, key, substitutes[id(variable)])
-            else:
-                _set_item(owner, key, substitutes[id(variable)])
-            done.append((owner, key, variable))
+    """Each place's variable reads as its substitute while inside (``_variables.swapped``)."""
+    with swapped(places, substitutes):
         yield
-    finally:
-        for owner, key, variable in reversed(done):
-            if isinstance(key, str) and not isinstance(owner, (dict, list)) and type(owner).__name__ not in ("ListWrapper", "_DictWrapper"):
-                object.__setattr__(owner, key, variable)
-            else:
-                _set_item(owner, key, variable)
-
-
-def _set_item(container, key, value):
-    storage = getattr(container, "_storage", None)  # tf tracking wrappers keep a plain list/dict
-    (storage if storage is not None else container)[key] = value
 
 
 def _accepts_training(model) -> bool:
@@ -787,7 +963,8 @@ def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every, 
             how = ("Keras evaluates the model statelessly through its weights: read the weight as the layer's "
                    "attribute in call() (self.kernel), not a tensor or tf.Variable kept from build() "
                    "(self.kernel.value)" if keras3 else
-                   "keep it as a module attribute (not in a closure or a tuple)")
+                   "keep it as a module attribute (not in a closure or a tuple), and read it in Python, not inside "
+                   "a tf.function of the model traced before the check (its graph reads the variable it captured)")
             raise ValueError(
                 f"Variable {name!r} is read in a way fastcheck cannot substitute, so the numerical side would "
                 f"not move it and its gradient cannot be checked; {how}."
