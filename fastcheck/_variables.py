@@ -33,10 +33,13 @@ import tensorflow as tf
 WRAPPED_VARIABLE_ATTRIBUTES = ("latent_variable", "_variable", "_pretransformed_input")
 
 # Library context state that a context manager sets without try/finally, so that an error
-# raised inside leaves it switched for the process: (module, attribute).  Read before a check
+# raised inside leaves it switched for the process: (module, attribute path).  Read before a check
 # and restored after it when the module is loaded (it is never imported for this).
 LIBRARY_FLAGS = (
-    ("larq.quantized_scope", "_SHOULD_QUANTIZE"),  # larq.quantized_scope.scope(True) in every quantized layer's call
+    # larq's quantized_scope(True), entered by every quantized layer's call: larq >= 0.12 keeps it
+    # on a thread-local (restored in the calling thread, where the check runs), earlier larq as a global.
+    ("larq.context", "_quantized_scope.should_quantize"),
+    ("larq.quantized_scope", "_SHOULD_QUANTIZE"),
 )
 
 _MISSING = object()
@@ -265,16 +268,23 @@ def _is_container(owner) -> bool:
 def library_state_restored():
     """Every flag of ``LIBRARY_FLAGS`` whose library is loaded has its value of before afterwards."""
     saved = []
-    for module_name, attribute in LIBRARY_FLAGS:
-        module = sys.modules.get(module_name)
-        if module is not None and hasattr(module, attribute):
-            saved.append((module, attribute, getattr(module, attribute)))
+    for module_name, path in LIBRARY_FLAGS:
+        owner = sys.modules.get(module_name)
+        *hops, attribute = path.split(".")
+        for hop in hops:
+            owner = getattr(owner, hop, None)
+        if owner is not None:
+            saved.append((owner, attribute, getattr(owner, attribute, _MISSING)))
     try:
         yield
     finally:
-        for module, attribute, value in saved:
-            if getattr(module, attribute, _MISSING) is not value:
-                setattr(module, attribute, value)
+        for owner, attribute, value in saved:
+            if getattr(owner, attribute, _MISSING) is value:
+                continue
+            if value is _MISSING:
+                delattr(owner, attribute)
+            else:
+                setattr(owner, attribute, value)
 
 
 # ---------------------------------------------------------------- zero-argument losses
