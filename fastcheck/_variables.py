@@ -47,7 +47,8 @@ _MISSING = object()
 
 def storage(variable):
     """The ``tf.Variable`` holding ``variable``'s bytes: the variable itself, or what its wrappers wrap."""
-    return _innermost(variable)[-1][2] if _innermost(variable) else variable
+    hops = _innermost(variable)
+    return hops[-1][2] if hops else variable
 
 
 def _innermost(variable) -> list:

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import types
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -254,6 +255,18 @@ def test_gpflow_like_planted_defect_fails_naming_the_parameter():
     model = GPR(defect=1.01)
     report = fastcheck.check_model(model, model.training_loss, None)
     assert [p.input_name for p in report.pairs if not p.ok] == ["kernel.lengthscales"], str(report)
+
+
+def test_keras3_model_with_a_loss_of_its_own():
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+    x, y = _data("float32")
+    report = fastcheck.check_model(model, lambda: _mse(y, model(x)))
+    assert report.ok, str(report)
+    assert [p.input_name for p in report.pairs] == [v.path for v in model.trainable_variables]
+    assert any("loss_fn takes no arguments, so fastcheck cannot give it float64 data" in n for n in report.notes)
+    with pytest.raises(ValueError, match="precision='float64' was requested, but loss_fn takes no arguments"):
+        fastcheck.check_model(model, lambda: _mse(y, model(x)), precision="float64")
 
 
 def test_module_loss_misuse_is_explained():
