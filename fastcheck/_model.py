@@ -26,7 +26,8 @@ that gives the analytical side runs with the same state and the same seeds, and
 every state it updates (moving statistics, seed states) is restored bit for bit.
 
 Float64 numerics for a float32 model: the loss function, given float64 values,
-evaluates a float64 *copy* of the model (a Keras 3 or tf_keras Sequential or
+evaluates a float64 *copy* of the model (a Keras 3 model, of any kind, rebuilt from
+its config with every dtype in it float64, nested configs too; a tf_keras Sequential or
 functional model cloned layer by layer under a float64 dtype policy; a plain
 ``tf.Module`` called with float64 values and data), so the plan's float64
 evaluation succeeds and the numerical side's steps and rounding are float64's.
@@ -444,10 +445,12 @@ def _by_dtype(native: Callable, twin: Callable) -> Callable:
 class _Float64Copy:
     """A float64 copy of a model, and its loss as a function of the chosen variables' (float64) values.
 
-    Keras 3 and tf_keras Sequential and functional models are cloned layer by layer
-    (nested models included) with each layer's config under the float64 dtype
-    policy; the copy's variables must correspond one to one with the model's (same
-    count, shapes and, for Keras 3, paths).  It is evaluated at the model's own
+    A Keras 3 model (Sequential, functional, nested, subclassed, a keras-hub backbone
+    or task) is rebuilt from its config with every dtype in it float64 (``_rebuilt``);
+    a Sequential or functional one whose config cannot be rebuilt, and a tf_keras one,
+    is cloned layer by layer with each layer's config under the float64 dtype policy
+    (``_cloned``).  The copy's variables must correspond one to one with the model's
+    (same count, shapes and, for Keras 3, paths or own names: ``_counterparts``).  It is evaluated at the model's own
     values, cast to float64: Keras 3 through ``stateless_call``, tf_keras by
     substituting every variable as the model's loss does.  A ``tf.Module`` that is
     not a Keras model is its own copy: called with every floating variable and the
@@ -522,7 +525,7 @@ class _Float64Copy:
 
     @property
     def _subclassed(self) -> bool:
-        """A Keras 3 subclassed model: rebuilt from its config rather than cloned layer by layer."""
+        """A Keras 3 subclassed model: its copy names its layers afresh, so variables match by their own names."""
         return self.keras3 and _is_keras_model(self.model) and not _is_layer_graph(self.model)
 
     @property
@@ -590,7 +593,7 @@ class _Float64Copy:
             if not _is_layer_graph(self.model):
                 raise
             try:
-                return _cloned(self.model), {}, f"its config as a whole could not be: {reason}"
+                return _cloned(self.model), {}, f"not rebuilt from its config as a whole: {reason}"
             except _NoCopy:
                 raise reason from None
 
