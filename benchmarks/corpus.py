@@ -37,6 +37,9 @@ class Case:
     category: str  # kind of function (correct) or kind of defect (wrong)
     description: str = ""
     dtypes: tuple = BOTH
+    # dtypes in which no step resolves a 1% error of the correct gradient: the verdict is undecidable
+    # with a coarse pair, not a pass (see the README's "Resolution")
+    unresolvable: tuple = ()
 
 
 # ----------------------------------------------------------------------------- helpers

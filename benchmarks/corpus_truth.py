@@ -354,8 +354,10 @@ CORRECT = [
     Case("edge_sqrt_1e_10", tf.sqrt, _SQRT_EDGE, True, "domain-edge", "sqrt at x = 1e-10..3e-9"),
     Case("edge_log1p_near_minus_one", tf.math.log1p, _LOG1P_EDGE, True, "domain-edge",
          "log1p at -1 + 1e-9 (float64), -1 + 1e-5 (float32)"),
+    # float64: steps below 1e-7 of the edge give the derivative (5e6) only to 1.8% (|diff| 4e-5 relative,
+    # but the ladder cannot claim better), so a 1% defect could pass: undecidable.
     Case("edge_atanh_near_one", tf.math.atanh, _ATANH_EDGE, True, "domain-edge",
-         "atanh at +-(1 - 1e-7) (float64), +-(1 - 1e-3) (float32)"),
+         "atanh at +-(1 - 1e-7) (float64), +-(1 - 1e-3) (float32)", unresolvable=("float64",)),
     Case("edge_acosh_near_one", tf.math.acosh, _ACOSH_EDGE, True, "domain-edge",
          "acosh at 1 + 1e-10 (float64), 1 + 1e-5 (float32)"),
     Case("edge_xlogy_y_near_zero", tf.math.xlogy, _XLOGY_EDGE, True, "domain-edge",

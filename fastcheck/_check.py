@@ -19,7 +19,7 @@ from fastcheck._full import analytical_blocks, check_full, numerical_blocks
 from fastcheck._paths import EAGER, VJP_CALLS, Route, choose_route, kernel_plan
 from fastcheck._plan import Plan, _first_line, build_plan
 from fastcheck._problem import Problem, preserved_variables
-from fastcheck._report import GradientReport, Pair, PairReport, describe_nonfinite, run_notes
+from fastcheck._report import GradientReport, Pair, PairReport, describe_nonfinite, run_notes, vacuous_warnings
 
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
@@ -71,7 +71,8 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
         kind = mode if mode in ("fast", "coloured") else problem.kind or outcome.kind
         return GradientReport(outcome.pairs, executor.path, kind, time.perf_counter() - start,
-                              notes, problems, problem.title, timings, outcome.warnings)
+                              notes, problems, problem.title, timings,
+                              [*vacuous_warnings(outcome.pairs), *outcome.warnings])
 
 
 def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.ndarray | None]]:

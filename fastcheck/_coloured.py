@@ -883,6 +883,8 @@ class SparsePairReport(PairReport):
     such array is 0.5 GB.
     """
 
+    sparse = True
+
     def __init__(self, output_name: str, input_name: str, output_shape: tuple, input_shape: tuple, block: _Block,
                  start: int, stop: int, row_offset: int, atol: float, rtol: float, side: str = "reverse",
                  jacobian_shape: tuple = (0, 0)):
@@ -937,9 +939,13 @@ class SparsePairReport(PairReport):
             return self._summary
         floor = self.atol / self.rtol if self.rtol > 0 else 0.0
         largest, relative, squares, candidates, scores = [], [], np.zeros(3), [], []
+        resolved, tolerance = np.inf, np.inf
         for offset, status, a, n, band in self._chunks():
             if not len(status):
                 continue
+            with np.errstate(invalid="ignore"):
+                part = _compare.resolution(a, band, self.atol + self.rtol * np.abs(n), status == _compare.OK)
+            resolved, tolerance = min(resolved, part[0]), min(tolerance, part[1])
             error = self._abs_error(status, a, n)
             largest.append(np.max(error))
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -956,7 +962,8 @@ class SparsePairReport(PairReport):
                 score = np.where(np.isin(status, (_compare.ANALYTICAL_NONFINITE, _compare.NUMERICAL_NONFINITE)),
                                  np.inf, score)
                 score = np.where(np.isin(status, (_compare.UNRESOLVED, _compare.DISCONTINUOUS,
-                                                  _compare.UNRESOLVED_KINK)), np.maximum(score, 1.0), score)
+                                                  _compare.UNRESOLVED_KINK, _compare.FLAT)), np.maximum(score, 1.0),
+                                 score)
                 score = np.where(status == _compare.NONDIFFERENTIABLE, 0.0, score)
             best = _top(score, self.WORST_KEPT)
             candidates.append(best + offset)
@@ -969,7 +976,7 @@ class SparsePairReport(PairReport):
             "max_abs_error": float(np.max(largest)) if largest else 0.0,
             "max_rel_error": float(np.max(relative)) if relative else 0.0,
             "relative_norm_error": float(np.sqrt(squares[0]) / (np.sqrt(squares[1]) + np.sqrt(squares[2]) + 1e-8)),
-            "worst": worst}
+            "worst": worst, "resolutions": (resolved, tolerance)}
         return self._summary
 
     @property
@@ -1005,7 +1012,10 @@ class SparsePairReport(PairReport):
 
     @property
     def ok(self) -> bool:
-        return self.failed_count == 0 and not self.inconsistent
+        return self.failed_count == 0 and not self.inconsistent and not self.coarse
+
+    def _resolutions(self) -> tuple[float, float]:
+        return self.summary()["resolutions"]
 
     def _element(self, flat_index: int):
         k = int(flat_index)

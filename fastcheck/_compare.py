@@ -16,6 +16,7 @@ import numpy as np
 
 OK, MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, NONDIFFERENTIABLE, UNRESOLVED, DISCONTINUOUS = 0, 1, 2, 3, 4, 5, 6
 UNRESOLVED_KINK = 7
+FLAT = 8
 STATUS_NAMES = {
     OK: "ok",
     MISMATCH: "mismatch",
@@ -25,6 +26,7 @@ STATUS_NAMES = {
     UNRESOLVED: "numerical derivative unresolved",
     DISCONTINUOUS: "f jumps here",
     UNRESOLVED_KINK: "kinks no step resolves",
+    FLAT: "f does not move here",
 }
 # Statuses that make a check fail.  A kink whose analytical value is one of the
 # one-sided derivatives (or between them) is reported but is not a wrong gradient.
@@ -32,15 +34,61 @@ STATUS_NAMES = {
 # the kink, and several kinks closer together than any step (ReLUs whose inputs all
 # lie within 1e-11 of 0, as in a freshly initialised deep network) look like one
 # from outside, with a derivative at the point that need not lie between the sides.
-FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK)
+# FLAT: a mismatch whose difference quotient is f's output not moving beyond a few of its
+# roundings (``flat``): f is piecewise constant there (a quantizer; the analytical value is a
+# surrogate such as a straight-through estimator), or float32 rounding inside f swallows the
+# change (a batch-norm beta deep in a float32 network: numerical exactly 0, analytical -1.6e-4).
+# Neither shows the gradient wrong, so it is undecidable, never a mismatch.
+FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)
 # Statuses that say "the numerics cannot decide here", as opposed to "the gradient is wrong".
-UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK)
+UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)
 # Elements per block of the element-wise rule (a few arrays of it stay in cache).
 VERDICT_BLOCK = 1 << 14
 # Rounding error of one evaluation of f, in units of eps * |f|.
 NOISE_FACTOR = 4.0
 # The same for measured noise, in units of its standard deviation.
 MEASURED_NOISE_FACTOR = 10.0
+
+
+# A difference quotient is "flat" when f(x + h) - f(x - h) is at most this many roundings
+# (spacings of the evaluation dtype at |f(x)|) of the output: what f's own rounding alone moves.
+FLAT_ROUNDINGS = 4.0
+
+
+def flat(numerical: np.ndarray, spans: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """[m, k] whether each quotient is f's output moving by at most ``FLAT_ROUNDINGS`` times
+    ``level`` [m], the rounding of one evaluation (eps_eval |f(x)|, or f's measured noise)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        moved = np.abs(numerical) * np.abs(spans)[None, :]
+        return np.isfinite(moved) & (moved <= FLAT_ROUNDINGS * level[:, None])
+
+
+# Resolution: the smallest relative error r of a pair's gradient (all of it scaled by 1 + r)
+# that the rule flags, min over elements (or probes) of allowed / |analytical|; the
+# tolerance's own is the same with only atol + rtol |n| allowed.  A pass is decisive while
+# its resolution is within RESOLUTION_RTOLS of rtol (float32: 1%, so no 1% defect passes for
+# a wide allowance; float64: 1e-4) or within RESOLUTION_NOISE_SHARE times the tolerance's
+# own (the tolerance, not the numerical side's noise, sets it: small gradients under atol).
+# Beyond both the noise swamps the allowance (a fast-mode probe allowed 43% of its value
+# passed a 1% defect), and the pair is undecidable.
+RESOLUTION_RTOLS = 100.0
+RESOLUTION_NOISE_SHARE = 2.0
+
+
+def resolution(scale: np.ndarray, allowed: np.ndarray, tolerated: np.ndarray, usable: np.ndarray) -> tuple[float, float]:
+    """(resolution, the tolerance's own) over the ``usable`` entries with a nonzero ``scale``
+    (the analytical value); (inf, inf) where there is none: a zero gradient is judged by atol alone."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        size = np.abs(scale)
+        keep = usable & (size > 0) & np.isfinite(size) & np.isfinite(allowed)
+        if not np.any(keep):
+            return np.inf, np.inf
+        return float(np.min(allowed[keep] / size[keep])), float(np.min(tolerated[keep] / size[keep]))
+
+
+def coarse(resolved: float, tolerance: float, rtol: float) -> bool:
+    """Whether a pass at this resolution says too little: see ``RESOLUTION_RTOLS``."""
+    return bool(resolved > max(RESOLUTION_RTOLS * rtol, RESOLUTION_NOISE_SHARE * tolerance))
 
 
 def rounding_noise(y0: np.ndarray, spans: np.ndarray, eps_eval: float, sigma: np.ndarray | None = None) -> np.ndarray:
@@ -384,6 +432,11 @@ def relative_norm_error(numerical: np.ndarray, analytical: np.ndarray) -> float:
     return float(np.linalg.norm(n - a) / (np.linalg.norm(n) + np.linalg.norm(a) + 1e-8))
 
 
+FLAT_HINT = ("f's output does not move beyond its rounding at these elements while the analytical gradient is not "
+             "zero: f is piecewise constant there (a quantizer, sign, round, a staircase: the analytical value is then "
+             "a surrogate gradient, e.g. a straight-through estimator, which no difference quotient can check), or "
+             "float32 rounding inside f swallows the change (check with a float64 numerical side); if f should not "
+             "depend on these elements, the gradient flows where f does not.")
 FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis needs
 
 
@@ -406,6 +459,8 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
                 "undecidable, not wrong; check at a point away from the kinks (e.g. nonzero biases or trained "
                 "weights), or with a float64 numerical side (f must then accept float64 inputs: build its constants "
                 "in the inputs' dtype).")
+    if np.any(status == FLAT) and not bad.any():
+        return FLAT_HINT
     if np.any(status == UNRESOLVED) and not bad.any():
         return ("the central differences did not settle at any step tried (down to 4**12 times smaller than the "
                 "first, or, for a noisy f, up to the largest step its noise allows): f varies on a scale far below "

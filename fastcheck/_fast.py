@@ -70,7 +70,7 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from fastcheck import _compare
+from fastcheck import _compare, _flat
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import FAST_ROWS, Executor, ShapeChangeError, measured, timed
 from fastcheck._paths import EAGER, GRAPH, XLA, is_compile_failure
@@ -110,6 +110,7 @@ REGION_PASSES_HINT = ("probes through the region shown disagree, but none of its
                       "(the worst one found is within its allowance, or sits at a kink of f, judged as mode='full' "
                       "judges kinks): the disagreement may come from kinks the probes cross (a float32 f over ReLUs) "
                       "or sit at the tolerance; check the input with mode='full' (on a slice).")
+FLAT_HINT = ("the probes' disagreement leads to an element where f does not move: " + _compare.FLAT_HINT)
 CAPPED_HINT = ("the projections over this group of inputs fail; localisation stopped after {count} failing inputs: "
                "check the group's inputs with mode='full' (check_model: variables=[...]).")
 
@@ -128,6 +129,15 @@ class Probes:
     # between the one-sided derivatives, a pass; UNRESOLVED_KINK / UNRESOLVED / DISCONTINUOUS:
     # undecidable) -- only a MISMATCH is a wrong gradient, and only it is localised.
     kind: np.ndarray
+    # [k, inputs] each checked input's share (J^T u)_k . d_k of the analytical projection: what a
+    # relative error r of that input's gradient moves the probe by (``resolution``).
+    shares: np.ndarray
+
+    def resolution(self, index: int) -> tuple[float, float]:
+        """(resolution, the tolerance's own) of input ``index``'s gradient along these probes
+        (``_compare.resolution``): min over passing probes of allowed / |its share|."""
+        usable = (self.score <= 1) | ~np.isin(self.kind, _compare.FAILING)
+        return _compare.resolution(self.shares[:, index], self.reverse[:, 2], self.reverse[:, 3], usable)
 
     @property
     def score(self) -> np.ndarray:
@@ -463,6 +473,12 @@ class Joint:
             rows.append(tf.cast(accumulator.jvp(y, unconnected_gradients=ZERO), F64))
         return tf.stack(rows)
 
+    def shares(self, realised: tf.Tensor, gradient: tf.Tensor) -> np.ndarray:
+        """[b, inputs] each input's part (J^T u)_k . d_k of the analytical projections (J^T u) . d."""
+        segments = np.repeat(np.arange(len(self.specs)), np.diff(self.offsets))
+        products = tf.transpose(tf.cast(realised, F64) * gradient[None, :])
+        return tf.transpose(tf.math.unsorted_segment_sum(products, segments, len(self.specs))).numpy()
+
     # -- directions --------------------------------------------------------------
 
     def ranges(self, indices) -> list:
@@ -513,8 +529,9 @@ def _summaries(estimate, forward, realised, noise, u, gradient, atol, rtol):
     ratio = tf.where(tf.math.is_nan(difference / band), tf.constant(np.inf, F64), difference / band)
     rows = tf.argmax(ratio, axis=1, output_type=tf.int32)
     pick = lambda t: tf.gather(t, rows, axis=1, batch_dims=1)  # noqa: E731
+    tolerated = atol * norms[:, None] + rtol * tf.abs(estimate)
     reverse = tf.stack([tf.linalg.matvec(realised, gradient), tf.reduce_sum(u[None, :] * estimate, axis=1),
-                        tf.norm(u[None, :] * band, axis=1)], axis=1)
+                        tf.norm(u[None, :] * band, axis=1), tf.norm(u[None, :] * tolerated, axis=1)], axis=1)
     finite = tf.math.is_finite(forward - estimate)
     safe = lambda t: tf.where(finite, t, tf.zeros_like(t))  # noqa: E731
     squares = tf.stack([tf.reduce_sum(safe(forward - estimate) ** 2, axis=1), tf.reduce_sum(safe(estimate) ** 2, axis=1),
@@ -529,7 +546,7 @@ def _judge(estimate, forward, realised, noise, u, gradient, atol, rtol) -> Probe
     with np.errstate(invalid="ignore", divide="ignore"):
         reverse_ratio = np.abs(reverse[:, 0] - reverse[:, 1]) / reverse[:, 2]
     return Probes(forward_ratio, np.where(np.isnan(reverse_ratio), np.inf, reverse_ratio), worst, reverse, squares,
-                  np.full(len(forward_ratio), _compare.MISMATCH))
+                  np.full(len(forward_ratio), _compare.MISMATCH), np.zeros((len(forward_ratio), 0)))
 
 
 def _judge_arrays(estimate: np.ndarray, noise: np.ndarray, forward, realised, u, gradient, atol, rtol) -> Probes:
@@ -561,6 +578,7 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
             estimate, noise, kind = _refine(joint, d, failing, first, u, gradient, atol, rtol, forward_side)
             result = _judge_arrays(estimate, noise, forward if forward_side else None, realised, u, gradient, atol, rtol)
             result.kind = kind
+        result.shares = joint.shares(realised, gradient)
         parts.append(result)
     return Probes.join(parts)
 
@@ -747,13 +765,17 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     pairs = []
     for index, spec in enumerate(joint.specs):
         probes, hint, region, worst, side = decided.get(index, (results[group_of[index]], None, None, None, "forward"))
+        if hint is FLAT_HINT:  # f does not move at the element the probes' disagreement leads to: undecidable
+            probes = dataclasses.replace(probes, kind=np.where((probes.kind == _compare.MISMATCH) & (probes.score > 1),
+                                                               _compare.FLAT, probes.kind))
         if hint is REGION_PASSES_HINT:
             # The probes' disagreement, followed into a region, shows in none of its elements: no wrong
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
             probes = dataclasses.replace(probes, kind=np.where((probes.kind == _compare.MISMATCH) & (probes.score > 1),
                                                                _compare.UNRESOLVED, probes.kind))
         pairs.append(ProjectionReport(spec.name, tuple(spec.real_view.shape), probes.comparison(), atol, rtol,
-                                      region=region, worst=worst, hint=hint, side=side))
+                                      region=region, worst=worst, hint=hint, side=side,
+                                      resolutions=probes.resolution(index)))
     notes = []
     if len(joint.specs) > 1:
         within = [joint.specs[i].name for i, entry in sorted(decided.items()) if entry[2] is not None]
@@ -935,11 +957,32 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: P
         ratio = found.forward_ratio[column]
     else:
         column, side = reverse_best, "reverse"
-        (a, num, band), output_index, ratio = found.reverse[column], (), found.reverse_ratio[column]
+        (a, num, band, _), output_index, ratio = found.reverse[column], (), found.reverse_ratio[column]
     unit = scales[column]
     status = "ok" if ratio <= 1 else _compare.STATUS_NAMES[int(found.kind[column])]
     worst = Element(output_index, at(columns[column]), float(a / unit), float(num / unit),
                     float(abs(a - num) / unit), float(band / unit), status)
     # Only a mismatch names a wrong element; one at a kink the steps cross is judged as full mode would.
     shown = ratio > 1 and int(found.kind[column]) == _compare.MISMATCH
+    if shown and _flat_element(joint, spec.position, int(columns[column]),
+                               int(found.forward_worst[column][0]) if side == "forward" else None,
+                               first, int(columns[column] - low), side, float(a / unit)):
+        return FLAT_HINT, region, dataclasses.replace(worst, status=_compare.STATUS_NAMES[_compare.FLAT]), side
     return (hint if shown else REGION_PASSES_HINT), region, worst, side
+
+
+def _flat_element(joint: Joint, position: int, column: int, row: int | None, first: Probes, at: int, side: str,
+                  analytical: float) -> bool:
+    """Whether the localised element (``column`` of input ``position``; output ``row``, or the projection of
+    a scalar f) is one where f does not move (``_flat``): its first-step quotient ``first``'s entry ``at``."""
+    if row is None and joint.plan.m != 1:
+        return False  # a projection over several outputs names no output to follow
+    row = 0 if row is None else row
+    # The unit probe's J d quotient over the span 2 eps is f's move: d = max(1, |x_j|) e_j at step eps.
+    moved = abs(first.forward_worst[at][2] if side == "forward" else first.reverse[at][1]) * 2 * joint.eps
+    level = _flat.rounding_level(joint.plan)[row]
+    if not moved <= _compare.FLAT_ROUNDINGS * level:
+        return False
+    executor = joint.executor
+    return bool(_flat.undecidable(executor, executor.plan, joint.config, position, np.array([row]), np.array([column]),
+                                  np.array([analytical]))[0])

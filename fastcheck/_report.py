@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -14,6 +14,7 @@ from fastcheck._compare import (
     ANALYTICAL_NONFINITE,
     DISCONTINUOUS,
     FAILING,
+    FLAT,
     MISMATCH,
     NONDIFFERENTIABLE,
     NUMERICAL_NONFINITE,
@@ -22,6 +23,8 @@ from fastcheck._compare import (
     UNDECIDED,
     UNRESOLVED,
     UNRESOLVED_KINK,
+    coarse,
+    resolution,
 )
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._plan import InputSpec, Plan, _first_line
@@ -83,10 +86,36 @@ class PairReport:
     # Coloured mode: the reverse-mode gradient failed the dense cotangent probe (a report problem
     # says where), whatever its values at the pattern's nonzeros.
     inconsistent: bool = False
+    sparse: ClassVar[bool] = False  # values over the structural nonzeros only (``_coloured.SparsePairReport``)
 
     @property
     def ok(self) -> bool:
-        return not self.inconsistent and not bool(np.any(np.isin(self.status, FAILING)))
+        return not self.inconsistent and not bool(np.any(np.isin(self.status, FAILING))) and not self.coarse
+
+    @property
+    def resolution(self) -> float:
+        """The smallest relative error of this pair's gradient (all of it scaled by 1 + r) that the rule
+        flags: min over passing elements of allowed / |analytical| (inf for a zero gradient)."""
+        return self._resolutions()[0]
+
+    @property
+    def coarse(self) -> bool:
+        """Whether every element passes but the resolution is too coarse for the pass to say much
+        (``_compare.coarse``): undecidable, not ok."""
+        if np.any(np.isin(self.status, FAILING)):
+            return False
+        resolved, tolerance = self._resolutions()
+        return coarse(resolved, tolerance, self.rtol)
+
+    def _resolutions(self) -> tuple[float, float]:
+        cached = self.__dict__.get("_resolved")
+        if cached is None:
+            a, n, band = self.analytical, self.numerical, self.band
+            with np.errstate(invalid="ignore"):
+                tolerated = self.atol + self.rtol * np.abs(n)
+            cached = resolution(a, band, tolerated, self.status == OK)
+            self.__dict__["_resolved"] = cached
+        return cached
 
     @property
     def title(self) -> str:
@@ -150,7 +179,7 @@ class PairReport:
         with np.errstate(invalid="ignore", divide="ignore"):
             score = self.abs_error / self.band
         score = np.where(np.isin(self.status, (ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE)), np.inf, np.nan_to_num(score, nan=np.inf))
-        score = np.where(np.isin(self.status, (UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK)), np.maximum(score, 1.0), score)
+        score = np.where(np.isin(self.status, (UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)), np.maximum(score, 1.0), score)
         score = np.where(self.status == NONDIFFERENTIABLE, 0.0, score)  # reported apart, below
         order = np.argsort(-score, axis=None, kind="stable")[:count]
         return [int(i) for i in order]
@@ -198,9 +227,12 @@ class PairReport:
             lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")
         if self.ok:
             return lines
+        if self.coarse:
+            return [*lines, coarse_line(self.title, self._resolutions(), self.rtol, fast=False)]
         counts = [(self.count(MISMATCH), "mismatched"), (self.count(ANALYTICAL_NONFINITE), "analytical non-finite"),
                   (self.count(NUMERICAL_NONFINITE), "numerical non-finite"), (self.count(UNRESOLVED), "unresolved"),
-                  (self.count(DISCONTINUOUS), "at a jump of f"), (self.count(UNRESOLVED_KINK), "at kinks no step resolves")]
+                  (self.count(DISCONTINUOUS), "at a jump of f"), (self.count(UNRESOLVED_KINK), "at kinks no step resolves"),
+                  (self.count(FLAT), "where f does not move")]
         lines.append(f"  {self.output_name} / {self.input_name}: "
                      + ", ".join(f"{count} {what}" for count, what in counts if count or what == "mismatched")
                      + f" (atol={self.atol:g}, rtol={self.rtol:g})")
@@ -239,6 +271,9 @@ class PairReport:
             "unresolved": self.count(UNRESOLVED),
             "discontinuous": self.count(DISCONTINUOUS),
             "kinks_unresolved": self.count(UNRESOLVED_KINK),
+            "flat": self.count(FLAT),
+            "resolution": _num(self.resolution),
+            "coarse": self.coarse,
             "atol": self.atol,
             "rtol": self.rtol,
             "worst": [e.to_dict() for e in self.worst(3)],
@@ -255,6 +290,37 @@ def _num(value):
     return value if math.isfinite(value) else str(value)
 
 
+VACUOUS_WARNING = (
+    "f's output does not depend on any checked input: every numerical and analytical derivative is exactly 0, so "
+    "this check shows nothing about a gradient. A likely cause: f reads variables by closure (e.g. lambda *v: "
+    "model.training_loss()) instead of from its arguments; compute f from the arguments it is given, or use "
+    "check_model(model, loss) to check a model's variables.")
+
+
+def vacuous_warnings(pairs: list) -> list[str]:
+    """``[VACUOUS_WARNING]`` when no pair's derivatives, either side, has a nonzero entry."""
+    # A coloured pair's arrays are read off its compressed storage only on request (0.5 GB each at 6.4e7 nonzeros).
+    dense = [p for p in pairs if isinstance(p, ProjectionReport) or (isinstance(p, PairReport) and not p.sparse)]
+    if not pairs or len(dense) != len(pairs):
+        return []
+    for pair in dense:
+        if np.size(pair.numerical) == 0 or np.any(pair.numerical != 0) or np.any(pair.analytical != 0):
+            return []
+    return [VACUOUS_WARNING]
+
+
+def coarse_line(title: str, resolutions: tuple[float, float], rtol: float, fast: bool) -> str:
+    """Why a pair whose every element (or probe) passes is undecidable: its resolution."""
+    resolved, tolerance = resolutions
+    where = ("no probe resolves" if fast else "no element resolves")
+    fix = ("more probes (probes=...) or mode='full'" if fast else "a float64 numerical side (precision='float64'; "
+           "check_model: a model its float64 copy can stand in for)")
+    return (f"  {title}: every {'probe' if fast else 'element'} passes, but {where} a relative error of its gradient "
+            f"below {resolved:.3g} (the tolerances alone would resolve {tolerance:.3g}, rtol={rtol:g}): the numerical "
+            f"side's noise swamps the allowance, so a wrong gradient of a few % could pass unseen; undecidable, not "
+            f"ok. Try {fix}.")
+
+
 def _index(name: str, index: tuple) -> str:
     return f"{name}[{', '.join(map(str, index))}]" if index else name
 
@@ -266,7 +332,7 @@ class Comparison:
     forward_ratio: np.ndarray  # [k] worst |JVP_i - numerical_i| / allowed_i over outputs
     reverse_ratio: np.ndarray  # [k] |u.VJP.d - u.numerical| / allowed
     forward_worst: np.ndarray  # [k, 4]: output row, analytical, numerical, allowed at the worst element
-    reverse: np.ndarray  # [k, 3]: analytical, numerical, allowed
+    reverse: np.ndarray  # [k, 4]: analytical, numerical, allowed, allowed by the tolerances alone
     squares: np.ndarray  # [3]: sum ||n - a||^2, ||n||^2, ||a||^2 over probes
     # [k] the status a ratio > 1 of each probe stands for: MISMATCH, or what refinement found
     # along it (NONDIFFERENTIABLE: kinks, analytical between the one-sided derivatives;
@@ -299,6 +365,20 @@ class ProjectionReport:
     hint: str | None = None
     output_name: str = "u.J.d"
     side: str = "forward"  # which comparison the worst element comes from
+    # (resolution, the tolerance's own): the smallest relative error of this input's gradient its
+    # probes flag (``_compare.resolution`` over its shares of the probes).
+    resolutions: tuple = (math.inf, math.inf)
+
+    @property
+    def resolution(self) -> float:
+        return float(self.resolutions[0])
+
+    @property
+    def coarse(self) -> bool:
+        """Every probe passes, but none resolves a relative error of this input's gradient that
+        ``_compare.coarse`` accepts: undecidable, not ok."""
+        resolved, tolerance = self.resolutions
+        return not np.any(np.isin(self.status, FAILING)) and coarse(resolved, tolerance, self.rtol)
 
     @property
     def status(self) -> np.ndarray:
@@ -309,7 +389,7 @@ class ProjectionReport:
 
     @property
     def ok(self) -> bool:
-        return not bool(np.any(np.isin(self.status, FAILING)))
+        return not bool(np.any(np.isin(self.status, FAILING))) and not self.coarse
 
     @property
     def title(self) -> str:
@@ -398,6 +478,8 @@ class ProjectionReport:
                          f"{undecided} undecidable ({', '.join(found) or 'none'}; steps down to h/4**12 tried)")
         if self.ok:
             return lines
+        if self.coarse:
+            return [*lines, coarse_line(self.title, self.resolutions, self.rtol, fast=True)]
         bad_sides = np.isin(self.status, (MISMATCH,)).any(axis=0)
         sides = [name for name, bad in zip(("element-wise J d", "projection u.VJP.d"), [bool(b) for b in np.atleast_1d(bad_sides)]) if bad]
         if sides:
@@ -425,6 +507,8 @@ class ProjectionReport:
             "forward_ratio": [float(v) for v in c.forward_ratio],
             "reverse_ratio": [float(v) for v in c.reverse_ratio],
             "max_abs_error": self.max_abs_error,
+            "resolution": _num(self.resolution),
+            "coarse": self.coarse,
             "region": [list(self.region[0]), list(self.region[1])] if self.region else None,
             "worst": self.worst.to_dict() if self.worst is not None else None,
             "atol": self.atol,

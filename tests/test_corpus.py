@@ -17,6 +17,9 @@ PARAMS = [pytest.param(case, dtype, id=f"{case.name}-{dtype}") for case in CASES
 @pytest.mark.parametrize("case, dtype", PARAMS)
 def test_verdict(case: Case, dtype: str):
     report = fastcheck.check_gradients(case.f, case.make_inputs(tf.as_dtype(dtype)))
+    if dtype in case.unresolvable:  # correct, but no step resolves a 1% error: undecidable, never a FAIL
+        assert report.verdict == "undecidable" and all(p.ok or p.coarse for p in report.pairs), str(report)
+        return
     expected = "pass (correct gradient)" if case.correct else "fail (planted defect)"
     assert report.ok == case.correct, (
         f"{case.name} [{dtype}, {case.category}] should {expected}: {case.description}\n{report}"
