@@ -43,6 +43,7 @@ import dataclasses
 import inspect
 import re
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -580,7 +581,7 @@ class _Float64Copy:
         return _substituted_float64_loss(clone, x64, compute, self.every, self.chosen, counterpart, generators,
                                          self.training), what
 
-    def _keras3_copy(self, x64) -> tuple[object, dict, str]:
+    def _keras3_copy(self, x64) -> tuple[Any, dict, str]:
         """(copy, constructor arguments read from attributes, why it was cloned layer by layer or "").
 
         Rebuilt from its float64 config (``_rebuilt``) first; a Sequential or functional

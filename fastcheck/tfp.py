@@ -539,6 +539,7 @@ def _embedding(chart: str, x_events: np.ndarray, event_shape: tuple) -> np.ndarr
     (the last element ``1 - sum of the others``): those determined elements move with u.
     """
     kept = _chart_mask(chart, event_shape)
+    assert kept is not None, chart  # callers pass a chart that applies to the event
     members, size = x_events.shape[0], kept.size
     embedding = np.zeros((members, size, int(kept.sum())))
     embedding[:, np.flatnonzero(kept), np.arange(int(kept.sum()))] = 1.0
@@ -595,9 +596,9 @@ def _inverse_norms(jacobians: np.ndarray) -> np.ndarray:
 def _log_det_identity(fldj: np.ndarray, parts: list, atol: float, rtol: float,
                       batch_shape: tuple, convention: str = "square", chart: str = "") -> IdentityCheck:
     """``parts``: the Jacobians whose log-dets add up (one; or a Chain's stages, each in its chart)."""
-    numerical = sum(_log_det(jacobians) for jacobians in parts)
-    carried = sum(_inverse_norms(jacobians) * np.linalg.norm(atol + rtol * np.abs(jacobians), axis=(1, 2))
-                  for jacobians in parts)
+    numerical = np.sum([_log_det(jacobians) for jacobians in parts], axis=0)
+    carried = np.sum([_inverse_norms(jacobians) * np.linalg.norm(atol + rtol * np.abs(jacobians), axis=(1, 2))
+                      for jacobians in parts], axis=0)
     allowed = atol + rtol * np.abs(numerical) + carried
     name = "forward_log_det_jacobian(x) = log|det J| of the numerical Jacobian J of forward"
     if convention == "chart":
