@@ -15,6 +15,10 @@ evaluations over the same chunk loop:
 
 Both run as one ``vectorized_map`` (or ``map_fn`` on the loop path) per chunk,
 and fall back xla -> graph/loop -> loop -> eager as ``Route.following`` says.
+Where routing says so (``Route.joint_chunk``), the differences of every checked
+input go through one kernel whose rows carry all of them (``_joint_kernel``): one
+trace and compile instead of one per input, which for a model of 39 variables was
+90% of the check.
 The autodiff side (``_autodiff``) runs its kernels under the same route and
 records its fallbacks here too.
 """
@@ -96,18 +100,61 @@ def _differences_kernel(plan: Plan, position: int, chunk: int, path: str, flat_f
         perturbation = tf.one_hot(idx, size, dtype=flat.dtype) * delta[:, None]
         batch = tf.concat([flat[None] + perturbation, flat[None] - perturbation], axis=0)
         outs = evaluate_rows(plan, position, path, values, batch, flat_function)
-        picked = tf.gather(flat, idx)
-        span = (picked + delta) - (picked - delta)
-        # [m, chunk]: the Jacobian's own layout, so the host never transposes it.
-        plus, minus = tf.transpose(outs[:chunk]), tf.transpose(outs[chunk:])
-        if sides:
-            return plus, minus, span
-        # The quotient alone (the first sweep): half the host memory; subtracted in float64,
-        # where the difference of two float32 values is exact.
-        wide = tf.cast(span, tf.float64)
-        return (tf.cast(plus, tf.float64) - tf.cast(minus, tf.float64)) / wide[None, :], wide
+        return _sides(outs, tf.gather(flat, idx), delta, chunk, sides)
 
     return compile_kernel(kernel, path, plan.autograph)
+
+
+def _sides(outs, picked, delta, chunk: int, sides: bool):
+    """A differences kernel's results from f at its [2 chunk] rows (x+ then x-) and the perturbed elements."""
+    span = (picked + delta) - (picked - delta)
+    # [m, chunk]: the Jacobian's own layout, so the host never transposes it.
+    plus, minus = tf.transpose(outs[:chunk]), tf.transpose(outs[chunk:])
+    if sides:
+        return plus, minus, span
+    # The quotient alone (the first sweep): half the host memory; subtracted in float64,
+    # where the difference of two float32 values is exact.
+    wide = tf.cast(span, tf.float64)
+    return (tf.cast(plus, tf.float64) - tf.cast(minus, tf.float64)) / wide[None, :], wide
+
+
+def _joint_kernel(plan: Plan, chunk: int, path: str, sides: bool = True):
+    """The differences kernel of every checked input at once: ``idx`` indexes their flattened
+    concatenation (in ``plan.checked`` order), so one trace serves all of them (``Route.joint_chunk``).
+
+    Each row carries every checked input, the perturbed element moved as in the per-input kernel
+    (``x + onehot * d``), the others plus zero; one ``vectorized_map`` over those rows.
+    """
+    specs, m = plan.checked, plan.m
+    offsets = np.cumsum([0] + [s.size for s in specs])[:-1]
+
+    def kernel(values, idx, delta):
+        flats = [tf.reshape(values[s.position], [-1]) for s in specs]
+        rows = []
+        for spec, flat, offset in zip(specs, flats, offsets):
+            # one_hot of an index outside [0, size) is all zeros: the input is not moved
+            perturbation = tf.one_hot(idx - int(offset), spec.size, dtype=flat.dtype) * delta[:, None]
+            rows.append(tf.concat([flat[None] + perturbation, flat[None] - perturbation], axis=0))
+
+        def evaluate(batch):
+            moved = list(values)
+            for spec, row in zip(specs, batch):
+                moved[spec.position] = tf.reshape(row, values[spec.position].shape)
+            return tf.ensure_shape(plan.call_flat(moved, plan.eval_upcast), [m])
+
+        outs = tf.vectorized_map(evaluate, rows)
+        return _sides(outs, tf.gather(tf.concat(flats, 0), idx), delta, chunk, sides)
+
+    return compile_kernel(kernel, path, plan.autograph)
+
+
+def _loops_in(concrete) -> bool:
+    """Whether a traced kernel holds while_loops (pfor's fallback for an op it cannot vectorise)."""
+    graph = concrete.graph
+    types = {op.type for op in graph.get_operations()}
+    for function_def in graph.as_graph_def().library.function:
+        types |= {node.op for node in function_def.node_def}
+    return bool(types & _paths._LOOP_OPS)
 
 
 def _line_kernel(plan: Plan):
@@ -188,6 +235,12 @@ class Executor:
         self.memo: dict = {}
         self.values = tuple(plan.eval_values())
         self.native = tuple(plan.native_values())
+        # Full mode's differences through one kernel for every checked input (``_joint_kernel``),
+        # decided by routing; not across workers, which must agree on every step.
+        self.joint = route.joint_chunk > 0 and self.share is None
+        self._offsets = dict(zip([s.position for s in plan.checked],
+                                 np.cumsum([0] + [s.size for s in plan.checked])[:-1].tolist()))
+        self._joint_chunks: dict = {}  # each input's own chunk, while the joint kernel's replaces it
 
     @property
     def path(self) -> str:
@@ -278,9 +331,8 @@ class Executor:
         quotient, span = np.empty((self.plan.m, len(idx))), np.empty(len(idx))
 
         def call(chunk, part, count):
-            kernel = self.kernel(("quotients", position, chunk), lambda: _differences_kernel(
-                self.plan, position, chunk, self.path, self.route.flat_function, sides=False))
-            block, spans = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
+            kernel, at = self._differences(position, chunk, sides=False)
+            block, spans = kernel(self.values, tf.constant(pad(idx[part], chunk) + at, tf.int32),
                                   tf.constant(pad(delta[part], chunk).astype(dtype)))
             quotient[:, part] = view(block)[:, :count]
             span[part] = view(spans)[:count]
@@ -290,7 +342,7 @@ class Executor:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 return (plus - minus) / spans[None, :], spans
 
-        parts = self._batched("numerical differences", position, len(idx), call, eager)
+        parts = self._batched("numerical differences", self._differences_key(position), len(idx), call, eager)
         return parts[0] if parts[0] is not None else (quotient, span)
 
     def differences(self, position: int, idx: np.ndarray, delta: np.ndarray):
@@ -300,17 +352,54 @@ class Executor:
         plus, minus, span = np.empty((self.plan.m, len(idx))), np.empty((self.plan.m, len(idx))), np.empty(len(idx))
 
         def call(chunk, part, count):
-            kernel = self.kernel(("differences", position, chunk), lambda: _differences_kernel(
-                self.plan, position, chunk, self.path, self.route.flat_function))
-            out = kernel(self.values, tf.constant(pad(idx[part], chunk), tf.int32),
+            kernel, at = self._differences(position, chunk, sides=True)
+            out = kernel(self.values, tf.constant(pad(idx[part], chunk) + at, tf.int32),
                          tf.constant(pad(delta[part], chunk).astype(dtype)))
             for target, result in zip((plus, minus), out[:2]):
                 target[:, part] = view(result)[:, :count]
             span[part] = view(out[2])[:count]
 
-        parts = self._batched("numerical differences", position, len(idx), call,
+        parts = self._batched("numerical differences", self._differences_key(position), len(idx), call,
                               lambda: self._eager_differences(position, idx, delta))
         return parts[0] if parts[0] is not None else (plus, minus, span)
+
+    def _joint_on(self) -> bool:
+        return self.joint and self.path in (_paths.XLA, GRAPH)
+
+    def _differences_key(self, position: int) -> int:
+        """The chunk key of a differences call on ``position`` (its own); the first on the joint
+        kernel sets every checked input's chunk to the joint kernel's, as the report's notes say."""
+        if self._joint_on() and not self._joint_chunks:
+            self._joint_chunks = {s.position: self.chunks[s.position] for s in self.plan.checked}
+            for spec in self.plan.checked:
+                self.chunks[spec.position] = self.route.joint_chunk
+            self.route = dataclasses.replace(
+                self.route, chunk_reason=f"in the one differences kernel of all {len(self.plan.checked)} checked inputs "
+                                         f"(instead of one kernel per input; each input's calls padded to {self.route.joint_chunk})")
+        return position
+
+    def _differences(self, position: int, chunk: int, sides: bool):
+        """(kernel, offset): the differences kernel for a call on ``position`` and what to add to its indices."""
+        what = "differences" if sides else "quotients"
+        if self._joint_on():
+            kernel = self.kernel(("joint " + what, chunk), lambda: self._vectorised(
+                _joint_kernel(self.plan, chunk, self.path, sides), chunk))
+            if kernel is not None:
+                return kernel, self._offsets[position]
+            self.joint = False
+            self.chunks.update(self._joint_chunks)  # each input's own chunk again
+            self.route = dataclasses.replace(self.route, chunk_reason=self.chosen.chunk_reason)
+            self.note("numerical differences: with every checked input batched at once, vectorized_map converts some "
+                      "op of f with a while_loop; one kernel per input instead")
+        return self.kernel((what, position, chunk), lambda: _differences_kernel(
+            self.plan, position, chunk, self.path, self.route.flat_function, sides=sides)), 0
+
+    def _vectorised(self, kernel, chunk: int):
+        """A joint kernel, traced; None (cached as such) where pfor could not vectorise some op of f
+        with every input batched (a while_loop in its graph): each input then gets its own kernel."""
+        dtype = self.values[self.plan.checked[0].position].dtype
+        concrete = kernel.get_concrete_function(self.values, tf.TensorSpec([chunk], tf.int32), tf.TensorSpec([chunk], dtype))
+        return None if _loops_in(concrete) else kernel
 
     def _eager_differences(self, position, idx, delta):
         plan = self.plan

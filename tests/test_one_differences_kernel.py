@@ -1,0 +1,77 @@
+"""Full mode's differences of many inputs through one kernel (``Route.joint_chunk``): same Jacobians
+and verdicts as a kernel per input, one trace, and a planted defect still names its input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fastcheck
+from fastcheck import _paths
+
+RNG = np.random.default_rng(3)
+SHAPES = [(6, 5), (5,), (5, 4), (4,), (4, 3), (3,), (7,)]
+
+
+def _mlp(off: int | None = None):
+    values = [tf.constant(RNG.normal(size=shape) * 0.5) for shape in SHAPES]
+
+    def wrong(v):
+        @tf.custom_gradient
+        def scaled(x):
+            return x, lambda g: 1.01 * g
+
+        return scaled(v)
+
+    def f(w1, b1, w2, b2, w3, b3, x):
+        params = [w1, b1, w2, b2, w3, b3]
+        if off is not None:
+            params[off] = wrong(params[off])
+        w1, b1, w2, b2, w3, b3 = params
+        h = tf.tanh(x[None, :6] @ w1 + b1)
+        h = tf.tanh(h @ w2 + b2)
+        return tf.reduce_sum(tf.sin(h @ w3 + b3)) + tf.reduce_sum(x**2)
+
+    return f, values
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_one_kernel_gives_the_per_input_jacobians(jit_compile, monkeypatch):
+    f, values = _mlp()
+    joint = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile)
+    notes = " ".join(joint.notes)
+    assert "one differences kernel of all 7 checked inputs" in notes, joint.notes
+    monkeypatch.setattr(_paths, "joint_chunk", lambda *args: 0)
+    separate = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile)
+    assert "one differences kernel" not in " ".join(separate.notes)
+    assert joint.ok and separate.ok
+    for a, b in zip(joint.pairs, separate.pairs):
+        # the batched rows round f otherwise (a batched matmul): a few roundings of f over the span 2h ~ 1e-5
+        np.testing.assert_allclose(a.numerical, b.numerical, rtol=0, atol=1e-9)
+        np.testing.assert_array_equal(a.status, b.status)
+
+
+def test_one_kernel_names_the_defective_input():
+    f, values = _mlp(off=2)
+    report = fastcheck.check_gradients(f, values, mode="full", jit_compile=True)
+    assert "one differences kernel" in " ".join(report.notes), report.notes
+    assert [p.input_name for p in report.failures] == [report.pairs[2].input_name], str(report)
+
+
+def test_joint_chunk_rule():
+    plan_sizes = [int(np.prod(s)) for s in SHAPES]
+
+    class Spec:
+        def __init__(self, size):
+            self.size, self.dtype = size, tf.float64
+
+    class Plan:
+        checked = [Spec(s) for s in plan_sizes]
+        eval_upcast = True
+        n = sum(plan_sizes)
+
+    assert _paths.joint_chunk(Plan, _paths.LOOP, 64, 1.0) == 0  # map_fn reuses f's one trace already
+    assert _paths.joint_chunk(Plan, _paths.XLA, 64, 0.0) == 0  # nothing to save
+    chunk = _paths.joint_chunk(Plan, _paths.XLA, 64, 1.0)
+    assert _paths.JOINT_MIN_CHUNK <= chunk <= max(plan_sizes)
+    Plan.checked = Plan.checked[:1]
+    assert _paths.joint_chunk(Plan, _paths.XLA, 64, 1.0) == 0  # one input: its own kernel
