@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -24,8 +25,20 @@ from fastcheck._report import GradientReport, Pair, PairReport, describe_nonfini
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
 
+# Called with every report ``run_check`` returns: the pytest plugin records a session's checks through it,
+# whichever entry point (gradcheck, GradientTestCase, the plain API) made them.
+OBSERVERS: list[Callable[[GradientReport], None]] = []
+
+
 def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
-    """Check one problem under one configuration."""
+    """Check one problem under one configuration; every observer sees the report."""
+    report = _run_check(problem, config)
+    for observe in list(OBSERVERS):
+        observe(report)
+    return report
+
+
+def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
     start = time.perf_counter()
     timings: dict[str, float] = {}
     with _on_device(config.device), preserved_variables(problem.variables):

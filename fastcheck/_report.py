@@ -286,8 +286,9 @@ class PairReport:
 
 
 def _num(value):
+    """A number for JSON: NaN and infinities (which JSON lacks) as None."""
     value = float(value)
-    return value if math.isfinite(value) else str(value)
+    return value if math.isfinite(value) else None
 
 
 VACUOUS_WARNING = (
@@ -504,9 +505,9 @@ class ProjectionReport:
             "input": self.input_name,
             "ok": self.ok,
             "probes": int(len(c.reverse_ratio)),
-            "forward_ratio": [float(v) for v in c.forward_ratio],
-            "reverse_ratio": [float(v) for v in c.reverse_ratio],
-            "max_abs_error": self.max_abs_error,
+            "forward_ratio": [_num(v) for v in c.forward_ratio],
+            "reverse_ratio": [_num(v) for v in c.reverse_ratio],
+            "max_abs_error": _num(self.max_abs_error),
             "resolution": _num(self.resolution),
             "coarse": self.coarse,
             "region": [list(self.region[0]), list(self.region[1])] if self.region else None,

@@ -6,8 +6,11 @@ Installing fastcheck enables it (entry point ``fastcheck`` in the ``pytest11`` g
 * ``gradcheck``: a ``fastcheck.GradientChecker`` whose defaults come from
   ``--fastcheck-device``, ``--fastcheck-precision`` and ``--fastcheck-mode`` (or the ini
   keys ``fastcheck_device``, ``fastcheck_precision``, ``fastcheck_mode``; the command line
-  wins). Its ``check``, ``assert_close``, ``verify_gradients`` and ``check_model`` record
-  each check: test id, verdict, errors, seconds and ``report.to_dict()``.
+  wins).
+* Every check a test makes -- through ``gradcheck`` (recorded under its method's name:
+  ``check``, ``assert_close``, ``verify_gradients``, ``check_model``), ``GradientTestCase``
+  or the plain API (``api``) -- is recorded: test id, verdict, errors, seconds and
+  ``report.to_dict()``.
 * ``--fastcheck-report=PATH`` (ini ``fastcheck_report``): one JSON document with every
   recorded check of the run, pytest-xdist workers included.
 * A failing test shows, in a "fastcheck report" section, the full text of every failing
@@ -18,12 +21,12 @@ Installing fastcheck enables it (entry point ``fastcheck`` in the ``pytest11`` g
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import json
 import pathlib
 import sys
-import time
 
 import pytest
 
@@ -46,6 +49,12 @@ class Run:
     options: dict
     report_path: pathlib.Path | None
     checks: list = dataclasses.field(default_factory=list)
+    item: object = None  # the test running now
+    observing: bool = False  # whether fastcheck's run_check reports to this run
+
+
+# The gradcheck method a check runs under, if any (plain API and GradientTestCase checks: "api").
+CALL: contextvars.ContextVar[str] = contextvars.ContextVar("fastcheck_call", default="api")
 
 
 RUN = pytest.StashKey[Run]()
@@ -94,29 +103,47 @@ def gradcheck(request):
 
 
 def _recorded(method, name: str, item, run: Run):
-    import fastcheck
-
     @functools.wraps(method)
     def recorded(*args, **kwargs):
         __tracebackhide__ = True  # failures point at the test, not at this wrapper
-        start = time.perf_counter()
+        _observe(run)
+        token = CALL.set(name)  # run_check's observer records the check under this name
         try:
-            report = method(*args, **kwargs)
-        except fastcheck.GradientCheckError as error:  # assert_close: the failing report is in the error
-            _record(run, item, name, error.report, time.perf_counter() - start)
-            raise
-        _record(run, item, name, report, time.perf_counter() - start)
-        return report
+            return method(*args, **kwargs)
+        finally:
+            CALL.reset(token)
 
     return recorded
 
 
-def _record(run: Run, item, name: str, report, seconds: float) -> None:
+def _observe(run: Run) -> None:
+    """Record every check fastcheck makes from now on (once fastcheck, and so TensorFlow, is loaded)."""
+    if run.observing or "fastcheck._check" not in sys.modules:
+        return
+    from fastcheck import _check
+
+    _check.OBSERVERS.append(lambda report: _record(run, run.item, CALL.get(), report))
+    run.observing = True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    run = item.config.stash[RUN]
+    run.item = item
+    _observe(run)
+    try:
+        return (yield)
+    finally:
+        run.item = None
+
+
+def _record(run: Run, item, name: str, report) -> None:
     summary = report.to_dict()
-    check = {"test": item.nodeid, "call": name, "verdict": report.verdict, "max_abs_error": summary["max_abs_error"],
-             "max_rel_error": summary["max_rel_error"], "seconds": seconds, "report": summary}
+    check = {"test": item.nodeid if item is not None else "(outside a test)", "call": name, "verdict": report.verdict,
+             "max_abs_error": summary["max_abs_error"], "max_rel_error": summary["max_rel_error"],
+             "seconds": report.seconds, "report": summary}
     run.checks.append(json.loads(json.dumps(check, default=_plain)))  # plain values: they cross to the xdist controller
-    if not report.ok:
+    if not report.ok and item is not None and name != "api":  # the plain API's failing reports show where they fail
         item.stash.setdefault(FAILED_TEXTS, []).append(str(report))
 
 

@@ -23,6 +23,7 @@ USER_TESTS = '''
 import numpy as np
 import tensorflow as tf
 import fastcheck
+from fastcheck.testing import GradientTestCase
 
 @tf.custom_gradient
 def wrong_sin(x):
@@ -47,6 +48,10 @@ def test_assert_close(gradcheck):
 def test_plain_api():
     report = fastcheck.check_gradients(wrong_sin, X)
     assert report.ok
+
+class CaseTest(GradientTestCase, tf.test.TestCase):
+    def test_case(self):
+        self.assertGradientsClose(wrong_sin, X)
 '''
 
 
@@ -61,22 +66,24 @@ def test_checks_under_xdist_are_recorded_and_failures_show_the_report(pytester, 
     pytester.makepyfile(test_user=USER_TESTS)
     result = run_pytest(pytester, monkeypatch, "-n", "2", "--fastcheck-mode", "fast", "--fastcheck-device", "/CPU:0",
                         "--fastcheck-precision", "float64", "--fastcheck-report", "out/checks.json")
-    result.assert_outcomes(passed=2, failed=3)
+    result.assert_outcomes(passed=2, failed=4, skipped=1)  # tf.test.TestCase skips its own test_session
     output = result.stdout.str()
     # `assert report` prints the one-line repr, and the full report follows in its own section.
     assert re.search(r"E\s+assert <GradientReport FAIL: 1 of 1 pairs failed, worst d .+ \(mismatch\) \[fast mode\]>", output)
     assert output.count(" fastcheck report ") == 2  # test_assert_report and test_plain_api
     assert "hint: " in output and "rule: " in output
     assert re.search(r"GradientCheckError: fastcheck .*: FAIL -- ", output)  # assert_close: the report is the message
-    assert "fastcheck: 4 gradient checks, 2 pass, 2 fail, 0 undecidable; written to" in output
+    # Every check of the session, the plain API's and GradientTestCase's included, failing ones too.
+    assert "fastcheck: 6 gradient checks, 2 pass, 4 fail, 0 undecidable; written to" in output
 
     document = json.loads((pytester.path / "out" / "checks.json").read_text())
     assert document["options"] == {"device": "/CPU:0", "precision": "float64", "mode": "fast"}
-    assert document["summary"] == {"checks": 4, "pass": 2, "fail": 2, "undecidable": 0}
-    checks = {check["test"].split("::")[1]: check for check in document["checks"]}  # from both workers
+    assert document["summary"] == {"checks": 6, "pass": 2, "fail": 4, "undecidable": 0}
+    checks = {check["test"].split("::")[-1]: check for check in document["checks"]}  # from both workers
     assert {name: (c["call"], c["verdict"]) for name, c in checks.items()} == {
         "test_assert_close": ("assert_close", "fail"), "test_assert_report": ("check", "fail"),
-        "test_override": ("check", "pass"), "test_pass": ("check", "pass")}
+        "test_override": ("check", "pass"), "test_pass": ("check", "pass"), "test_plain_api": ("api", "fail"),
+        "test_case": ("api", "fail")}
     assert checks["test_pass"]["report"]["mode"] == "fast" and checks["test_override"]["report"]["mode"] != "fast"
     assert checks["test_assert_report"]["max_abs_error"] > 1 and checks["test_assert_report"]["report"]["verdict"] == "fail"
     assert all(c["seconds"] > 0 and c["report"]["pairs"] for c in checks.values())
@@ -114,10 +121,12 @@ def test_the_user_example_suite_passes_and_is_recorded(pytester):
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed") == 7 and "failed" not in outcomes and "errors" not in outcomes, result.stdout.str()
     document = json.loads((pytester.path / "user.json").read_text())
-    checks = {check["test"].split("::")[1]: check for check in document["checks"]}
+    checks = {check["test"].split("::")[-1]: check for check in document["checks"]}
     assert {name: (c["call"], c["verdict"]) for name, c in checks.items()} == {
         "test_custom_op_gradient": ("check", "pass"), "test_model_gradients": ("check_model", "pass"),
-        "test_model_gradients_in_training_mode": ("check_model", "pass"), "test_bijector_log_det_jacobian": ("check", "pass")}
+        "test_model_gradients_in_training_mode": ("check_model", "pass"), "test_bijector_log_det_jacobian": ("check", "pass"),
+        # GradientTestCase's checks too (graph mode's runs eagerly on the side)
+        "test_eager": ("api", "pass"), "test_graph_mode": ("api", "pass"), "test_model": ("api", "pass")}
     assert "training=True" in checks["test_model_gradients_in_training_mode"]["report"]["title"]
     assert [p["input"] for p in checks["test_model_gradients"]["report"]["pairs"]] == [
         "user_model/hidden/kernel", "user_model/hidden/bias", "user_model/head/kernel", "user_model/head/bias"]
@@ -156,3 +165,13 @@ def test_report_repr_is_one_line(f, x, expected):
     assert re.match(expected, repr(report)), repr(report)
     assert re.fullmatch(r"<PairReport output / input: (ok|FAIL|undec\.), \d+ of 4 elements failed, max abs error \S+>",
                         repr(report.pairs[0]))
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_report_json_holds_numbers_and_null_for_nan(mode):
+    report = fastcheck.check_gradients(tf.math.log, np.array([-1.0, 2.0]), mode=mode)
+    document = json.loads(json.dumps(report.to_dict(), allow_nan=False))  # strict JSON: no NaN or Infinity
+    assert document["verdict"] == "undecidable"
+    assert document["max_abs_error"] is None or isinstance(document["max_abs_error"], float)
+    if mode == "full":
+        assert document["max_abs_error"] is None and document["pairs"][0]["max_abs_error"] is None
