@@ -90,7 +90,13 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
 
     Raises:
       TypeError / ValueError: for misuse (not callable, no floating inputs, f
-        raising, output shapes changing under perturbation, ...).
+        raising at the inputs when planning calls it, output shapes changing
+        under perturbation, ...).
+      f's own exception (a class of the user's, or a builtin one such as
+        RuntimeError raised in f's code) on any later call -- traced into a
+        batched kernel or eagerly -- as itself, its traceback into f, with a note
+        saying what fastcheck was doing; TensorFlow's errors and the TypeError /
+        ValueError tracing raises keep their handling (a path falls back).
 
     Example:
       >>> import tensorflow as tf, fastcheck

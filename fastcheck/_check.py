@@ -20,6 +20,7 @@ from fastcheck._full import analytical_blocks, check_full, numerical_blocks
 from fastcheck._paths import EAGER, VJP_CALLS, Route, choose_route, kernel_plan
 from fastcheck._plan import Plan, _first_line, build_plan
 from fastcheck._problem import Problem, preserved_variables
+from fastcheck._raised import passes_own
 from fastcheck._report import GradientReport, Pair, PairReport, describe_nonfinite, run_notes, vacuous_warnings
 
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
@@ -30,6 +31,7 @@ STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured
 OBSERVERS: list[Callable[[GradientReport], None]] = []
 
 
+@passes_own  # the user's own exception, raised by f after planning, leaves as itself
 def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
     """Check one problem under one configuration; every observer sees the report."""
     report = _run_check(problem, config)
@@ -93,6 +95,7 @@ def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.
     return jacobian_blocks(problem, config, (side,))[side]
 
 
+@passes_own
 def jacobian_blocks(problem: Problem, config: CheckConfig, sides: tuple[str, ...]) -> dict:
     """``jacobians`` of each side in ``sides`` ("numerical", "analytical"), from one plan and executor."""
     with _on_device(config.device), preserved_variables(problem.variables):
@@ -165,7 +168,8 @@ def predict_full_seconds(plan: Plan, route: Route, budget: float, call_seconds) 
 
     Eager path: routing's prediction of the eager loop (2n + a few calls of f at f's
     measured eager call, corrected by what this process's eager checks took).  Traced
-    paths: one kernel per checked input plus the autodiff kernel, each costing what
+    paths: one kernel per checked input (one for all of them where routing batches them
+    together, ``Route.joint_chunk``) plus the autodiff kernel, each costing what
     routing predicts for tracing one (from f's measured eager call and this process's
     dispatch), then 2n batched evaluations (plus a few per row of a Jacobian with m > 1
     rows) at the cost above, with ``call_seconds()`` measuring one call of f's traced
@@ -174,7 +178,7 @@ def predict_full_seconds(plan: Plan, route: Route, budget: float, call_seconds) 
     eager, traced = _paths.CALIBRATION.predict(plan)
     if route.path == EAGER:
         return eager, f"an eager loop of {2 * plan.n} calls of f at {plan.call_seconds * 1e3:.2g} ms"
-    kernels = len(plan.checked) + 1
+    kernels = (1 if route.joint_chunk else len(plan.checked)) + 1  # differences (one for all inputs, or one each), autodiff
     tracing = kernels * traced
     if tracing > budget:
         return tracing, f"{kernels} kernels to trace at ~{traced:.2g} s each, before any evaluation"

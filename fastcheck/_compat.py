@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from fastcheck._check import _on_device, jacobian_blocks
 from fastcheck._config import CheckConfig
+from fastcheck._plan import FunctionRaised
 from fastcheck._problem import function_problem
 
 # The dtypes tf.test.compute_gradient accepts for the inputs and the output.
@@ -51,6 +52,8 @@ def compute_gradient(f: Callable, x, delta=None) -> tuple[tuple[np.ndarray, ...]
       ValueError: ``x`` is not a list or tuple (TensorFlow's error).
       TypeError: an input of a dtype TensorFlow's checker refuses (integers,
         bool; TensorFlow asserts instead), f returning no floating output.
+      Whatever f raises, on any call: as itself (as TensorFlow's checker, which
+        calls f directly), with a note saying that fastcheck called it.
 
     Example:
       >>> import tensorflow as tf, fastcheck
@@ -62,7 +65,13 @@ def compute_gradient(f: Callable, x, delta=None) -> tuple[tuple[np.ndarray, ...]
         raise ValueError("`x` must be a list or tuple of values convertible to a Tensor "
                          f"(arguments to `f`), not a {type(x)}")
     with _on_device(None):  # inside tf.Graph().as_default() (TF1-style tests): eagerly, on the side
-        return _compute_gradient(f, x, delta)
+        try:
+            return _compute_gradient(f, x, delta)
+        except FunctionRaised as raised:  # as TensorFlow's checker, which calls f itself: f's exception as itself
+            error = raised.__cause__ if raised.__cause__ is not None else raised
+    if hasattr(error, "add_note"):
+        error.add_note("fastcheck.compute_gradient: f raised this when called at x")
+    raise error
 
 
 def _compute_gradient(f: Callable, x, delta) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:

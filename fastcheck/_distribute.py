@@ -37,6 +37,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from fastcheck._raised import Raised
+
 # A collective waits this long for the other workers (a worker computing a long chunk
 # keeps the others waiting; one that took another path would otherwise hang them).
 COLLECTIVE_TIMEOUT_SECONDS = 600.0
@@ -365,7 +367,7 @@ class Share:
     def _safely(record, b, n):
         try:
             return record(b, n), None
-        except Exception as error:  # reported to every worker through the header
+        except (Exception, Raised) as error:  # reported to every worker through the header (f's own: re-raised here)
             return None, error
 
     def agree_on_path(self, path: str, what: str, total: int) -> str:

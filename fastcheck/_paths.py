@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from fastcheck._config import CheckConfig
 from fastcheck._plan import Plan
+from fastcheck._raised import call_carrying_own
 
 XLA, GRAPH, LOOP, EAGER = "xla", "graph", "loop", "eager"
 # Each path falls back to the next when it cannot run f: XLA cannot compile
@@ -290,10 +291,17 @@ def _evict(f_key) -> None:
 
 
 class WeakCall:
-    """Calls f without keeping it alive: cached kernels hold this, not f (see ``plan_key``)."""
+    """Calls f without keeping it alive: cached kernels hold this, not f (see ``plan_key``).
+
+    Every call of f after planning goes through it: the user's own exception leaves as
+    ``_raised.Raised``, past the fallbacks and handlers between f and the caller.
+    """
 
     def __init__(self, f):
-        self._ref = weakref.WeakMethod(f) if hasattr(f, "__func__") and hasattr(f, "__self__") else weakref.ref(f)
+        try:
+            self._ref = weakref.WeakMethod(f) if hasattr(f, "__func__") and hasattr(f, "__self__") else weakref.ref(f)
+        except TypeError:  # not weak-referenceable (a builtin): held, as it lives as long as the process anyway
+            self._ref = lambda: f
 
     @property
     def function(self):
@@ -303,17 +311,14 @@ class WeakCall:
         return f
 
     def __call__(self, *args, **kwargs):
-        return self.function(*args, **kwargs)
+        return call_carrying_own(self.function, args, kwargs)
 
 
 def kernel_plan(plan: Plan) -> Plan:
     """The plan as compiled kernels should hold it: f by weak reference, when f allows one."""
     if isinstance(plan.f, WeakCall):
         return plan
-    try:
-        return dataclasses.replace(plan, f=WeakCall(plan.f))
-    except TypeError:  # not weak-referenceable
-        return plan
+    return dataclasses.replace(plan, f=WeakCall(plan.f))
 
 
 def cached(key: tuple, make):
@@ -397,7 +402,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     else:
         path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
     traced_seconds = predicted_traced or CALIBRATION.predict(plan)[1]
-    joint = joint_chunk(plan, path, chunk_rows, traced_seconds) if not has_loops else 0
+    joint = joint_chunk(plan, path, chunk_rows, traced_seconds) if not (has_loops or op_types & JOINT_UNVECTORISED_OPS) else 0
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
                  probe.autograph, (predicted_eager, predicted_traced), joint)
 
@@ -415,6 +420,10 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
 # executor's calls are per input): the chunk minimises the padded perturbations plus
 # JOINT_CALL_PERTURBATIONS per call (the ~0.5 ms a call costs).
 JOINT_EXTRA_ELEMENTS = 3
+# pfor converts these with a while_loop when their filter and their input are both batched, as
+# they are in a joint kernel past the first layer (MobileNetV2: Conv2D, DepthwiseConv2dNative);
+# the executor also hands back to per-input kernels wherever a joint kernel's trace has a loop.
+JOINT_UNVECTORISED_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
 JOINT_ELEMENTS_PER_SECOND = 2e9
 JOINT_CALL_PERTURBATIONS = 4
 JOINT_MIN_CHUNK = 8

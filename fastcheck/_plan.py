@@ -284,11 +284,15 @@ class Plan:
         return [self.eval_value(s) if s.checked else s.value for s in self.inputs]
 
 
+class FunctionRaised(ValueError):
+    """f raised when planning called it at the inputs; ``__cause__`` is f's exception."""
+
+
 def _call_user(f, args, what: str):
     try:
         return f(*args)
     except Exception as error:  # re-raised with the user's context
-        raise ValueError(
+        raise FunctionRaised(
             f"f raised {type(error).__name__} when called with {what}: {_first_line(error)}\n"
             "fastcheck calls f(*inputs) with the inputs you passed; make sure f runs on them on its own, "
             "e.g. `f(*inputs)` in eager mode."
