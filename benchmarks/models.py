@@ -68,6 +68,11 @@ Legacy environment (numpy < 2, ``TF_USE_LEGACY_KERAS=1``; setup in
     python -m benchmarks models [--env main|legacy|auto] [--quick] [--classes NAME,NAME]
                                 [--modes default,fast,full] [--seeds 8] [--out DIR] [--in-process]
 
+``--seeds``: ``N`` for every class and mode, or comma-separated entries ``N``, ``MODE=N``, ``CLASS:N``
+and ``CLASS:MODE=N``, the most specific one applying (a class's own entry before a mode's), e.g.
+``--seeds 4,default=2,tf-keras:8,mobilenet-nested:default=4`` (the extra full mode of ``EXTRA_MODES``
+keeps its own count unless an entry names it).
+
 ``--env auto`` (the default) runs the legacy classes when numpy < 2 (the legacy
 venv) and the main ones otherwise.  ``--quick``: seed 0 only and fewer classes
 (``bert-backbone``, ``mobilenet-nested``, ``tf-keras``; legacy ``gpflow-gpr``,
@@ -443,8 +448,29 @@ def check_one(name: str, variant: str, mode: str, seed: int) -> dict:
                report_mode=report.mode,
                fail=[p.input_name for p in failures if p.label == "FAIL"],
                undecidable=[p.input_name for p in failures if p.label != "FAIL"],
-               pairs=len(report.pairs), numerical=_numerical_note(report.notes), notes=list(report.notes))
+               pairs=len(report.pairs), numerical=_numerical_note(report.notes), notes=list(report.notes),
+               pair_detail=_pair_detail(report.pairs, case.planted))
     return row
+
+
+def _pair_detail(pairs, planted: str) -> list:
+    """Per pair not ok, and the planted variable's: label, resolution, flat count and the report's lines."""
+    detail = []
+    for pair in pairs:
+        name = getattr(pair, "input_name", "?")
+        if pair.label == "ok" and not _same_variable(name, planted):
+            continue
+        try:
+            entry = {"input": name, "label": pair.label, "resolution": float(pair.resolution)}
+            own = getattr(pair, "resolutions", None) or pair._resolutions()  # fast pair / full pair
+            entry["tolerance_resolution"] = float(own[1])  # the tolerances' own (coarse: > max(100 rtol, 2x this))
+            summary = pair.to_dict()
+            entry.update({k: summary[k] for k in ("flat", "mismatches", "unresolved", "coarse") if k in summary})
+            entry["lines"] = [line.strip() for line in pair.detail_lines()][:6]
+        except Exception as error:  # noqa: BLE001 -- a side record
+            entry = {"input": name, "label": pair.label, "error": _gist(error)}
+        detail.append(entry)
+    return detail
 
 
 def right(row: dict) -> bool:
@@ -472,11 +498,38 @@ def _same_variable(reported: str, planted: str) -> bool:
     return a == b or any(a.endswith(sep + b) or b.endswith(sep + a) for sep in "/.")
 
 
-def run_class(name: str, variants, modes, seeds: int, emit, extra: dict | None = None) -> None:
+def parse_seeds(text: str) -> dict:
+    """``--seeds``'s entries: {(class or None, mode or None): N}; ``ValueError`` on a malformed one."""
+    spec: dict = {}
+    for entry in (e.strip() for e in str(text).split(",")):
+        if not entry:
+            continue
+        name, _, rest = entry.rpartition(":")
+        mode, _, count = rest.rpartition("=")
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--seeds entry {entry!r}: want N, MODE=N, CLASS:N or CLASS:MODE=N")
+        spec[(name or None, mode or None)] = int(count)
+    if not spec:
+        raise ValueError("--seeds: no entry")
+    return spec
+
+
+def seeds_for(spec: dict, name: str, mode: str, fallback: int) -> int:
+    """The most specific entry of ``spec`` for (class, mode), else ``fallback``."""
+    for key in ((name, mode), (name, None), (None, mode), (None, None)):
+        if key in spec:
+            return spec[key]
+    return fallback
+
+
+def run_class(name: str, variants, modes, seeds, emit, extra: dict | None = None) -> None:
     """Every check of one class, in this process; ``emit(row)`` after each.  A check over SLOW_CHECK_S seconds
-    cuts the seeds to SLOW_SEEDS from then on.  ``extra``: {mode: seeds} run after ``modes``."""
-    limit = seeds
-    plan = [(mode, seeds) for mode in modes] + [(mode, n) for mode, n in (extra or {}).items() if mode not in modes]
+    cuts the seeds to SLOW_SEEDS from then on.  ``seeds``: a count, or {mode: count}.  ``extra``: {mode: seeds}
+    run after ``modes``."""
+    per_mode = seeds if isinstance(seeds, dict) else {mode: seeds for mode in modes}
+    limit = max(list(per_mode.values()) + list((extra or {}).values()))
+    plan = [(mode, per_mode[mode]) for mode in modes] + [(mode, n) for mode, n in (extra or {}).items()
+                                                         if mode not in modes]
     for variant in variants:
         for mode, count in plan:
             for seed in range(count):
@@ -504,7 +557,7 @@ models.run_class({name!r}, {variants!r}, {modes!r}, {seeds!r},
 """
 
 
-def measure_class(name: str, variants, modes, seeds: int, timeout: float, log,
+def measure_class(name: str, variants, modes, seeds, timeout: float, log,
                   extra: dict | None = None) -> tuple[list, str | None]:
     """Run one class in a fresh process; (its rows, an error line or None)."""
     root = str(Path(__file__).resolve().parent.parent)
@@ -609,7 +662,7 @@ def to_markdown(record: dict) -> str:
              f"{record['timestamp']}, fastcheck at {record['git_commit'] or '?'}; CPU: {record['cpu']} x "
              f"{record['cpus']}; python {env['python']}, tensorflow {env['tensorflow']}, numpy {env['numpy']}"
              + "".join(f", {k} {v}" for k, v in env.items() if k not in ("python", "tensorflow", "numpy") and v)
-             + f"; seeds 0-{record['seeds'] - 1}; total {record['wall_seconds']:.0f} s.", "",
+             + f"; seeds {_seeds_text(record)}; total {record['wall_seconds']:.0f} s.", "",
              "\"right\": seeds whose verdict is the right one (correct: pass; defect: fail naming the planted "
              "variable). \"default\" is mode=\"auto\". Time: median (max) seconds of one check_model call, the "
              "model built before the clock; the first check of a class in its process includes tracing.", "",
@@ -639,6 +692,14 @@ def to_markdown(record: dict) -> str:
     for name, error in record["class_errors"].items():
         lines.append(f"| {name} | - | - | process: {error.replace('|', '/')} | - | - | - | - | - | - |")
     return "\n".join(lines) + "\n"
+
+
+def _seeds_text(record: dict) -> str:
+    """"0-7", or the --seeds spec where counts differ by class or mode (the table's "right" column has each row's)."""
+    spec = record.get("seeds_spec")
+    if spec and not str(spec).isdigit():
+        return f"per --seeds {spec} (up to {record['seeds']}; a row's count is its \"right\" denominator)"
+    return f"0-{record['seeds'] - 1}"
 
 
 def _environment_versions(env: str) -> dict:
@@ -677,7 +738,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", default=None,
                         help="comma-separated among default, fast, full (default: default,fast, and full on "
                         + ", ".join(f"{c} ({n['full']} seeds)" for c, n in EXTRA_MODES.items()) + ")")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 8; --quick 1)")
+    parser.add_argument("--seeds", default=None, help="seeds 0..N-1 (default 8; --quick 1); or entries N, MODE=N, "
+                        "CLASS:N, CLASS:MODE=N, comma-separated, the most specific applying")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per class process (default 1800)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
     parser.add_argument("--name", default=None, help="file stem of the outputs (default models; models-legacy in the "
@@ -700,7 +762,12 @@ def main(argv=None) -> int:
     if problems:
         print(f"unknown: {', '.join(problems)}", file=sys.stderr)
         return 2
-    seeds = args.seeds or (1 if args.quick else 8)
+    try:
+        spec = parse_seeds(args.seeds) if args.seeds else {}
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    fallback = 1 if args.quick else 8
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     started = time.perf_counter()
     rows: list = []
@@ -710,10 +777,16 @@ def main(argv=None) -> int:
         rows.append(row)
         print(_progress(row), flush=True)
 
+    most = 0
     for name in classes:
-        print(f"{name}: {len(variants)} variants x {len(modes)} modes x {seeds} seeds", flush=True)
+        seeds = {mode: seeds_for(spec, name, mode, fallback) for mode in modes}
         class_start = time.perf_counter()
-        extra = {} if args.modes or args.quick else EXTRA_MODES.get(name, {})
+        extra = {} if args.modes or args.quick else dict(EXTRA_MODES.get(name, {}))
+        extra = {mode: seeds_for(spec, name, mode, n) if (name, mode) in spec or (None, mode) in spec else n
+                 for mode, n in extra.items()}
+        most = max([most] + list(seeds.values()) + list(extra.values()))
+        print(f"{name}: {len(variants)} variants x " + ", ".join(f"{m} {n}" for m, n in {**seeds, **extra}.items())
+              + " seeds", flush=True)
         if args.in_process:
             run_class(name, variants, modes, seeds, emit, extra)
             error = None
@@ -730,7 +803,8 @@ def main(argv=None) -> int:
         "git_commit": _git_commit(), "cpu": _cpu_model(),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "environment": _environment_versions(env), "argv": list(argv if argv is not None else sys.argv[1:]),
-        "classes": list(classes), "seeds": seeds, "wall_seconds": time.perf_counter() - started,
+        "classes": list(classes), "seeds": most, "seeds_spec": args.seeds or str(fallback),
+        "wall_seconds": time.perf_counter() - started,
         "class_errors": class_errors, "rows": rows,
     }
     record["summary"] = summarise(rows)
