@@ -7,6 +7,7 @@
     python -m benchmarks cold [--only dense-4096,mlp-20000] [--repeats 3]
     python -m benchmarks models [--env main|legacy] [--quick] [--classes NAME,NAME]
     python -m benchmarks bijectors [--only Exp,CorrelationCholesky]
+    python -m benchmarks tf_tests [--only mnist,unary_float32]
 
 A run writes ``<timestamp>.json``, ``latest.json``, ``latest.md`` and
 ``latest.png`` to ``--out`` (default ``benchmarks/results``) and prints the
@@ -150,6 +151,10 @@ def main(argv=None) -> int:
         from benchmarks import bijectors
 
         return bijectors.main(argv[1:])
+    if argv and argv[0] == "tf_tests":
+        from benchmarks import tf_tests
+
+        return tf_tests.main(argv[1:])
     if argv and argv[0] == "verdicts":
         from benchmarks import verdicts
 
