@@ -40,19 +40,25 @@ from fastcheck import _compare, _sparsity
 from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Executor, evaluate_rows, measured, timed, view
-from fastcheck._full import DEEP_LEVELS, REFINE_LEVELS, REFINE_RATIO
 from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, is_compile_failure, pad
 from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
 from fastcheck._report import Element, GradientCheckError, Outcome, PairReport, _index, _num, kernel_failure
+from fastcheck._tables import (
+    DEEP_LEVELS,
+    DENSE_REPORT_ENTRIES,
+    MEASURED_NOISE_FACTOR,
+    NOISE_ALL,
+    NOISE_FACTOR,
+    NOISE_SAMPLE,
+    PATTERN_MARGIN,
+    PATTERN_PROBES,
+    REFINE_LEVELS,
+    REFINE_RATIO,
+    VJP_PROBE_ROUNDING,
+    VJP_PROBE_WEIGHTS,
+)
 
-# Pairs with at most this many Jacobian entries are reported as a dense PairReport
-# (zeros outside the pattern, as full mode shows them); larger ones as nonzeros only.
-DENSE_REPORT_ENTRIES = 1_000_000
-# Random dense probes of the pattern check (each confirmed at a quarter step only where it fails), and the factor by which J d may leave the
-# pattern's prediction before a quarter step is asked to confirm it.
-PATTERN_PROBES = 1
-PATTERN_MARGIN = 3.0
 INCONSISTENT_HINT = ("the reverse-mode gradient disagrees with f's Jacobian along a dense random cotangent (see the "
                      "problem above), although its values at the pattern's nonzeros may agree: look for a missing "
                      "transpose, gradient written to the wrong element, or a gradient that ignores dy; mode='full' on "
@@ -480,9 +486,9 @@ def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
     eps = MACHINE_EPSILON[plan.eval_dtype]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         level = np.abs(_take(plan.eval_output, rows))
-        level *= _compare.NOISE_FACTOR * eps
+        level *= NOISE_FACTOR * eps
         if plan.noise is not None:
-            np.maximum(level, _compare.MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
+            np.maximum(level, MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
         level[~np.isfinite(level)] = 0.0
         level /= np.abs(spans)
         level[~np.isfinite(level)] = 0.0
@@ -688,9 +694,9 @@ def _outside(plan: Plan, part, value, predicted, spread, realised, eps):
         if realised is not None:
             predicted = np.where(np.isfinite(predicted), predicted * realised, 0.0)
             spread = np.abs(spread * realised)
-        rounding = np.abs(plan.eval_output[part]) * (_compare.NOISE_FACTOR * eps)
+        rounding = np.abs(plan.eval_output[part]) * (NOISE_FACTOR * eps)
         if plan.noise is not None:
-            rounding = np.maximum(rounding, _compare.MEASURED_NOISE_FACTOR * plan.noise.sigma[part])
+            rounding = np.maximum(rounding, MEASURED_NOISE_FACTOR * plan.noise.sigma[part])
         return np.abs(value - predicted), PATTERN_MARGIN * (spread + rounding)
 
 
@@ -761,13 +767,6 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
                     f"predict, allowed {allowed[k]:.3g}; {int(outside.sum())} output element(s) so). The "
                     "element verdicts cover only the pattern's nonzeros: pass the right sparsity=, or mode='full'.")
     return None
-
-
-# The analytical side's consistency probe: one VJP with a dense random cotangent u against
-# sum_i u_i a_ij over the recovered nonzeros of each column j.  Powers of two keep u exact;
-# the allowance is the rounding of both sums (their terms' magnitudes) and the check's atol.
-VJP_PROBE_WEIGHTS = (-4.0, -2.0, -1.0, 1.0, 2.0, 4.0)
-VJP_PROBE_ROUNDING = 64.0  # unit roundoffs of the native dtype per unit of sum_i |u_i a_ij|
 
 
 def _probes(executor: Executor, plan: Plan, blocks: list, source: str, atol: float, supplied: bool):
@@ -1334,14 +1333,6 @@ def _counted(count: int, noun: str) -> str:
 
 
 # -- f's noise, on the outputs that matter ---------------------------------------------------------
-
-# Rows whose noise is measured besides those of the failing nonzeros: a random sample,
-# for f's relative noise as a whole (which names a lower precision computed inside).
-NOISE_SAMPLE = 512
-# Up to this many outputs the noise is measured on all of them, as the other modes do (with
-# their random directions: the same sigma, so the same verdicts as mode="full" on
-# borderline elements); sampling pays from here on (~100 evaluations with [8, m] tables).
-NOISE_ALL = 1 << 17
 
 
 def _noise_line(blocks: list[_Block]):

@@ -14,6 +14,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastcheck._tables import (
+    FLAT_ROUNDINGS,
+    JUMP_VISIBLE,
+    KINK_VISIBLE,
+    MEASURED_NOISE_FACTOR,
+    NOISE_FACTOR,
+    QUANTA,
+    RESOLUTION_NOISE_SHARE,
+    RESOLUTION_RTOLS,
+    UNSTEADY_VISIBLE,
+)
+
 OK, MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, NONDIFFERENTIABLE, UNRESOLVED, DISCONTINUOUS = 0, 1, 2, 3, 4, 5, 6
 UNRESOLVED_KINK = 7
 FLAT = 8
@@ -44,15 +56,6 @@ FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED, DISC
 UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)
 # Elements per block of the element-wise rule (a few arrays of it stay in cache).
 VERDICT_BLOCK = 1 << 14
-# Rounding error of one evaluation of f, in units of eps * |f|.
-NOISE_FACTOR = 4.0
-# The same for measured noise, in units of its standard deviation.
-MEASURED_NOISE_FACTOR = 10.0
-
-
-# A difference quotient is "flat" when f(x + h) - f(x - h) is at most this many roundings
-# (spacings of the evaluation dtype at |f(x)|) of the output: what f's own rounding alone moves.
-FLAT_ROUNDINGS = 4.0
 
 
 def flat(numerical: np.ndarray, spans: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -61,18 +64,6 @@ def flat(numerical: np.ndarray, spans: np.ndarray, level: np.ndarray) -> np.ndar
     with np.errstate(invalid="ignore", over="ignore"):
         moved = np.abs(numerical) * np.abs(spans)[None, :]
         return np.isfinite(moved) & (moved <= FLAT_ROUNDINGS * level[:, None])
-
-
-# Resolution: the smallest relative error r of a pair's gradient (all of it scaled by 1 + r)
-# that the rule flags, min over elements (or probes) of allowed / |analytical|; the
-# tolerance's own is the same with only atol + rtol |n| allowed.  A pass is decisive while
-# its resolution is within RESOLUTION_RTOLS of rtol (float32: 1%, so no 1% defect passes for
-# a wide allowance; float64: 1e-4) or within RESOLUTION_NOISE_SHARE times the tolerance's
-# own (the tolerance, not the numerical side's noise, sets it: small gradients under atol).
-# Beyond both the noise swamps the allowance (a fast-mode probe allowed 43% of its value
-# passed a 1% defect), and the pair is undecidable.
-RESOLUTION_RTOLS = 100.0
-RESOLUTION_NOISE_SHARE = 2.0
 
 
 def resolution(scale: np.ndarray, allowed: np.ndarray, tolerated: np.ndarray, usable: np.ndarray) -> tuple[float, float]:
@@ -306,20 +297,6 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
     return best, error, settled_best, kink, right, left, jump, chosen, sides_error
 
 
-# One-sided quotients differ "visibly" when their gap exceeds this many times the level's
-# noise (the central difference's rounding bound, ~7 standard deviations of it; the gap of
-# the sides has ~3.5 times a central quotient's deviation, so 2 bounds are ~4 of the gap's
-# deviations): a step crosses a kink only where its sides differ visibly, and resolves one
-# only where they would.  At 8 (~16 deviations), float32 ReLU networks' kinks crossed at
-# h and h/4 with gaps of 6-16 deviations went unseen, and their pairs settled on false
-# mismatches.  A crossing whose sides move between steps (a kink at a fraction of the step)
-# needs UNSTEADY_VISIBLE; a jump of f a wider margin still (its test compares just the two
-# finest steps, with no steadiness to confirm it).
-KINK_VISIBLE = 2.0
-UNSTEADY_VISIBLE = 4.0
-JUMP_VISIBLE = 20.0
-
-
 def between_sides(analytical, left, right, sides_error, atol: float, rtol: float):
     """Whether the analytical value is one of the one-sided derivatives or between them, within
     their own uncertainty and the tolerances (not the central estimate's error: at a kink that is
@@ -419,10 +396,6 @@ def _below_quantum(levels: list, y0: np.ndarray, sigma: np.ndarray) -> list:
         few = np.where(frozen, few, (moved > 0) & (moved <= QUANTA * quantum))
         result.append((derivative, noise, plus, minus, span))
     return result
-
-
-# A move of at most this many measured quanta, before f freezes, marks a quantised f.
-QUANTA = 64
 
 
 def relative_norm_error(numerical: np.ndarray, analytical: np.ndarray) -> float:

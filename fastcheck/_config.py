@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from fastcheck._distribute import validate_devices, validate_strategy
 from fastcheck._sparsity import given
+from fastcheck._tables import DEFAULT_TOLERANCES  # re-exported: the tolerance table users override
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes
 
@@ -43,17 +44,6 @@ PRECISION_EPSILON = {
     "bfloat16": MACHINE_EPSILON[tf.bfloat16],
 }
 
-# Default tolerances of the analytical side, by the precision it computes in (the
-# lowest on f's path: its dtypes, or what fastcheck measured and found inside f).
-# The element-wise rule is |analytical - numerical| <= atol + rtol * |numerical| +
-# noise, where noise is the numerical side's own error estimate (see _compare.py).
-DEFAULT_TOLERANCES = {
-    "float64": {"atol": 1e-8, "rtol": 1e-6},
-    "float32": {"atol": 1e-5, "rtol": 1e-4},
-    "tensorfloat32": {"atol": 1e-2, "rtol": 1e-2},
-    "float16": {"atol": 1e-2, "rtol": 1e-2},
-    "bfloat16": {"atol": 5e-2, "rtol": 5e-2},
-}
 
 PRECISIONS = ("auto", "native", "float64")
 MODES = ("auto", "full", "fast", "coloured")

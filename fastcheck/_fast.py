@@ -57,8 +57,13 @@ flattened input, i.e. slabs along the leading axes), recursively, down to a
 region small enough for an element-by-element check, whose worst element is
 reported with the region.  Each input's pair holds the probes that decided it:
 its group's when the group passed, those of the part that cleared it or its own
-when it was localised; a group whose defect shows in no single part fails as a
-whole, with a hint saying so.
+when it was localised; a group whose defect shows in no single part is
+undecidable, with a hint saying so (``NOT_SHOWN_HINT``, ``WITHIN_PARTS_HINT``), and
+groups failing after ``MAX_LOCALISED_INPUTS`` localised inputs fail as groups
+(``CAPPED_HINT``).  A localised element where f does not move (``_flat``) is
+undecidable too (``FLAT_HINT``).  Each input's pair states its resolution: the
+smallest relative error of its gradient that its probes flag, from its share
+``(J^T u)_k . d_k`` of each projection.
 """
 
 from __future__ import annotations
@@ -76,20 +81,24 @@ from fastcheck._executor import FAST_ROWS, Executor, ShapeChangeError, measured,
 from fastcheck._paths import EAGER, GRAPH, XLA, is_compile_failure
 from fastcheck._plan import Plan
 from fastcheck._report import Comparison, Element, Outcome, ProjectionReport
+from fastcheck._tables import (
+    BLOCK_REFINE_OUTPUTS,
+    BLOCKS,
+    DEEP_LEVELS,
+    DILUTION,
+    FLAT_ROUNDINGS,
+    LOCALISE_DRAWS,
+    MAX_LOCALISED_INPUTS,
+    MEASURED_NOISE_FACTOR,
+    NOISE_FACTOR,
+    PARALLEL_ROWS,
+    REFINE_LEVELS,
+    REFINE_RATIO,
+    REFINED_COLUMNS,
+    REGION_MAX,
+    RESOLVE_UP,
+)
 
-BLOCKS = 8
-REGION_MAX = 64
-REFINED_COLUMNS = 4  # the worst columns of a localised region refined before its worst element is named
-LOCALISE_DRAWS = 3  # random draws per bisection level before giving up on it
-MAX_LOCALISED_INPUTS = 4  # inputs localised one by one; further failing groups fail as groups
-BLOCK_REFINE_OUTPUTS = 4096  # the within-input bisection refines its block probes for f with at most this many outputs
-PARALLEL_ROWS = 8  # rows of a batched evaluation in flight at once (tf.map_fn's parallel_iterations)
-REFINE_RATIO = 4.0
-REFINE_LEVELS = 5  # failing probes are re-evaluated at h/4 ... h/4**5, as in full mode
-DEEP_LEVELS = 12  # ... and those still unsettled down to h/4**12
-# Inputs are tested in groups of similar size: a group's probes dilute a defect in its
-# smallest input by at most sqrt(elements of the group / elements of the input) = DILUTION.
-DILUTION = 4
 # Stateless seeds (seed, SEEDS[...] + i) of the probes, per purpose.
 SEEDS = {"screen": 0, "groups": 1 << 20, "own": 2 << 20, "blocks": 3 << 20}
 ZERO = tf.UnconnectedGradients.ZERO
@@ -327,7 +336,7 @@ class Joint:
         # Error of one evaluation per output: rounding, or f's measured noise when larger.
         eps_eval = MACHINE_EPSILON[plan.eval_dtype]
         sigma = plan.noise.sigma if plan.noise is not None else 0.0
-        level = np.maximum(eps_eval * np.abs(self.y0), _compare.MEASURED_NOISE_FACTOR / _compare.NOISE_FACTOR * sigma)
+        level = np.maximum(eps_eval * np.abs(self.y0), MEASURED_NOISE_FACTOR / NOISE_FACTOR * sigma)
         self.level = tf.constant(level, F64)
         route = executor.route
         itemsize = executor.plan.eval_flat_dtype.size
@@ -353,7 +362,7 @@ class Joint:
         plus, minus, realised = self._evaluate(directions, tf.constant(steps, F64))
         step = tf.constant(steps, F64)[:, None]
         estimate = (plus - minus) / (2 * step)
-        noise = _compare.NOISE_FACTOR * self.level[None, :] / (2 * step)
+        noise = NOISE_FACTOR * self.level[None, :] / (2 * step)
         return estimate, realised, plus, minus, noise
 
     def _evaluate(self, directions: tf.Tensor, steps: tf.Tensor):
@@ -761,6 +770,13 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
                          for g in failing]
                 decided = _localise(joint, config.seed, u, gradient,
                                     [(groups[g], results[g], d) for g, d in zip(failing, worst)], atol, rtol)
+    for g, group in enumerate(groups):
+        # A passing group whose probes cannot see a 1% error of some input's gradient (its noise swamps the
+        # allowance): the same probes on the ladder 256 h ... h, where f's rounding is smaller.
+        if results[g].ok and any(_compare.coarse(resolved, tolerance, rtol)
+                                 for resolved, tolerance in (results[g].resolution(i) for i in group if i not in decided)):
+            with timed(timings, "fast"):
+                results[g] = _sharpened(joint, group, g, results[g], u, gradient, atol, rtol)
     group_of = {index: g for g, group in enumerate(groups) for index in group}
     pairs = []
     for index, spec in enumerate(joint.specs):
@@ -786,6 +802,26 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
                                                                f"the inputs, then within {', '.join(within)}"
                                                                if within else ""))
     return Outcome(pairs, plan, atol, rtol, "fast", notes)
+
+
+def _sharpened(joint: Joint, group: list, number: int, result: Probes, u, gradient, atol, rtol) -> Probes:
+    """A passing group's probes re-estimated on the ladder h * 4**RESOLVE_UP ... h (``_compare.refine``), as full
+    mode sharpens a coarse pass: a probe whose settled estimate has a smaller allowance takes it.  The result
+    replaces the group's only where every probe still passes (a larger step's truncation is judged by the
+    ladder, never confirmed as a mismatch): otherwise the coarse pass stands, undecidable."""
+    directions = _screen_directions(joint, group, number)
+    first, realised, _, _, first_noise = (t.numpy() for t in joint.numerical(directions))
+    probes = np.arange(int(directions.shape[0]))
+    levels = _ladder(joint, directions, probes, realised, u, gradient, range(-RESOLVE_UP, 1), np.arange(joint.plan.m))
+    sigma = joint.plan.noise.sigma if joint.plan.noise is not None else None
+    best, error, settled, *_ = _compare.refine(levels, np.asarray(joint.y0, np.float64), REFINE_RATIO, sigma)
+    better = np.all(settled, axis=0) & (np.max(error, axis=0) < np.max(first_noise, axis=1))  # [k]
+    estimate = np.where(better[:, None], best.T, first)
+    noise = np.where(better[:, None], error.T, first_noise)
+    forward = joint.jvp(tf.constant(realised), gradient, u)
+    sharpened = _judge_arrays(estimate, noise, forward, tf.constant(realised), u, gradient, atol, rtol)
+    sharpened.shares = joint.shares(tf.constant(realised), gradient)
+    return sharpened if sharpened.ok else result
 
 
 def _screen(joint: Joint, groups: list, numbers, u, gradient, atol, rtol, refine=True) -> list:
@@ -981,7 +1017,7 @@ def _flat_element(joint: Joint, position: int, column: int, row: int | None, fir
     # The unit probe's J d quotient over the span 2 eps is f's move: d = max(1, |x_j|) e_j at step eps.
     moved = abs(first.forward_worst[at][2] if side == "forward" else first.reverse[at][1]) * 2 * joint.eps
     level = _flat.rounding_level(joint.plan)[row]
-    if not moved <= _compare.FLAT_ROUNDINGS * level:
+    if not moved <= FLAT_ROUNDINGS * level:
         return False
     executor = joint.executor
     return bool(_flat.undecidable(executor, executor.plan, joint.config, position, np.array([row]), np.array([column]),

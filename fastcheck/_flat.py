@@ -5,12 +5,12 @@ analytical value is not by itself a wrong gradient.  f may be piecewise constant
 quantizer, ``sign``: the analytical value is a surrogate gradient, e.g. a straight-through
 estimator, which no difference quotient can check), or float32 rounding inside f may
 swallow the change (a batch-norm beta deep in a float32 network).  Larger steps tell these
-apart from a wrong gradient: at steps 4 h, 16 h, ... up past ``MAX_STEP * max(1, |x_j|)``,
+apart from a wrong gradient: at steps 4 h, 16 h, ... up past ``FLAT_MAX_STEP * max(1, |x_j|)``,
 where f first moves
 
-* by a jump (the next step moves it less than ``JUMP_GROWTH`` times as far, where past a kink
+* by a jump (the next step moves it less than ``FLAT_JUMP_GROWTH`` times as far, where past a kink
   a 4x step moves a piecewise-linear f 4x or more): piecewise constant;
-* or with a quotient within ``AGREES`` of the analytical value, or only at the largest step;
+* or with a quotient within ``FLAT_AGREES`` of the analytical value, or only at the largest step;
 
 the element is FLAT, undecidable.  f that moves at no step does not depend on x_j there while
 its gradient says it does (a VJP writing gradient where f does not depend), and f that moves
@@ -25,13 +25,7 @@ import numpy as np
 from fastcheck import _compare
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import numerical_columns, steps
-
-# Steps a flat mismatch is tried at: 4x apart from 4 h up past MAX_STEP * max(1, |x_j|) (a latent
-# weight of a binarized layer crosses its sign within that).
-RATIO = 4.0
-MAX_STEP = 1.0
-JUMP_GROWTH = 2.0
-AGREES = 0.5
+from fastcheck._tables import FLAT_AGREES, FLAT_JUMP_GROWTH, FLAT_MAX_STEP, FLAT_ROUNDINGS, REFINE_RATIO
 
 
 def rounding_level(plan) -> np.ndarray:
@@ -60,20 +54,20 @@ def undecidable(executor, plan, config, position: int, rows: np.ndarray, cols: n
     columns, where = np.unique(cols, return_inverse=True)
     base = steps(plan, config, position)[columns]
     relative = config.step(MACHINE_EPSILON[plan.eval_dtype])
-    # One level past MAX_STEP, so that f first moving within it has a next step to tell a jump by.
-    levels = max(1, int(np.ceil(np.log(MAX_STEP / relative) / np.log(RATIO)))) + 1
-    delta = base[None, :] * RATIO ** np.arange(1, levels + 1)[:, None]  # [levels, k]
+    # One level past FLAT_MAX_STEP, so that f first moving within it has a next step to tell a jump by.
+    levels = max(1, int(np.ceil(np.log(FLAT_MAX_STEP / relative) / np.log(REFINE_RATIO)))) + 1
+    delta = base[None, :] * REFINE_RATIO ** np.arange(1, levels + 1)[:, None]  # [levels, k]
     quotient, plus, minus, _ = numerical_columns(executor, position, np.tile(columns, levels), delta.reshape(-1))
     shape = (len(plan.eval_output), levels, len(columns))
     y0 = plan.eval_output[rows][:, None]
     pick = lambda t: t.reshape(shape)[rows, :, where]  # noqa: E731  [elements, levels]
     with np.errstate(invalid="ignore", divide="ignore"):
         moved = np.fmax(np.abs(pick(plus) - y0), np.abs(pick(minus) - y0))
-        moves = moved > _compare.FLAT_ROUNDINGS * rounding_level(plan)[rows][:, None]
+        moves = moved > FLAT_ROUNDINGS * rounding_level(plan)[rows][:, None]
         first = np.argmax(moves, axis=1)
         index = np.arange(len(rows))
         following = np.minimum(first + 1, levels - 1)
         last = first == levels - 1
-        jump = ~last & (moved[index, following] < JUMP_GROWTH * moved[index, first])
-        agrees = np.abs(pick(quotient)[index, following] - analytical) <= AGREES * np.abs(analytical)
+        jump = ~last & (moved[index, following] < FLAT_JUMP_GROWTH * moved[index, first])
+        agrees = np.abs(pick(quotient)[index, following] - analytical) <= FLAT_AGREES * np.abs(analytical)
     return np.any(moves, axis=1) & (jump | last | agrees)

@@ -19,12 +19,21 @@ from fastcheck._executor import Executor, measured, numerical_columns, steps, ti
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, _first_line
 from fastcheck._report import GradientCheckError, Outcome, PairReport, _index, kernel_failure
-
-# Refinement: failing columns are re-evaluated with the step divided by this.
-REFINE_RATIO = 4.0
-REFINE_LEVELS = 5
-DEEP_LEVELS = 12
-EDGE_LEVELS = 20
+from fastcheck._tables import (
+    BELOW_LOW,
+    BELOW_POINTS,
+    BOUND_DEVIATIONS,
+    COARSE_MAX_STEP,
+    COARSE_TABLES,
+    CONFIRM_RATIO,
+    DEEP_LEVELS,
+    EDGE_LEVELS,
+    MEASURED_NOISE_FACTOR,
+    REFINE_LEVELS,
+    REFINE_RATIO,
+    RESOLVE_COLUMNS,
+    RESOLVE_UP,
+)
 
 
 class _Jacobians:
@@ -135,7 +144,11 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True):
         if refine:
             with timed(jac.timings, "refine"):
                 status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
-        rows, cols = flat
+        # ... and mismatches whose refined estimate is exactly 0: the steps that settled it moved f not at all
+        # (a latent weight 7e-4 from sign's jump: the first step crosses it, every settling step is below it).
+        refined_rows, refined_cols = np.nonzero((status == _compare.MISMATCH) & (numerical == 0))
+        rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack([refined_rows, refined_cols])], axis=1),
+                               axis=1)
         still = status[rows, cols] == _compare.MISMATCH
         rows, cols = rows[still], cols[still]
         undecidable = _flat.undecidable(jac.executor, jac.plan, jac.config, spec.position, rows, cols, a[rows, cols])
@@ -174,12 +187,6 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
                   & (status[:, columns] == _compare.OK))
     band[:, columns] = np.where(better, allowed, band[:, columns])
     numerical[:, columns] = np.where(better, estimate, numerical[:, columns])
-
-
-# A coarse pass re-estimates this many of its most resolving columns at up to 4**RESOLVE_UP times the step
-# (its best pair's finer step, whose rounding sets the error, is 4**(RESOLVE_UP - 1) times h).
-RESOLVE_COLUMNS = 8
-RESOLVE_UP = 4
 
 
 def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances):
@@ -355,17 +362,13 @@ def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, 
     return np.concatenate(taken)
 
 
-# float64 [m, 9, k] tables alive at once in ``_coarsen``'s fits (plus and minus, the quotients, values, residuals).
-COARSE_TABLES = 8
-
-
 def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, noise, status, band, tolerances,
                      sigma) -> np.ndarray:
     """``_coarsen`` on the noise-limited ``columns``; returns those taken."""
     atol, rtol = tolerances
     base = steps(jac.plan, jac.config, position)[columns]
     scale = base / jac.config.step(jac.eps_eval)  # max(1, |x_j|)
-    spread = _compare.MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE
+    spread = MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE
     with np.errstate(divide="ignore", invalid="ignore"):
         needed = np.nanmax(3 * spread * sigma[:, None] / (atol + rtol * np.abs(a[:, columns])), axis=0)
     width = np.clip(needed, 4 * base, COARSE_MAX_STEP * scale / 4)
@@ -409,13 +412,10 @@ def _cubic_slopes(jac: _Jacobians, position: int, columns, width, sigma):
         estimate = coefficients[:, 1] / unit[None, :]
     outside = ~np.all(np.isfinite(values), axis=1)  # outside f's domain: not for this ladder
     estimate[outside], residual[outside] = np.nan, np.inf
-    error = _compare.MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE * sigma[:, None] / width[None, :]
+    error = MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE * sigma[:, None] / width[None, :]
     return estimate, error, residual
 
 
-# Noise-limited columns: 4 H at most this relative step; the standard deviation of the
-# cubic-fit slope in units of sigma / H (9 nodes -4..4).
-COARSE_MAX_STEP = 0.25
 _NODES = np.vander(np.arange(-4.0, 5.0), 4, increasing=True)  # [9, 4]: 1, t, t^2, t^3
 _CUBIC_FIT = np.linalg.pinv(_NODES)  # [4, 9]
 COARSE_SLOPE_NOISE = float(np.sqrt(np.linalg.inv(_NODES.T @ _NODES)[1, 1]))
@@ -482,16 +482,6 @@ def _holds_below(jac: _Jacobians, position: int, columns, a, estimate, level, ch
     result[chosen] = np.all(holds | ~mismatch[:, chosen] | ~np.isfinite(mean), axis=0)
     return result
 
-
-# Steps averaged below a noisy pair, spread over [BELOW_LOW, 1] x the next step; a noise bound
-# is about this many standard deviations of a central quotient (MEASURED_NOISE_FACTOR / sqrt 2).
-BELOW_POINTS = 8
-BELOW_LOW = 0.6
-BOUND_DEVIATIONS = 7.0
-
-
-# Confirmation steps of a refined mismatch, relative to the pair that gave it.
-CONFIRM_RATIO = 0.6180339887
 
 def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:
     return [block[o.offset : o.offset + o.size] for o in plan.outputs]
@@ -621,8 +611,6 @@ def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[li
         forward_status[undecided] = status[undecided]
         compared.append((spec, block, numerical, forward_status, band, one_sided))
     return _pairs(plan, compared, atol, rtol, output_name, "forward"), "forward mode (JVP): full Jacobian compared"
-
-
 
 
 def numerical_blocks(executor: Executor, plan: Plan) -> list[np.ndarray]:

@@ -28,13 +28,8 @@ from fastcheck._config import (
     precision_name,
     real_dtype,
 )
-from fastcheck._precision import (
-    NOISY_EPSILONS,
-    Noise,
-    low_precision_op,
-    measure_noise,
-    tensorfloat32_op,
-)
+from fastcheck._precision import Noise, low_precision_op, measure_noise, tensorfloat32_op
+from fastcheck._tables import NOISY_EPSILONS
 
 # A third call times f when one call is cheaper than this (seconds).
 CALL_TIMING_LIMIT = 0.05

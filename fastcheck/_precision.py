@@ -34,22 +34,19 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import PRECISION_EPSILON, less_precise
+from fastcheck._tables import (
+    CALM_SPREAD,
+    CONFIRM_MARGIN,
+    CONFIRM_SCALE,
+    NOISE_DIRECTIONS,
+    NOISE_GROWTH,
+    NOISE_MAX_SCALE,
+    NOISE_SCALES,
+    NOISE_SIDE,
+    NOISE_START,
+    SEPARATE_INPUTS,
+)
 
-NOISE_SIDE = 8  # points on each side of x, each side on its own: four 4th differences per side
-SEPARATE_INPUTS = 4  # up to this many checked inputs get directions of their own
-NOISE_DIRECTIONS = 2
-NOISE_START = 64.0  # machine epsilons (relative to max(1, |x|)): the first scale tried
-NOISE_SCALES = 3  # fine scales tried for every check
-NOISE_GROWTH = 1000.0
-NOISE_MAX_SCALE = 1e-2  # relative: far beyond any rounding, still far below most features of f
-# Roughness first seen at a scale counts as noise only if it is within CONFIRM_MARGIN of
-# itself at a scale CONFIRM_SCALE times finer (rounding is scale-free; kinks crossed are not).
-CONFIRM_SCALE = 32.0
-CONFIRM_MARGIN = 8.0
-CALM_SPREAD = 2.0
-# Measured relative noise above this many machine epsilons of the evaluation dtype
-# means f loses precision inside (a cast, a low-precision op, a long cancellation).
-NOISY_EPSILONS = 16.0
 _PRECISION_OF = {tf.float16: "float16", tf.bfloat16: "bfloat16", tf.float32: "float32", tf.float64: "float64"}
 _TF32_OPS = frozenset({"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D", "Conv2DBackpropInput",
                        "DepthwiseConv2dNative", "Einsum"})

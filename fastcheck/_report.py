@@ -614,7 +614,9 @@ class GradientReport:
 
     @property
     def verdict(self) -> str:
-        """"pass", "fail" (a gradient is wrong), or "undecidable" (f itself is not finite or not deterministic)."""
+        """"pass", "fail" (a gradient is wrong: a mismatch, a non-finite analytical value, a VJP off the pattern), or
+        "undecidable" (no wrong gradient shown, but not every pair passes: f not finite or not deterministic, kinks
+        or jumps no step resolves, f not moving, unresolved differences, or a pass too coarse to see a 1% error)."""
         if self.ok:
             return "pass"
         wrong = any(p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) or getattr(p, "inconsistent", False)
