@@ -266,7 +266,8 @@ class Plan:
         for leaf, is_output in zip(tf.nest.flatten(self._call(values)), self.leaf_is_output):
             if not is_output:
                 continue
-            array = np.asarray(leaf)
+            # .numpy(): np.asarray of a 0-d bfloat16 tensor fails ("__array__ method not producing an array")
+            array = np.asarray(leaf.numpy() if hasattr(leaf, "numpy") else leaf)
             if np.iscomplexobj(array):
                 array = np.stack([array.real, array.imag], axis=-1)
             pieces.append(array.astype(target, copy=False).reshape(-1))

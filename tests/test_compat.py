@@ -165,3 +165,12 @@ def test_empty_and_nonempty_mix_checks_the_nonempty_pairs():
     assert fastcheck.check_gradients(wrong, x).verdict == "fail"
     jacobians = fastcheck.numerical_jacobian(f, x)
     assert [[j.shape for j in row] for row in jacobians] == [[(2, 0), (2, 2)], [(0, 0), (0, 2)]]
+
+
+def test_bfloat16_scalars_as_tensorflows_own_test_writes_them():
+    """gradient_checker_v2_test's bfloat16 add: 0-d bfloat16 outputs read back on the eager path."""
+    x, y = tf.constant(1.5, tf.bfloat16), tf.constant(0.5, tf.bfloat16)
+    assert fastcheck.check_gradients(lambda x, y: x + y, [x, y]).ok
+    theoretical, numerical = fastcheck.compute_gradient(lambda x, y: x + y, [x, y])
+    assert [t.shape for t in theoretical] == [(1, 1), (1, 1)]
+    assert fastcheck.max_error(theoretical, numerical) < 1e-2
