@@ -28,6 +28,7 @@ from fastcheck._compare import (
 )
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._plan import InputSpec, Plan, _first_line
+from fastcheck._tables import RESOLUTION_RTOLS
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
 FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
@@ -317,8 +318,9 @@ def coarse_line(title: str, resolutions: tuple[float, float], rtol: float, fast:
     fix = ("more probes (probes=...) or mode='full'" if fast else "a float64 numerical side (precision='float64'; "
            "check_model: a model its float64 copy can stand in for)")
     return (f"  {title}: every {'probe' if fast else 'element'} passes, but {where} a relative error of its gradient "
-            f"below {resolved:.3g} (the tolerances alone would resolve {tolerance:.3g}, rtol={rtol:g}): the numerical "
-            f"side's noise swamps the allowance, so a wrong gradient of a few % could pass unseen; undecidable, not "
+            f"below {resolved:.3g} (the tolerances alone would resolve {tolerance:.3g}; the limit is "
+            f"{RESOLUTION_RTOLS:g} x rtol = {RESOLUTION_RTOLS * rtol:.3g}): the numerical side's error swamps the "
+            f"allowance, and a gradient off by less than {resolved:.3g} of itself would pass unseen; undecidable, not "
             f"ok. Try {fix}.")
 
 
@@ -695,15 +697,24 @@ class GradientReport:
                          f"{max(p.max_rel_error for p in passing):.3g}; by layer"
                          f"{_layer_groups([p.input_name for p in passing])}")
         # Undecidable fast-mode pairs say the same thing: past a few, one line for all of them.
-        probes_undecided = [p for p in failing if isinstance(p, ProjectionReport) and p.label != "FAIL"]
+        projections = [p for p in failing if isinstance(p, ProjectionReport) and p.label != "FAIL"]
+        probes_undecided = [p for p in projections if not p.coarse and p.undecided_probes]  # kinks no step resolves
+        coarse_pairs = [p for p in projections if p.coarse]  # every probe passes, too coarse to decide
         summarised = len(probes_undecided) > UNDECIDED_DETAILS
+        coarse_summarised = len(coarse_pairs) > UNDECIDED_DETAILS
         for p in failing:
-            if not (summarised and p in probes_undecided):
+            if not (summarised and p in probes_undecided) and not (coarse_summarised and p in coarse_pairs):
                 lines += p.detail_lines()
         if summarised:
             lines.append(f"  undecidable: {sum(p.undecided_probes for p in probes_undecided)} probes over "
                          f"{len(probes_undecided)} pairs cross kinks of f that no step down to h/4**12 resolves"
                          f"{_layer_groups([p.input_name for p in probes_undecided])}")
+        if coarse_summarised:
+            resolutions = [p.resolution for p in coarse_pairs]
+            lines.append(f"  undecidable: {len(coarse_pairs)} pairs pass every probe but resolve no relative error of "
+                         f"their gradient below {min(resolutions):.3g} .. {max(resolutions):.3g} (coarser than "
+                         f"{RESOLUTION_RTOLS:g} rtols and than the tolerances alone)"
+                         f"{_layer_groups([p.input_name for p in coarse_pairs])}")
         if probes_undecided:
             lines.append(f"  hint: {UNDECIDED_PROBES_HINT}")
         if not collapsed:

@@ -122,3 +122,28 @@ def test_fast_mode_sharpens_a_coarse_pass_of_a_correct_gradient(seed):
     report = fastcheck.check_gradients(f, x, precision="native", mode="fast", seed=seed)
     assert report.verdict != "fail", str(report)
     assert report.ok or report.pairs[0].coarse  # never a FAIL of a correct gradient; a pass when the ladder resolves it
+
+
+def _head_beside_a_backbone(factor):
+    """A 32-element head whose gradient (~2e-3) is small beside a 512-element input's, in one fast-mode group:
+    the group's atol ||d||_2 resolves only ~2% of the head's gradient."""
+    weights = np.random.RandomState(5).uniform(1.0, 3.0, [32]) * 1e-3
+
+    @tf.custom_gradient
+    def head(b):
+        w = tf.constant(weights, b.dtype)  # in the input's dtype: the numerical side runs in float64
+        return tf.reduce_sum(w * b), lambda dy: dy * w * factor
+
+    return lambda a, b: tf.reduce_sum(tf.sin(a)) + head(b)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fast_mode_tests_a_small_gradient_on_its_own_probes(seed):
+    a = tf.constant(np.random.RandomState(6).normal(size=[512]), tf.float32)
+    b = tf.constant(np.random.RandomState(7).normal(size=[32]), tf.float32)
+    correct = fastcheck.check_gradients(_head_beside_a_backbone(1.0), [a, b], mode="fast", seed=seed)
+    assert correct.ok, str(correct)
+    assert correct.pairs[1].resolution < 0.01
+    planted = fastcheck.check_gradients(_head_beside_a_backbone(1.01), [a, b], mode="fast", seed=seed)
+    assert planted.verdict == "fail", str(planted)
+    assert [p.label for p in planted.pairs] == ["ok", "FAIL"]
