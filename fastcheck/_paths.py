@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from fastcheck._config import CheckConfig
 from fastcheck._plan import Plan
-from fastcheck._raised import call_carrying_own
+from fastcheck._raised import Raised, call_carrying_own
 
 XLA, GRAPH, LOOP, EAGER = "xla", "graph", "loop", "eager"
 # Each path falls back to the next when it cannot run f: XLA cannot compile
@@ -352,11 +352,14 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     mark_traced()
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
-    except Exception as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly
-        if config.jit_compile is True:
+    except (Exception, Raised) as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly
+        if config.jit_compile is True or (isinstance(error, Raised) and not error.tracing):
             raise
-        first_line = (str(error).strip().splitlines() or [""])[0][:120]
-        return Route(EAGER, f"f cannot be traced ({type(error).__name__}: {first_line}): evaluated eagerly",
+        # f's own exception when traced (an f that refuses tracing) too: the eager calls show whether f raises
+        # it there as well, and then it leaves the check as itself.
+        cause: BaseException = error.error if isinstance(error, Raised) else error
+        first_line = (str(cause).strip().splitlines() or [""])[0][:120]
+        return Route(EAGER, f"f cannot be traced ({type(cause).__name__}: {first_line}): evaluated eagerly",
                      {s.position: s.size for s in plan.checked}, m, 0)
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size

@@ -53,6 +53,9 @@ SETTINGS = {
 }
 # The first three calls are planning's, at the inputs: a ValueError naming them (test_errors.py).
 PLANNING_CALLS = 3
+# The next is the trace that picks the route: f's own exception there reads as f refusing to be traced
+# (test_truth's NoTracing), so the check evaluates f eagerly (unless jit_compile=True demands XLA).
+PROBE_CALL = PLANNING_CALLS + 1
 
 
 def _calls_of_a_clean_check(step, options, path, x):
@@ -69,10 +72,16 @@ def test_own_exception_on_every_later_call_comes_out_as_itself(setting):
     value = np.array([0.3, -0.5, 0.7])
     x = tf.Variable(value)
     total = _calls_of_a_clean_check(step, options, path, x)
-    for n in range(PLANNING_CALLS + 1, total + 1):
+    for n in range(PROBE_CALL, total + 1):
         f = counting(step, fail_on=n)
-        with pytest.raises(MyError) as raised:
-            fastcheck.check_gradients(f, x, **options)
+        try:
+            report = fastcheck.check_gradients(f, x, **options)
+        except MyError as error:
+            raised = pytest.ExceptionInfo.from_exception(error)
+        else:  # only while the route's trace probes f (its AutoGraph retry too): read as f refusing tracing
+            assert options.get("jit_compile") is not True and n <= PROBE_CALL + 1, f"call {n}: MyError swallowed"
+            assert report.path == "eager" and any("MyError" in note for note in report.notes), report.notes
+            continue
         assert raised.value is f.raised[0], f"call {n}: not the user's own exception object"
         assert str(raised.value) == f"boom on call {n}"  # its message as f wrote it (the note is apart)
         assert f.calls == n, f"call {n}: fastcheck called f again after it raised"
@@ -96,10 +105,20 @@ def test_state_f_changes_is_restored_when_it_raises(setting):
     f = counting(step, state=x)
     fastcheck.check_gradients(f, x, **options)  # f moves x on every call; the check restores it
     np.testing.assert_array_equal(x.numpy(), value)
-    for n in (PLANNING_CALLS + 1, f.calls):
+    for n in (PROBE_CALL + 2, f.calls):
         with pytest.raises(MyError):
             fastcheck.check_gradients(counting(step, fail_on=n, state=x), x, **options)
         assert x.numpy().tobytes() == value.tobytes()
+
+
+def test_own_exception_in_the_routing_trace_means_f_runs_eagerly():
+    f = counting(traced, fail_on=PROBE_CALL)
+    report = fastcheck.check_gradients(f, tf.constant([0.3, -0.5, 0.7], tf.float64), jit_compile=False)
+    assert report.ok and report.path == "eager"
+    assert any("MyError" in note and "evaluated eagerly" in note for note in report.notes), report.notes
+    with pytest.raises(MyError):  # XLA demanded: f's exception as itself
+        fastcheck.check_gradients(counting(traced, fail_on=PROBE_CALL), tf.constant([0.3, 0.5], tf.float64),
+                                  jit_compile=True)
 
 
 def test_planning_calls_wrap_it_with_the_cause():
