@@ -542,7 +542,10 @@ def test_eager_path_matches_graph_path_on_mixed_and_complex_outputs(outputs):
     graph = fastcheck.check_gradients(f, inputs, jit_compile=False)
     assert eager.path == "eager" and graph.path == "graph"
     assert eager.mode == graph.mode == "reverse"  # the side training uses, whatever the shapes
-    assert eager.ok and graph.ok, str(eager)
+    # The same verdict on both paths, never a FAIL: every output's rounding allowance is the least precise
+    # output's (float32's), so on some draws of w a pair of the float64 output resolves only ~1.01% (undecidable).
+    assert eager.verdict == graph.verdict != "fail", str(eager)
+    assert all(p.ok or p.coarse for p in eager.pairs), str(eager)
     for a, b in zip(eager.pairs, graph.pairs):
         np.testing.assert_allclose(a.analytical, b.analytical, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(a.numerical, b.numerical, rtol=1e-9, atol=1e-9)
