@@ -626,20 +626,11 @@ class _Block:
                 target[0, unsettled] = value[0]
             estimate, error = result[0][0], result[1][0]
             status, band = _verdicts(a, estimate, error, atol, rtol)
-        _, _, settled, kink, right, left, jump, _, sides_error = (r[0] for r in result)
-        for k in np.flatnonzero(status == _compare.MISMATCH):
-            if jump[k]:
-                status[k] = _compare.DISCONTINUOUS
-            elif settled[k]:
-                continue  # a settled estimate from steps that cross no kink: a wrong gradient
-            elif kink[k]:
-                low, high = sorted((left[k], right[k]))
-                if np.isfinite(low) and np.isfinite(high):
-                    self.one_sided[(int(failing[k]),)] = (float(left[k]), float(right[k]))
-                inside = bool(_compare.between_sides(a[k], low, high, sides_error[k], atol, rtol))
-                status[k] = _compare.NONDIFFERENTIABLE if inside else _compare.UNRESOLVED_KINK
-            else:
-                status[k] = _compare.UNRESOLVED
+        ks = np.flatnonzero(status == _compare.MISMATCH)
+        found = _compare.Refined(*(r[0] for r in result)).at(ks)
+        status[ks], reported = _compare.classify(a[ks], found, atol, rtol)
+        for k, left, right in zip(ks[reported], found.left[reported], found.right[reported]):
+            self.one_sided[(int(failing[k]),)] = (float(left), float(right))
         self.override = (failing, np.asarray(estimate, np.float64), np.asarray(band, np.float64))
         self.status[failing] = status
 

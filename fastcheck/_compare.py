@@ -12,6 +12,8 @@ finite; a NaN/Inf on either side fails, with its own status.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from fastcheck._tables import (
@@ -179,7 +181,47 @@ def richardson(coarse: np.ndarray, fine: np.ndarray, ratio: float) -> tuple[np.n
     return extrapolated, np.abs(fine - coarse) / (factor - 1)
 
 
-def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None = None):
+class Refined(NamedTuple):
+    """What ``refine`` found, per element [m, k]: the estimate and its error; whether a pair in the h^2
+    regime settled it; kinks crossed, with the one-sided derivatives of the steadiest pair (NaN where none
+    was steady) and their error; jumps of f; the pair chosen (-1: none)."""
+
+    estimate: np.ndarray
+    error: np.ndarray
+    settled: np.ndarray
+    kink: np.ndarray
+    right: np.ndarray
+    left: np.ndarray
+    jump: np.ndarray
+    chosen: np.ndarray
+    sides_error: np.ndarray
+
+    def at(self, index) -> Refined:
+        """The same fields at ``index`` (any numpy index into [m, k])."""
+        return Refined(*(field[index] for field in self))
+
+
+def classify(analytical: np.ndarray, refined: Refined, atol: float, rtol: float) -> tuple[np.ndarray, np.ndarray]:
+    """The status of elements that are still mismatches after refinement, and which have both one-sided
+    derivatives to report.
+
+    A jump of f: DISCONTINUOUS.  A settled (and confirmed) estimate: MISMATCH, a wrong gradient.  Kinks that
+    no finer step resolved: NONDIFFERENTIABLE when the analytical value is one of the one-sided derivatives or
+    between them (``between_sides``), else UNRESOLVED_KINK (undecidable: several kinks closer together than any
+    step look like one from outside; no steady pair: kinks at several distances within every step).  Nothing
+    settled: UNRESOLVED.  Every mode's refinement ends here.
+    """
+    low, high = np.fmin(refined.left, refined.right), np.fmax(refined.left, refined.right)
+    with np.errstate(invalid="ignore"):
+        sides = np.isfinite(refined.left) & np.isfinite(refined.right)
+        inside = sides & between_sides(analytical, low, high, refined.sides_error, atol, rtol)
+    kink, settled, jump = refined.kink, refined.settled, refined.jump
+    status = np.select([jump, settled, kink & inside, kink], [DISCONTINUOUS, MISMATCH, NONDIFFERENTIABLE,
+                                                             UNRESOLVED_KINK], UNRESOLVED)
+    return status.astype(np.int8), kink & ~jump & ~settled & sides
+
+
+def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None = None) -> Refined:
     """Best estimate from central differences at shrinking steps, and a kink test.
 
     ``levels`` holds, for steps h, h/ratio, h/ratio^2, ..., tuples
@@ -294,7 +336,7 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
         # A jump of f itself: one-sided quotients grow like 1/h (4x per level), never settle.
         jump = visible & (gap_fine > 2 * gap_coarse)
     kink &= ~jump
-    return best, error, settled_best, kink, right, left, jump, chosen, sides_error
+    return Refined(best, error, settled_best, kink, right, left, jump, chosen, sides_error)
 
 
 def between_sides(analytical, left, right, sides_error, atol: float, rtol: float):

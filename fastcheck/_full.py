@@ -306,26 +306,13 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
         again = _confirmed(jac, position, suspicious[keep], a[:, suspicious[keep]], estimate[:, keep], error[:, keep],
                            chosen[:, keep], mismatch[:, keep] & settled[:, keep])
         settled[:, keep] &= again[None, :]  # still unconfirmed after the deep steps: unresolved
-    one_sided = {}
-    for row, k in zip(*np.nonzero(status[:, suspicious] == _compare.MISMATCH)):
-        column = suspicious[k]
-        if jump[row, k]:
-            status[row, column] = _compare.DISCONTINUOUS
-        elif settled[row, k]:
-            continue  # a confirmed estimate from steps that cross no kink (or resolve it): a wrong gradient
-        elif kink[row, k]:
-            # Steps crossed a kink that no finer step resolved: both one-sided
-            # derivatives are reported.  Between them the analytical value is a valid
-            # one-sided derivative; outside them it is undecidable, not wrong: several
-            # kinks closer together than any step look like one from outside.
-            # (No steady pair: kinks at several distances within every step, no sides to report.)
-            low, high = sorted((left[row, k], right[row, k]))
-            if np.isfinite(low) and np.isfinite(high):
-                one_sided[(int(row), int(column))] = (float(left[row, k]), float(right[row, k]))
-            inside = bool(_compare.between_sides(a[row, column], low, high, sides_error[row, k], atol, rtol))
-            status[row, column] = _compare.NONDIFFERENTIABLE if inside else _compare.UNRESOLVED_KINK
-        else:
-            status[row, column] = _compare.UNRESOLVED
+    rows, ks = np.nonzero(status[:, suspicious] == _compare.MISMATCH)
+    columns = suspicious[ks]
+    found = _compare.Refined(estimate, error, settled, kink, right, left, jump, chosen, sides_error).at((rows, ks))
+    status[rows, columns], reported = _compare.classify(a[rows, columns], found, atol, rtol)
+    one_sided = {(int(row), int(column)): (float(left), float(right))
+                 for row, column, left, right in zip(rows[reported], columns[reported], found.left[reported],
+                                                     found.right[reported])}
     return status, band, one_sided
 
 
