@@ -37,6 +37,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from fastcheck._paths import EAGER
 from fastcheck._raised import Raised
 
 # A collective waits this long for the other workers (a worker computing a long chunk
@@ -44,75 +45,6 @@ from fastcheck._raised import Raised
 COLLECTIVE_TIMEOUT_SECONDS = 600.0
 
 _OK, _OUT_OF_MEMORY, _FAILED = 0, 1, 2
-
-
-# -- validation (CheckConfig) ---------------------------------------------------------
-
-
-def _unsupported(strategy) -> str | None:
-    from tensorflow.python.distribute import central_storage_strategy, parameter_server_strategy_v2, tpu_strategy
-
-    for module, name in ((tpu_strategy, "TPUStrategy"), (parameter_server_strategy_v2, "ParameterServerStrategyV2"),
-                         (central_storage_strategy, "CentralStorageStrategy")):
-        if isinstance(strategy, getattr(module, name)):
-            return name
-    return None
-
-
-def validate_strategy(strategy) -> None:
-    """A ``TypeError`` / ``ValueError`` naming ``strategy=`` for anything but a supported strategy."""
-    if strategy is None:
-        return
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(f"strategy={strategy!r} is not a tf.distribute.Strategy: pass e.g. "
-                        "tf.distribute.MirroredStrategy(['/GPU:0', '/GPU:1']) or "
-                        "tf.distribute.MultiWorkerMirroredStrategy(), devices=[...] for a MirroredStrategy over "
-                        "local devices, or None to run on one device.")
-    name = _unsupported(strategy)
-    if name is not None:
-        raise ValueError(f"strategy={name} is not supported: fastcheck spreads its batched evaluations over the "
-                         "replicas of a MirroredStrategy, MultiWorkerMirroredStrategy or OneDeviceStrategy.")
-
-
-def validate_devices(devices) -> tuple[str, ...] | None:
-    """``devices=`` as a tuple of device names that exist here; a ``TypeError`` / ``ValueError`` naming it."""
-    if devices is None:
-        return None
-    if isinstance(devices, str):
-        raise TypeError(f"devices={devices!r} is one name: pass a list of device names, e.g. ['/GPU:0', '/GPU:1'] "
-                        "(a MirroredStrategy over them), or device= to pin the check to one device.")
-    try:
-        names = tuple(devices)
-    except TypeError:
-        raise TypeError(f"devices={devices!r} is not a list of device names: pass e.g. ['/GPU:0', '/GPU:1'], "
-                        "or None.") from None
-    if not names:
-        raise ValueError("devices=[] is empty: pass at least one device name, e.g. ['/GPU:0', '/GPU:1'], or None.")
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(f"devices={list(names)!r}: {name!r} is not a device name; pass strings such as '/GPU:0'.")
-    available = [d.name for d in tf.config.list_logical_devices()]
-    resolved = []
-    for name in names:
-        try:
-            spec = tf.DeviceSpec.from_string(name)
-        except ValueError as error:
-            raise ValueError(f"devices={list(names)!r}: {name!r} is not a device name ({error}); "
-                             f"the devices here are {', '.join(available)}.") from None
-        if spec.device_type is None or spec.device_index is None:
-            raise ValueError(f"devices={list(names)!r}: {name!r} does not name one device (a type and an index, "
-                             f"e.g. '/GPU:0'); the devices here are {', '.join(available)}.")
-        matches = [d for d in available if tf.DeviceSpec.from_string(d).device_type == spec.device_type.upper()
-                   and tf.DeviceSpec.from_string(d).device_index == spec.device_index]
-        if not matches:
-            raise ValueError(f"devices={list(names)!r}: {name!r} does not exist on this machine (devices: "
-                             f"{', '.join(available)}); pass some of those.")
-        resolved.append(matches[0])
-    duplicates = sorted({n for n, r in zip(names, resolved) if resolved.count(r) > 1})
-    if duplicates:
-        raise ValueError(f"devices={list(names)!r} names a device more than once ({', '.join(duplicates)}); "
-                         "pass each device once.")
-    return names
 
 
 # -- the strategy's replicas ----------------------------------------------------------
@@ -373,8 +305,6 @@ class Share:
     def agree_on_path(self, path: str, what: str, total: int) -> str:
         """The path every worker takes for this batched evaluation (eager where they differ); on the
         eager path, a note that f runs on one device, unsplit."""
-        from fastcheck._paths import EAGER
-
         agreed = path
         if self.spread.multi:
             code = 0.0 if path == EAGER else float(zlib.crc32(path.encode()))

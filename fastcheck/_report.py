@@ -24,6 +24,7 @@ from fastcheck._compare import (
     UNRESOLVED,
     UNRESOLVED_KINK,
     coarse,
+    relative_norm_error,
     resolution,
 )
 from fastcheck._config import MACHINE_EPSILON
@@ -154,8 +155,6 @@ class PairReport:
 
     @property
     def relative_norm_error(self) -> float:
-        from fastcheck._compare import relative_norm_error
-
         return relative_norm_error(self.numerical, self.analytical)
 
     def _element(self, flat_index: int) -> Element:
