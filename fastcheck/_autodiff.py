@@ -312,31 +312,3 @@ def forward_probe(plan: Plan, directions: list[np.ndarray]) -> tuple[np.ndarray 
         rows.append(_flat_numpy(plan, [_densify(j) for j in jvps]))
     return np.stack(rows), None
 
-
-def reverse_jvp(plan: Plan, position: int, values, tangents: tf.Tensor) -> tf.Tensor:
-    """J d for each row d of ``tangents`` [k, n] from the reverse-mode gradient: [k, m].
-
-    J d = d/du [(J^T u) . d]: the VJP is linear in u, so differentiating it once
-    more gives the JVP *of the VJP that training uses* (custom gradients
-    included), element by element.  Raises when the VJP itself cannot be
-    differentiated (a gradient op without a gradient, e.g. ResizeBicubicGrad).
-    """
-    source = values[position]
-    u = tf.zeros([plan.m], plan.native_flat_dtype)
-    rows = []
-    with tf.GradientTape(persistent=True) as outer:
-        outer.watch(u)
-        with tf.GradientTape() as inner:
-            inner.watch(source)
-            moved = list(values)
-            moved[position] = source
-            y = plan.call_flat(moved)
-        g = tf.reshape(_densify(inner.gradient(y, source, output_gradients=u, unconnected_gradients=ZERO)), [-1])
-        sums = tf.unstack(tf.linalg.matvec(tf.cast(tangents, g.dtype), g))  # on the tape: one scalar per direction
-    for total in sums:
-        row = outer.gradient(total, u)
-        if row is None:
-            raise LookupError("the reverse-mode gradient of f cannot be differentiated once more")
-        rows.append(tf.cast(_densify(row), tf.float64))
-    return tf.stack(rows)
-
