@@ -483,10 +483,9 @@ class _Analytical:
 def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
     """``_compare.rounding_noise`` for single elements (row, span) rather than an outer product
     (``rows``: an index array, a slice, or None for every row)."""
-    eps = MACHINE_EPSILON[plan.eval_dtype]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         level = np.abs(_take(plan.eval_output, rows))
-        level *= NOISE_FACTOR * eps
+        level *= NOISE_FACTOR * _take(plan.row_epsilon, rows)
         if plan.noise is not None:
             np.maximum(level, MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
         level[~np.isfinite(level)] = 0.0

@@ -76,7 +76,6 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _compare, _flat
-from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import FAST_ROWS, Executor, ShapeChangeError, measured, timed
 from fastcheck._paths import EAGER, GRAPH, XLA, is_compile_failure
 from fastcheck._plan import Plan
@@ -335,9 +334,8 @@ class Joint:
         self.forward_only = False  # set when the reverse-mode gradient cannot be differentiated twice
         self.evaluations = 0  # evaluations of f, for the report's note
         # Error of one evaluation per output: rounding, or f's measured noise when larger.
-        eps_eval = MACHINE_EPSILON[plan.eval_dtype]
         sigma = plan.noise.sigma if plan.noise is not None else 0.0
-        level = np.maximum(eps_eval * np.abs(self.y0), MEASURED_NOISE_FACTOR / NOISE_FACTOR * sigma)
+        level = np.maximum(plan.row_epsilon * np.abs(self.y0), MEASURED_NOISE_FACTOR / NOISE_FACTOR * sigma)
         self.level = tf.constant(level, F64)
         route = executor.route
         itemsize = executor.plan.eval_flat_dtype.size

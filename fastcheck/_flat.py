@@ -30,7 +30,7 @@ from fastcheck._tables import FLAT_AGREES, FLAT_JUMP_GROWTH, FLAT_MAX_STEP, FLAT
 
 def rounding_level(plan) -> np.ndarray:
     """[m] the error of one evaluation of f: its rounding, or its measured noise where larger."""
-    level = MACHINE_EPSILON[plan.eval_dtype] * np.abs(plan.eval_output)
+    level = plan.row_epsilon * np.abs(plan.eval_output)
     return level if plan.noise is None else np.maximum(level, plan.noise.sigma)
 
 

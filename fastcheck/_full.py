@@ -60,7 +60,7 @@ class _Jacobians:
     def noise_factors(self, spans: np.ndarray) -> _compare.RankOne:
         """``noise`` as its factors: the first sweep's, made dense only where refinement needs it."""
         sigma = self.plan.noise.sigma if self.plan.noise is not None else None
-        return _compare.rounding_noise_factors(self.y0, spans, self.eps_eval, sigma)
+        return _compare.rounding_noise_factors(self.y0, spans, self.plan.row_epsilon, sigma)
 
     def numerical(self, position: int, columns=None, divide: float = 1.0):
         """Central differences [m, k] for ``columns`` (default all), their noise [m, k] and spans [k]."""

@@ -228,6 +228,21 @@ class Plan:
             return tf.float64
         return self.analytical_dtype
 
+    @property
+    def row_epsilon(self) -> np.ndarray:
+        """[m] the unit of rounding of each flat output row as evaluated: its output's dtype, or the checked
+        inputs' least precise one where that is coarser (f computes from them); float64 when upcast.  One
+        evaluation's rounding allowance per row (steps follow ``eval_dtype``): a float64 output beside a float32
+        one rounds at float64's epsilon (a smaller allowance can only make a first sweep fail, and a failure
+        measures f's noise)."""
+        if self.eval_upcast:
+            return np.full(self.m, MACHINE_EPSILON[tf.float64])
+        eps = np.empty(self.m)
+        inputs = [s.dtype for s in self.checked]
+        for output in self.outputs:
+            eps[output.offset : output.offset + output.size] = MACHINE_EPSILON[least_precise([output.dtype, *inputs])]
+        return eps
+
     def eval_value(self, spec: InputSpec) -> tf.Tensor:
         """The checked input as the numerical side sees it (real view, maybe upcast)."""
         view = spec.real_view
