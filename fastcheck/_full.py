@@ -146,7 +146,8 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True):
                 status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
         # ... and mismatches whose refined estimate is exactly 0: the steps that settled it moved f not at all
         # (a latent weight 7e-4 from sign's jump: the first step crosses it, every settling step is below it).
-        refined_rows, refined_cols = np.nonzero((status == _compare.MISMATCH) & (numerical == 0))
+        mismatched = status == _compare.MISMATCH
+        refined_rows, refined_cols = np.nonzero(mismatched & (numerical == 0)) if mismatched.any() else flat
         rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack([refined_rows, refined_cols])], axis=1),
                                axis=1)
         still = status[rows, cols] == _compare.MISMATCH
@@ -171,7 +172,8 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
     resolution 2.3%; the ladder's settled pair resolves it).
     """
     atol, rtol = tolerances
-    if np.any(np.isin(status, _compare.FAILING)) or not status.size:
+    if (not status.size or np.any(np.isin(status, _compare.FAILING))
+            or _compare.decisive_at_largest(a, band, status, rtol)):
         return
     with np.errstate(invalid="ignore"):
         tolerated = atol + rtol * np.abs(numerical)
