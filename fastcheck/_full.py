@@ -139,7 +139,9 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True):
     results = []
     for spec, a, (numerical, noise, spans), (status, band) in zip(plan.checked, analytical, first, verdicts):
         # before refinement overwrites the quotients
-        flat = _flat.candidates(jac.plan, numerical, spans, status == _compare.MISMATCH)
+        mismatched = status == _compare.MISMATCH
+        flat = (_flat.candidates(jac.plan, numerical, spans, mismatched) if mismatched.any()
+                else (np.zeros(0, int), np.zeros(0, int)))
         one_sided: dict = {}
         if refine:
             with timed(jac.timings, "refine"):
@@ -172,7 +174,7 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
     resolution 2.3%; the ladder's settled pair resolves it).
     """
     atol, rtol = tolerances
-    if (not status.size or np.any(np.isin(status, _compare.FAILING))
+    if (not status.size or (status.any() and np.any(np.isin(status, _compare.FAILING)))
             or _compare.decisive_at_largest(a, band, status, rtol)):
         return
     with np.errstate(invalid="ignore"):

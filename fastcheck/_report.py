@@ -93,7 +93,12 @@ class PairReport:
 
     @property
     def ok(self) -> bool:
-        return not self.inconsistent and not bool(np.any(np.isin(self.status, FAILING))) and not self.coarse
+        return not self.inconsistent and not self._failing and not self.coarse
+
+    @property
+    def _failing(self) -> bool:
+        """Some element has a failing status (OK is 0: an all-zero status array is read in one pass)."""
+        return bool(self.status.any() and np.any(np.isin(self.status, FAILING)))
 
     @property
     def resolution(self) -> float:
@@ -105,7 +110,7 @@ class PairReport:
     def coarse(self) -> bool:
         """Whether every element passes but the resolution is too coarse for the pass to say much
         (``_compare.coarse``): undecidable, not ok."""
-        if np.any(np.isin(self.status, FAILING)):
+        if self._failing:
             return False
         if not self.sparse and decisive_at_largest(self.analytical, self.band, self.status, self.rtol):
             return False  # its largest element alone resolves the limit (no pass over every element's ratio)

@@ -283,7 +283,7 @@ def test_noise_measured_on_a_sample_of_rows_gives_the_verdicts_of_measuring_ever
 
     n, index = 6000, 4321
     # Its own generator: under the module's RNG the draw depends on which tests ran before, and on some draws
-    # (2 of 6 seeds, before this session's changes too) the float16 rounding's kinks leave the planted element
+    # (2 of 6 seeds, at 0284ef0 and since) the float16 rounding's kinks leave the planted element
     # undecidable (kinks no step resolves) in both modes.
     x = tf.constant(np.random.default_rng(0).normal(size=(n,)), tf.float32)
     f = _noisy
