@@ -549,9 +549,12 @@ class Pair(Protocol):
     output_name: str
     input_name: str
     hint: str | None
+    rtol: float
 
     @property
     def ok(self) -> bool: ...
+    @property
+    def resolution(self) -> float: ...
     @property
     def title(self) -> str: ...
     @property
@@ -741,8 +744,30 @@ class GradientReport:
                              f"derivatives{'; e.g. ' + example if example else ''}")
         for note in _aggregated_notes(self.notes, [p.input_name for p in self.pairs]):
             lines.append(f"  note: {note}")
+        tolerance_bound = self.tolerance_bound
+        if tolerance_bound:
+            low, high = min(p.resolution for p in tolerance_bound), max(p.resolution for p in tolerance_bound)
+            span = f"{low:.3g}" if low == high else f"{low:.3g} .. {high:.3g}"
+            lines.append(f"  note: {len(tolerance_bound)} passing pair(s) resolve no relative error of their gradient "
+                         f"below {span}: their gradients are small against "
+                         f"atol, so a defect below atol passes by the tolerances themselves (not the numerics); pass "
+                         f"a smaller atol to judge them relatively{_layer_groups([p.input_name for p in tolerance_bound])}")
         lines.append(f"  rule: {FAST_RULE if self.mode == 'fast' else RULE}")
         return "\n".join(lines)
+
+    @property
+    def tolerance_bound(self) -> list:
+        """Passing pairs that could not see a 1% error of their gradient because the tolerances themselves
+        are that coarse there (atol against small gradients): decisive by the rule, and said so."""
+        found = []
+        for p in self.pairs:
+            if not p.ok or getattr(p, "sparse", False):
+                continue
+            if isinstance(p, PairReport) and decisive_at_largest(p.analytical, p.band, p.status, p.rtol):
+                continue
+            if p.resolution > RESOLUTION_RTOLS * p.rtol:
+                found.append(p)
+        return found
 
 
 # Past this many passing pairs, the text collapses them to one line by layer.

@@ -147,3 +147,14 @@ def test_fast_mode_tests_a_small_gradient_on_its_own_probes(seed):
     planted = fastcheck.check_gradients(_head_beside_a_backbone(1.01), [a, b], mode="fast", seed=seed)
     assert planted.verdict == "fail", str(planted)
     assert [p.label for p in planted.pairs] == ["ok", "FAIL"]
+
+
+def test_a_pass_as_coarse_as_its_tolerances_says_so():
+    """A gradient of ~1e-4 in float32: atol (1e-5) alone resolves only ~6% of it; the pass stands, with a note."""
+    w = tf.constant(np.random.RandomState(0).normal(size=[50]) * 1e-4, tf.float32)
+    x = tf.constant(np.random.RandomState(1).normal(size=[50]), tf.float32)
+    report = fastcheck.check_gradients(lambda x: tf.reduce_sum(w * tf.sin(x)), x)
+    assert report.ok and report.tolerance_bound == report.pairs
+    assert report.pairs[0].resolution > 0.01 and "pass a smaller atol" in str(report)
+    assert fastcheck.check_gradients(lambda x: tf.reduce_sum(w * tf.sin(x)), x, atol=1e-9).tolerance_bound == []
+    assert fastcheck.check_gradients(tf.sin, tf.constant([0.1, 0.2], tf.float64)).tolerance_bound == []
