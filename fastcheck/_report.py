@@ -313,7 +313,8 @@ def vacuous_warnings(pairs: list) -> list[str]:
     if not pairs or len(dense) != len(pairs):
         return []
     for pair in dense:
-        if np.size(pair.numerical) == 0 or np.any(pair.numerical != 0) or np.any(pair.analytical != 0):
+        # ndarray.any(): nonzero entries (NaN included) without an [m, n] temporary
+        if np.size(pair.numerical) == 0 or np.asarray(pair.numerical).any() or np.asarray(pair.analytical).any():
             return []
     return [VACUOUS_WARNING]
 
