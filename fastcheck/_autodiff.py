@@ -107,10 +107,12 @@ def _forward_kernel(plan: Plan, position: int, chunk: int, path: str):
 class AutodiffJacobian:
     """Computes the autodiff Jacobian of every (output, input) pair at once."""
 
-    def __init__(self, executor: Executor, forward: bool = False):
+    def __init__(self, executor: Executor, forward: bool = False, twin: bool = False):
+        """``twin``: the gradient at the numerical side's values (float64 when it is upcast): the same
+        gradient code computing in float64 (``_full._twin``), not the one training runs."""
         self.executor, self.plan, self.config = executor, executor.plan, executor.config
-        self.values = executor.native
-        self.forward = forward
+        self.values = executor.values if twin else executor.native
+        self.forward, self.twin = forward, twin
 
     @property
     def mode(self) -> str:
@@ -138,7 +140,7 @@ class AutodiffJacobian:
         return self._eager()
 
     def _key(self, *parts):
-        return plan_key(self.plan, self.config) + ("autodiff", self.executor.path) + parts
+        return plan_key(self.plan, self.config) + ("autodiff", self.executor.path, self.twin) + parts
 
     def _keys(self) -> list[tuple]:
         """Cache keys of the kernels ``_batched`` would use on the current path."""

@@ -63,7 +63,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         if config.mode == "coloured":
             _require_coloured_memory(sparse, config)
         mode, why = choose_mode(plan, config, executor.route, lambda: _traced_call_seconds(executor), sparse)
-        outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name)
+        outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
         inconsistent, rerun = list(outcome.inconsistent), False
         if (inconsistent and plan.m * plan.n <= FULL_RERUN_MAX_ENTRIES
                 and FULL_BYTES_PER_ENTRY * plan.m * plan.n <= _memory_limit(config)[0]
@@ -75,7 +75,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
                    "the notes), so the full Jacobians, which fit, give the element verdicts")
             notes_before = [f"coloured mode: {text}" for text in inconsistent]
             mode, inconsistent, rerun = "full", [], True
-            outcome = check_full(executor, executor.plan, timings, problem.supplied, problem.output_name)
+            outcome = check_full(executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
         if mode == "full" and not rerun:
             # What routing predicted, against what it cost: later checks in this process route by it.

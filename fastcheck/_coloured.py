@@ -1156,7 +1156,8 @@ def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_sparsity.Patter
     return _sparsity.traced_patterns(m, dep, sizes), "traced from f's graph"
 
 
-def check_coloured(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None) -> Outcome:
+def check_coloured(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
+                   twin: bool = True) -> Outcome:
     """Element-wise verdicts on every structural nonzero (see the module docstring)."""
     try:
         return _check(executor, plan, timings, supplied, output_name)

@@ -230,6 +230,17 @@ class CheckConfig:
         """The time budget of mode="auto": full Jacobians only when predicted to take at most this long."""
         return float(DEFAULT_TIME_BUDGET if self.time_budget is None else self.time_budget)
 
+    def twin_applies(self, plan) -> bool:
+        """Whether a pass too coarse for a 1% error may be judged again through the gradient's float64 twin
+        (``_full._twin``, ``_fast._twinned``): the numerical side computes in float64, the analytical side
+        below it, and atol is the table's (a user's atol is the user's rule)."""
+        return bool(plan.eval_upcast and plan.precision != "float64" and self.atol is None)
+
+    def twin_tolerances(self) -> tuple[float, float]:
+        """float64's rule for the twin: the table's atol, and the user's rtol where given (a relative statement)."""
+        row = DEFAULT_TOLERANCES["float64"]
+        return float(row["atol"]), float(row["rtol"] if self.rtol is None else self.rtol)
+
     def tolerances(self, precision: str) -> tuple[float, float]:
         """(atol, rtol): the user's, else the table row of the precision the analytical side computes in."""
         table = DEFAULT_TOLERANCES[precision]

@@ -100,7 +100,7 @@ from fastcheck._tables import (
 )
 
 # Stateless seeds (seed, SEEDS[...] + i) of the probes, per purpose.
-SEEDS = {"screen": 0, "groups": 1 << 20, "own": 2 << 20, "blocks": 3 << 20}
+SEEDS = {"screen": 0, "groups": 1 << 20, "own": 2 << 20, "blocks": 3 << 20, "twin": 4 << 20}
 ZERO = tf.UnconnectedGradients.ZERO
 F64 = tf.float64
 
@@ -724,7 +724,8 @@ def _ladder(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: n
 # -- the strategy ----------------------------------------------------------------------
 
 
-def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None) -> Outcome:
+def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
+               twin: bool = True) -> Outcome:
     """The fast check: k probes per group of similar-sized inputs, all in one batched evaluation and
     against one VJP; failing groups localised to inputs, then within them.
 
@@ -798,6 +799,14 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
                 mine = found.select(np.arange(j * k, (j + 1) * k))
                 decided[index] = (mine, *_localise_within(joint, index, config.seed, u, gradient, mine, atol, rtol))
     group_of = {index: g for g, group in enumerate(groups) for index in group}
+    coarse = [i for i in range(len(joint.specs))
+              if (decided[i][0] if i in decided else results[group_of[i]]).ok
+              and (decided[i][0] if i in decided else results[group_of[i]]).resolution(i)[0] > RESOLUTION_RTOLS * rtol]
+    twinned: dict = {}
+    if twin and coarse:
+        with timed(timings, "twin"):
+            twinned, plan = _twinned(joint, coarse, u, gradient, (atol, rtol))
+        decided.update(twinned)
     pairs = []
     for index, spec in enumerate(joint.specs):
         probes, hint, region, worst, side = decided.get(index, (results[group_of[index]], None, None, None, "forward"))
@@ -809,9 +818,10 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
             probes = dataclasses.replace(probes, kind=np.where((probes.kind == _compare.MISMATCH) & (probes.score > 1),
                                                                _compare.UNRESOLVED, probes.kind))
-        pairs.append(ProjectionReport(spec.name, tuple(spec.real_view.shape), probes.comparison(), atol, rtol,
+        tolerances = joint.config.twin_tolerances() if index in twinned else (atol, rtol)
+        pairs.append(ProjectionReport(spec.name, tuple(spec.real_view.shape), probes.comparison(), *tolerances,
                                       region=region, worst=worst, hint=hint, side=side,
-                                      resolutions=probes.resolution(index)))
+                                      resolutions=probes.resolution(index), float64_gradient=index in twinned))
     notes = []
     if len(joint.specs) > 1:
         within = [joint.specs[i].name for i, entry in sorted(decided.items()) if entry[2] is not None]
@@ -822,6 +832,42 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
                                                                f"the inputs, then within {', '.join(within)}"
                                                                if within else ""))
     return Outcome(pairs, plan, atol, rtol, "fast", notes)
+
+
+def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict, Plan]:
+    """Inputs whose probes pass at a resolution coarser than 1% of their gradient, probed again through the
+    gradient's float64 twin (``_full._twin``): ``{input: (probes, hint, region, worst, side)}`` and the plan
+    (with f's measured noise).  Only for a scalar f (a loss: its J d is the gradient's dot product, so the
+    element-wise side uses the twin too), a float64 numerical side, float32 or lower analytical precision
+    and the table's atol; an input whose twin differs from the gradient by more than its own tolerance, or
+    is not finite, keeps its verdict.  Each input gets its own k probes, localised where they fail."""
+    executor, plan, config = joint.executor, joint.plan, joint.config
+    if plan.m != 1 or not config.twin_applies(plan):
+        return {}, plan
+    atol, rtol = tolerances
+    try:
+        twin = _vjp(executor.plan, executor.values, u)
+    except Exception:  # no float64 gradient: the verdicts stand
+        return {}, plan
+    g, t = gradient.numpy(), twin.numpy()
+    with np.errstate(invalid="ignore"):
+        same = np.isfinite(t) & (np.abs(g - t) <= atol + rtol * np.abs(t))
+    inputs = [i for i in inputs if np.all(same[joint.offsets[i] : joint.offsets[i + 1]])]
+    if not inputs:
+        return {}, plan
+    if plan.noise is None:  # float64's rule needs f's noise where it is evaluated
+        plan = measured(executor, plan)
+        joint = joint.with_plan(plan)
+    atol64, rtol64 = config.twin_tolerances()
+    k = config.probes
+    directions = tf.concat([joint.restricted([joint.ranges([i])] * k, config.seed, SEEDS["twin"] + 64 * i)
+                            for i in inputs], 0)
+    found = compare(joint, directions, u, twin, atol64, rtol64)
+    decided = {}
+    for j, index in enumerate(inputs):
+        mine = found.select(np.arange(j * k, (j + 1) * k))
+        decided[index] = (mine, *_localise_within(joint, index, config.seed, u, twin, mine, atol64, rtol64))
+    return decided, plan
 
 
 def _sharpened(joint: Joint, group: list, number: int, result: Probes, u, gradient, atol, rtol) -> Probes:

@@ -31,6 +31,7 @@ from fastcheck._tables import (
     MEASURED_NOISE_FACTOR,
     REFINE_LEVELS,
     REFINE_RATIO,
+    RESOLUTION_RTOLS,
     RESOLVE_COLUMNS,
     RESOLVE_UP,
 )
@@ -103,7 +104,7 @@ class _Jacobians:
         return self.autodiff()
 
 
-def _compute(jac: _Jacobians, supplied=None, refine: bool = True):
+def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = True):
     """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts; and (atol, rtol).
 
     ``supplied`` replaces autodiff: a callable returning the analytical blocks.
@@ -136,8 +137,9 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True):
         first = [(n, jac.noise_factors(spans), spans) for n, _, spans in first]
         verdicts = [_compare.verdicts(a, n, noise, atol, rtol, out=earlier)
                     for a, (n, noise, _), earlier in zip(analytical, first, verdicts)]
-    results = []
+    results, sweeps = [], []
     for spec, a, (numerical, noise, spans), (status, band) in zip(plan.checked, analytical, first, verdicts):
+        sweeps.append(spans)
         # before refinement overwrites the quotients
         mismatched = status == _compare.MISMATCH
         flat = (_flat.candidates(jac.plan, numerical, spans, mismatched) if mismatched.any()
@@ -159,8 +161,80 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True):
         if refine:
             with timed(jac.timings, "refine"):
                 _resolve(jac, spec.position, a, numerical, status, band, (atol, rtol))
-        results.append((spec, a, numerical, status, band, one_sided))
+        results.append((spec, a, numerical, status, band, one_sided, None))
+    if refine and twin:
+        results = _twin(jac, results, sweeps, (atol, rtol))
     return results, (atol, rtol)
+
+
+def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:
+    """[m] the rows of outputs whose pair with this input passes at a resolution coarser than
+    ``RESOLUTION_RTOLS`` rtols: the tolerances (atol against a small gradient) or the numerics keep
+    it from seeing a 1% error."""
+    rows = np.zeros(plan.m, bool)
+    for output in plan.outputs:
+        part = slice(output.offset, output.offset + output.size)
+        s, b, x = status[part], band[part], a[part]
+        if not s.size or np.any(np.isin(s, _compare.FAILING)) or _compare.decisive_at_largest(x, b, s, rtol):
+            continue
+        if _compare.resolution(x, b, b, s == _compare.OK)[0] > RESOLUTION_RTOLS * rtol:
+            rows[part] = True
+    return rows
+
+
+def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
+    """Pairs that pass at a resolution coarser than 1% of their gradient, judged again through the
+    gradient's float64 twin where the numerical side computes in float64 and atol is the table's.
+
+    The twin is the same gradient code run at the float64 point (a model's float64 copy, or f given
+    float64 values): float64's rule judges it against the same numerical derivative (refined as any
+    float64 check), and the float32 gradient's own rounding is then *measured*, |a - twin|, instead
+    of being stood in for by float32's atol.  An element whose twin verdict is a pass or a mismatch
+    gets the allowance ``float64's allowance + |a - twin|`` and is judged by it (a twin passing makes
+    a pass: the triangle inequality); kinks, jumps and unresolved twin elements keep their verdict.
+    The twin is not used where it differs from the float32 gradient by more than float32's
+    tolerance (it is not the same computation) or is not finite.  A user's atol is the user's rule:
+    then nothing is sharpened.
+    """
+    plan, config = jac.plan, jac.config
+    if not config.twin_applies(plan) or config.autodiff == "forward":
+        return results
+    atol, rtol = tolerances
+    targets = [_tolerance_bound_rows(plan, a, n, s, b, rtol) for _, a, n, s, b, _, _ in results]
+    if not any(rows.any() for rows in targets):
+        return results
+    with timed(jac.timings, "twin"):
+        try:
+            twin = AutodiffJacobian(jac.executor, twin=True)()
+        except Exception:  # no float64 gradient (an op without a float64 kernel): the verdicts stand
+            return results
+        if jac.plan.noise is None:  # float64's rule needs f's noise where it is evaluated
+            jac.measure()
+        atol64, rtol64 = config.twin_tolerances()
+        sharpened: list[tuple] = []
+        for (spec, a, numerical, status, band, one_sided, _), rows, t, spans in zip(results, targets, twin, sweeps):
+            with np.errstate(invalid="ignore"):
+                same = np.all(np.isfinite(t[rows])) and np.all(np.abs(a[rows] - t[rows]) <= atol + rtol * np.abs(t[rows]))
+            if not rows.any() or not same:
+                sharpened.append((spec, a, numerical, status, band, one_sided, None))
+                continue
+            # Every row is judged (the evaluations give them all), only the coarse pairs' rows are used.
+            n_twin = numerical.copy()
+            noise = jac.noise_factors(spans)
+            t_status, t_band = _compare.verdicts(t, n_twin, noise, atol64, rtol64)
+            t_status[~rows] = _compare.OK  # the other pairs' columns need no refinement for the twin
+            t_status, t_band, _ = _refine(jac, spec.position, t, n_twin, noise, t_status, t_band, (atol64, rtol64))
+            with np.errstate(invalid="ignore"):
+                allowed = t_band + np.abs(a - t)
+                usable = (rows[:, None] & np.isin(t_status, (_compare.OK, _compare.MISMATCH))
+                          & (status == _compare.OK) & (allowed < band))
+                verdict = np.where(np.abs(a - n_twin) <= allowed, _compare.OK, _compare.MISMATCH)
+            status[usable] = verdict[usable]
+            band[usable] = allowed[usable]
+            numerical[usable] = n_twin[usable]
+            full_twin = np.where(usable, t, np.nan)
+            sharpened.append((spec, a, numerical, status, band, one_sided, full_twin))
+    return sharpened
 
 
 def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, tolerances) -> None:
@@ -486,11 +560,12 @@ def _output_view_shape(output) -> tuple:
     return tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
 
 
-def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None) -> Outcome:
+def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
+               twin: bool = True) -> Outcome:
     """Full Jacobians, compared and cut into one PairReport per (output, input)."""
     jac = _Jacobians(executor, plan, timings)
     try:
-        results, (atol, rtol) = _compute(jac, supplied)
+        results, (atol, rtol) = _compute(jac, supplied, twin=twin)
     except (TypeError, ValueError, GradientCheckError):
         raise
     except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
@@ -530,12 +605,14 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
 
 def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[PairReport]:
     pairs = []
-    for spec, a, numerical, status, band, one_sided in results:
-        for output, a_rows, n_rows, s_rows, b_rows in zip(
-            plan.outputs, *(_split_rows(plan, x) for x in (a, numerical, status, band))
+    for spec, a, numerical, status, band, one_sided, twin in results:
+        twins = _split_rows(plan, twin) if twin is not None and side == "reverse" else [None] * len(plan.outputs)
+        for output, a_rows, n_rows, s_rows, b_rows, t_rows in zip(
+            plan.outputs, *(_split_rows(plan, x) for x in (a, numerical, status, band)), twins
         ):
+            used = t_rows is not None and bool(np.any(np.isfinite(t_rows)))
             pair = PairReport(output_name or output.name, spec.name, _output_view_shape(output), _view_shape(spec),
-                              n_rows, a_rows, s_rows, b_rows, atol, rtol, side=side)
+                              n_rows, a_rows, s_rows, b_rows, atol, rtol, side=side, twin=t_rows if used else None)
             pair.one_sided = {(r - output.offset, c): v for (r, c), v in one_sided.items()
                               if output.offset <= r < output.offset + output.size}
             pair.hint = _compare.diagnose(a_rows, n_rows, s_rows)
@@ -578,7 +655,7 @@ def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[li
     rng = np.random.default_rng(config.seed + 4242)
     # Columns at kinks or unresolved stay out: there the numerical value is not a derivative.
     directions = [rng.choice([-1.0, 1.0], size=(FORWARD_PROBES, spec.size)) * np.all(status == _compare.OK, axis=0)
-                  for spec, _, _, status, _, _ in results]
+                  for spec, _, _, status, _, _, _ in results]
     jvp, why = forward_probe(plan, directions)
     if jvp is None:
         if config.autodiff == "both":
@@ -596,11 +673,11 @@ def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[li
                              f"({type(error).__name__}: {_first_line(error)}); pass autodiff='reverse'.") from error
         return [], f"forward mode (JVP) disagreed on a random direction, but its full Jacobian failed ({type(error).__name__})"
     compared = []
-    for (spec, _, numerical, status, band, one_sided), block in zip(results, forward):
+    for (spec, _, numerical, status, band, one_sided, _), block in zip(results, forward):
         forward_status = _compare.verdicts(block, numerical, band, 0.0, 0.0, bands=False)[0]  # the reverse side's bands
         undecided = status != _compare.OK  # kinks, unresolved and non-finite numerics: as on the reverse side
         forward_status[undecided] = status[undecided]
-        compared.append((spec, block, numerical, forward_status, band, one_sided))
+        compared.append((spec, block, numerical, forward_status, band, one_sided, None))
     return _pairs(plan, compared, atol, rtol, output_name, "forward"), "forward mode (JVP): full Jacobian compared"
 
 

@@ -38,6 +38,9 @@ class Problem:
     notes: tuple = ()
     if_random: str | None = None  # what to add when f turns out not to be deterministic
     computes_in: tuple | None = None  # (precision, reason): the analytical side computes below its dtypes
+    # Whether f's reverse mode at the float64 point is the analytical side's code run in float64 (``_full._twin``):
+    # f's own gradient, a model's loss on its float64 copy; not a user's supplied gradients.
+    twin: bool = True
 
     @property
     def variables(self) -> list:
@@ -73,7 +76,7 @@ def supplied_problem(f: Callable, inputs, grads, config: CheckConfig) -> Problem
             "order=2: the Jacobian of grads was checked (its reverse mode against its central differences); grads "
             "itself was not compared with f's derivatives: verify_gradients with order=1 does that",))
     return Problem(_summed(f), inputs, "verify_gradients", supplied=_supplied_gradients(inputs, grads),
-                   output_name="sum(f)")
+                   output_name="sum(f)", twin=False)
 
 
 def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, training: bool = False,

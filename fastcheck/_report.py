@@ -89,6 +89,9 @@ class PairReport:
     # Coloured mode: the reverse-mode gradient failed the dense cotangent probe (a report problem
     # says where), whatever its values at the pattern's nonzeros.
     inconsistent: bool = False
+    # The float64 twin of the gradient (the same gradient code at the float64 point, ``_full._twin``) where it
+    # judged the element (NaN elsewhere); None when the pair was judged by its own tolerances alone.
+    twin: np.ndarray | None = None
     sparse: ClassVar[bool] = False  # values over the structural nonzeros only (``_coloured.SparsePairReport``)
 
     @property
@@ -99,6 +102,11 @@ class PairReport:
     def _failing(self) -> bool:
         """Some element has a failing status (OK is 0: an all-zero status array is read in one pass)."""
         return bool(self.status.any() and np.any(np.isin(self.status, FAILING)))
+
+    @property
+    def float64_gradient(self) -> bool:
+        """Whether the pair was judged through the gradient's float64 twin (``_full._twin``)."""
+        return self.twin is not None
 
     @property
     def resolution(self) -> float:
@@ -258,6 +266,8 @@ class PairReport:
                 f"analytical={e.analytical:.8g} numerical={e.numerical:.8g} |diff|={e.abs_error:.3g} "
                 f"allowed={e.band:.3g} ({e.status}{sides})"
             )
+        if self.twin is not None:
+            lines.append(f"    {TWIN_LINE}")
         if self.hint:
             lines.append(f"    hint: {self.hint}")
         return lines
@@ -282,6 +292,7 @@ class PairReport:
             "flat": self.count(FLAT),
             "resolution": _num(self.resolution),
             "coarse": self.coarse,
+            "float64_gradient": self.float64_gradient,
             "atol": self.atol,
             "rtol": self.rtol,
             "worst": [e.to_dict() for e in self.worst(3)],
@@ -379,6 +390,9 @@ class ProjectionReport:
     # (resolution, the tolerance's own): the smallest relative error of this input's gradient its
     # probes flag (``_compare.resolution`` over its shares of the probes).
     resolutions: tuple = (math.inf, math.inf)
+    # The probes compared the float64 twin of the gradient (the same code at the float64 point) under float64's
+    # rule: the pair's own tolerances could not see a 1% error (``_fast._twinned``).
+    float64_gradient: bool = False
 
     @property
     def resolution(self) -> float:
@@ -504,6 +518,8 @@ class ProjectionReport:
             lines.append(f"    worst element found ({'element-wise J d' if self.side == 'forward' else 'projection u.J.d'}): d {of} / d {self.input_name}"
                          f"[{', '.join(map(str, e.input_index))}]: analytical={e.analytical:.8g} numerical={e.numerical:.8g} "
                          f"|diff|={e.abs_error:.3g} allowed={e.band:.3g}")
+        if self.float64_gradient:
+            lines.append(f"    {TWIN_PROBES_LINE}")
         if self.hint:
             lines.append(f"    hint: {self.hint}")
         return lines
@@ -520,6 +536,7 @@ class ProjectionReport:
             "max_abs_error": _num(self.max_abs_error),
             "resolution": _num(self.resolution),
             "coarse": self.coarse,
+            "float64_gradient": self.float64_gradient,
             "region": [list(self.region[0]), list(self.region[1])] if self.region else None,
             "worst": self.worst.to_dict() if self.worst is not None else None,
             "atol": self.atol,
@@ -745,6 +762,10 @@ class GradientReport:
                              f"derivatives{'; e.g. ' + example if example else ''}")
         for note in _aggregated_notes(self.notes, [p.input_name for p in self.pairs]):
             lines.append(f"  note: {note}")
+        twinned = [p for p in self.pairs if getattr(p, "float64_gradient", False)]
+        if twinned:
+            lines.append(f"  note: {len(twinned)} pair(s) whose tolerances could not see a 1% error of their gradient "
+                         f"were judged through its float64 twin: {TWIN_RULE}{_layer_groups([p.input_name for p in twinned])}")
         tolerance_bound = self.tolerance_bound
         if tolerance_bound:
             low, high = min(p.resolution for p in tolerance_bound), max(p.resolution for p in tolerance_bound)
@@ -771,6 +792,15 @@ class GradientReport:
         return found
 
 
+TWIN_RULE = ("the same gradient code run at the float64 point (on the model's float64 copy, or f given float64 "
+             "values), judged by float64's rule against the same numerical derivative; each element is then allowed "
+             "float64's allowance plus |gradient - its float64 twin|, the gradient's own rounding measured instead "
+             "of float32's atol (pass atol= to judge by your tolerances alone)")
+TWIN_LINE = ("judged through the float64 twin of the gradient: its allowance is float64's rule plus the measured "
+             "|gradient - float64 gradient|, as float32's atol could not resolve a 1% error here")
+TWIN_PROBES_LINE = ("probes compared through the float64 twin of the gradient (the same gradient code at the float64 "
+                    "point, within float32's tolerance of the gradient) under float64's rule, as float32's atol could "
+                    "not resolve a 1% error here")
 # Past this many passing pairs, the text collapses them to one line by layer.
 COLLAPSE_PASSING = 20
 # Past this many undecidable fast-mode pairs, their details are one line.

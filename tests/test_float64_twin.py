@@ -1,0 +1,110 @@
+"""A pass too coarse for a 1% error (atol against a small float32 gradient) is judged again through the
+gradient's float64 twin: the same gradient code at the float64 point, by float64's rule."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fastcheck
+
+RNG = np.random.default_rng(0)
+WEIGHTS = RNG.normal(size=(40,)) * 1e-4  # gradients ~1e-4: float32's atol (1e-5) alone resolves ~10%
+POINT = tf.constant(RNG.normal(size=(40,)), tf.float32)
+
+
+def _scaled(factor):
+    @tf.custom_gradient
+    def scaled(v):
+        return tf.identity(v), lambda g: g * factor
+
+    return scaled
+
+
+def _loss(factor):
+    scaled = _scaled(factor)
+    return lambda x: tf.reduce_sum(tf.constant(WEIGHTS, x.dtype) * tf.sin(scaled(x)))
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_a_one_percent_defect_below_atol_fails_through_the_twin(mode):
+    report = fastcheck.check_gradients(_loss(1.01), POINT, mode=mode)
+    assert report.verdict == "fail"
+    assert report.failures[0].float64_gradient
+    assert report.to_dict()["pairs"][0]["float64_gradient"] is True
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_the_correct_gradient_passes_and_resolves_one_percent(mode):
+    report = fastcheck.check_gradients(_loss(1.0), POINT, mode=mode)
+    assert report.verdict == "pass"
+    assert report.pairs[0].float64_gradient
+    assert report.tolerance_bound == []
+    assert report.pairs[0].resolution < 1e-2
+
+
+def test_a_user_atol_is_the_users_rule():
+    report = fastcheck.check_gradients(_loss(1.01), POINT, atol=1e-5)
+    assert report.verdict == "pass"  # the defect is below the atol the user asked for
+    assert not report.pairs[0].float64_gradient
+    assert report.tolerance_bound == report.pairs
+
+
+def test_native_precision_has_no_twin():
+    report = fastcheck.check_gradients(_loss(1.01), POINT, precision="native")
+    assert not report.pairs[0].float64_gradient
+
+
+def test_supplied_gradients_are_not_judged_by_fs_twin():
+    # verify_gradients' gradients are not f's reverse mode: f's float64 gradient is not their twin.
+    wrong = [tf.constant(WEIGHTS * 1.01 * np.cos(POINT.numpy()), tf.float32)]
+    report = fastcheck.verify_gradients(_loss(1.0), [POINT], wrong)
+    assert not any(p.float64_gradient for p in report.pairs)
+
+
+def test_f_rounding_to_float32_inside_raises_no_false_alarm():
+    # Given float64 values, f still rounds through float32: its "float64" numerics are float32's;
+    # the twin's rule then allows f's measured noise, and the gradient (correct) passes or stays undecidable.
+    def f(x):
+        inner = tf.cast(tf.cast(x, tf.float32), x.dtype)
+        return tf.reduce_sum(tf.constant(WEIGHTS, x.dtype) * tf.sin(inner))
+
+    for mode in ("full", "fast"):
+        assert fastcheck.check_gradients(f, POINT, mode=mode).verdict != "fail"
+
+
+def test_a_model_with_a_small_gradient_defect_fails_in_check_model():
+    keras = pytest.importorskip("keras")
+
+    class Gain(keras.layers.Layer):
+        def __init__(self, factor=1.0, **kwargs):
+            super().__init__(**kwargs)
+            self.factor = factor
+
+        def build(self, shape):
+            self.gain = self.add_weight(name="gain", shape=(shape[-1],), initializer="ones")
+
+        def call(self, x):
+            factor = self.factor
+
+            @tf.custom_gradient
+            def times(x, gain):
+                return x * gain, lambda dy: (dy * gain, tf.reduce_sum(dy * x, axis=0) * factor)
+
+            return times(x, tf.convert_to_tensor(self.gain))
+
+        def get_config(self):
+            return {**super().get_config(), "factor": self.factor}
+
+    verdicts = {}
+    for factor in (1.0, 1.01):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, kernel_initializer=keras.initializers.RandomNormal(stddev=1e-4)),
+                                  Gain(factor), keras.layers.Dense(1)])
+        x = tf.constant(RNG.normal(size=(8, 6)), tf.float32)
+        y = tf.constant(RNG.normal(size=(8, 1)), tf.float32)
+        report = fastcheck.check_model(model, keras.losses.MeanSquaredError(), (x, y), mode="full")
+        verdicts[factor] = report
+    assert verdicts[1.0].verdict == "pass"
+    assert verdicts[1.01].verdict == "fail"
+    (failed,) = [p for p in verdicts[1.01].failures if p.label == "FAIL"]
+    assert failed.input_name.endswith("/gain") and failed.float64_gradient
