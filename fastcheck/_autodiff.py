@@ -221,6 +221,11 @@ class AutodiffJacobian:
             (scalar,) = (leaf for leaf in leaves if leaf.shape.num_elements())  # other leaves, if any, are empty
             grads = tape.gradient(scalar, sources, unconnected_gradients=ZERO)
             return [_densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
+        if len(leaves) == 1 and self.values is self.executor.native and self.executor.elementwise():
+            try:
+                return self._elementwise_rows(tape, leaves[0], sources[0])
+            except Exception:  # the row loop decides (and raises, if the gradient does)
+                pass
         try:
             return self._rows(leaves, sources, _Pace(limit, plan.m), lambda: (tape, leaves))
         except Exception:
@@ -233,6 +238,18 @@ class AutodiffJacobian:
                 return row_tape, outputs
 
             return self._rows(leaves, sources, _Pace(limit, plan.m), fresh)
+
+    @staticmethod
+    def _elementwise_rows(tape, leaf, source) -> list[np.ndarray]:
+        """The row loop's [m, m] block of an element-wise f (``_diagonal``) from two VJPs: the cotangent 1
+        gives each row's diagonal entry, the cotangent 0 each row's entries off it."""
+        dtype = leaf.dtype.as_numpy_dtype
+        on, off = (_densify(tape.gradient(leaf, source, output_gradients=tf.constant(np.full(leaf.shape, value, dtype)),
+                                          unconnected_gradients=ZERO)).numpy().reshape(-1).astype(np.float64)
+                   for value in (1, 0))
+        block = np.repeat(off[None, :], off.size, axis=0)
+        np.fill_diagonal(block, on)
+        return [block]
 
     def _rows(self, leaves, sources, pace: _Pace, taped):
         """Reverse mode one output row at a time; ``taped()`` gives a (tape, leaves) pass to differentiate."""

@@ -77,8 +77,9 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             mode, inconsistent, rerun = "full", [], True
             outcome = check_full(executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
-        if mode == "full" and not rerun:
-            # What routing predicted, against what it cost: later checks in this process route by it.
+        if mode == "full" and not rerun and not executor.memo.get("elementwise"):
+            # What routing predicted, against what it cost: later checks in this process route by it
+            # (not an element-wise f's few calls, which say nothing of an eager loop's 2n + m).
             _paths.CALIBRATION.learn_from(executor.chosen, executor.path,
                                           sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
         notes = run_notes(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)

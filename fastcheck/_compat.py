@@ -11,6 +11,7 @@ chunk of columns instead of two calls of f per column).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -95,11 +96,38 @@ def _compute_gradient(f: Callable, x, delta) -> tuple[tuple[np.ndarray, ...], tu
 
 
 def _shifted(f: Callable, xs: list[tf.Tensor]) -> Callable:
-    """``u -> f(*(x + u))``, in u's dtype (the numerical side may evaluate in float64)."""
+    """``u -> f(*(x + u))``, in u's dtype (the numerical side may evaluate in float64).
+
+    The same function object for the same f and the same x objects while f lives: fastcheck
+    caches what it learns of a function (kernels, its element-wise structure) by identity, so a
+    repeated call reuses it.  The cached wrapper holds f and x weakly (the caller holds them
+    during the call), so neither outlives the caller's references."""
+    try:
+        held = None if hasattr(f, "__self__") else _SHIFTED.get(f)  # a bound method is a new object each time
+    except TypeError:  # not weak-referenceable (a builtin): a new wrapper each time
+        held = None
+    if held is not None and len(held[0]) == len(xs) and all(ref() is x for ref, x in zip(held[0], xs)):
+        return held[1]
+    if hasattr(f, "__self__"):
+        return _wrapper(lambda: f, lambda: xs)
+    try:
+        f_ref, x_refs = weakref.ref(f), tuple(weakref.ref(x) for x in xs)
+    except TypeError:
+        return _wrapper(lambda: f, lambda: xs)
+    shifted = _wrapper(f_ref, lambda: [ref() for ref in x_refs])
+    _SHIFTED[f] = (x_refs, shifted)
+    return shifted
+
+
+def _wrapper(function, values) -> Callable:
     def shifted(*us):
-        return f(*[tf.cast(value, u.dtype) + u for value, u in zip(xs, us)])
+        return function()(*[tf.cast(value, u.dtype) + u for value, u in zip(values(), us)])
 
     return shifted
+
+
+# f -> (weak references to the x it was shifted to, the shifted function), while f lives.
+_SHIFTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _stacked(rows: list[list[np.ndarray | None]], value: tf.Tensor, position: int) -> np.ndarray:

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from fastcheck import _paths
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._diagonal import elementwise
 from fastcheck._distribute import Share, spread_for
 from fastcheck._paths import (
     EAGER,
@@ -401,12 +402,30 @@ class Executor:
         concrete = kernel.get_concrete_function(self.values, tf.TensorSpec([chunk], tf.int32), tf.TensorSpec([chunk], dtype))
         return None if _loops_in(concrete) else kernel
 
+    def elementwise(self) -> bool:
+        """Whether the eager loops may make ``_diagonal``'s few calls (f element-wise in its one
+        checked input; found once per f, signatures and configuration)."""
+        if self.path != EAGER or self.share is not None:
+            return False
+        if "elementwise" not in self.memo:
+            self.memo["elementwise"] = elementwise(self.plan, self.config, self.values, self.native)
+        return self.memo["elementwise"]
+
+    def _centre(self) -> np.ndarray:
+        """f at x on the numerical side, as the eager loop calls it (flat, numpy)."""
+        if "centre" not in self.memo:
+            self.memo["centre"] = self.plan.call_flat_numpy(list(self.values), self.plan.eval_upcast)
+        return self.memo["centre"]
+
     def _eager_differences(self, position, idx, delta):
         plan = self.plan
         base = self.values[position].numpy()
         shape, dtype = base.shape, base.dtype
         flat = base.reshape(-1)
         m = plan.m
+        idx = np.asarray(idx)
+        if len(idx) > 1 and self.elementwise() and np.unique(idx).size == len(idx):
+            return self._elementwise_differences(position, idx, delta, flat, shape, dtype)
         pluses, minuses = np.empty((m, len(idx))), np.empty((m, len(idx)))
         spans = np.empty(len(idx))
         values = list(self.values)
@@ -426,6 +445,31 @@ class Executor:
             pluses[:, row], minuses[:, row] = outs
             spans[row] = float(flat[j] + dtype.type(d)) - float(flat[j] - dtype.type(d))
         return pluses, minuses, spans
+
+    def _elementwise_differences(self, position, idx, delta, flat, shape, dtype):
+        """``_eager_differences`` of an element-wise f (``_diagonal``): every column of ``idx`` moved in
+        one call per side; output j of it is output j of the one-column call, the others are f(x)."""
+        plan, m, k = self.plan, self.plan.m, len(idx)
+        centre = self._centre()
+        values = list(self.values)
+        cols = np.arange(k)
+        sides = []
+        for sign in (1, -1):
+            moved = flat.copy()
+            moved[idx] = flat[idx] + (sign * np.asarray(delta, np.float64)).astype(dtype)
+            values[position] = tf.constant(moved.reshape(shape))
+            y = plan.call_flat_numpy(values, plan.eval_upcast)
+            if y.shape != (m,):
+                raise ShapeChangeError(
+                    f"The output shape of f changed when {plan.inputs[position].name} was perturbed; "
+                    "fastcheck needs outputs whose shapes do not depend on input values."
+                )
+            block = np.repeat(centre.astype(np.float64)[:, None], k, axis=1)
+            block[idx, cols] = y[idx]
+            sides.append(block)
+        d = np.asarray(delta, np.float64).astype(dtype)
+        spans = (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64)
+        return sides[0], sides[1], spans
 
     # -- noise tables ----------------------------------------------------------
 

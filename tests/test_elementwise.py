@@ -1,0 +1,82 @@
+"""Element-wise f on the eager path (``_diagonal``): the same Jacobians, bit for bit, as the loops."""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fastcheck
+from fastcheck import _compat, _config, _diagonal, _executor, _plan
+
+
+def _reports(f, xs, monkeypatch, **options):
+    with monkeypatch.context() as patched:
+        patched.setattr(_executor, "elementwise", lambda *args: False)
+        loops = fastcheck.check_gradients(f, xs, progress=False, **options)
+    return loops, fastcheck.check_gradients(f, xs, progress=False, **options)
+
+
+def _same(a, b) -> bool:
+    return a.verdict == b.verdict and len(a.pairs) == len(b.pairs) and all(
+        np.array_equal(x, y, equal_nan=True)
+        for p, q in zip(a.pairs, b.pairs) for x, y in ((p.numerical, q.numerical), (p.analytical, q.analytical)))
+
+
+def _elementwise(f, xs) -> bool:
+    config = _config.CheckConfig(progress=False)
+    plan = _plan.build_plan(f, xs, config)
+    return _diagonal._structure(plan, plan.eval_values(), plan.native_values())
+
+
+@pytest.mark.parametrize("op", [tf.math.tanh, tf.math.sqrt, tf.math.log, tf.math.sign, tf.math.special.bessel_i1e,
+                                lambda t: t * tf.sin(t) + 3.0])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_same_jacobians_as_the_loops(op, dtype, monkeypatch):
+    # 0 and a negative value: sqrt's and log's gradients are not finite there (NaN off the diagonal
+    # of the row loop's blocks, 0 * inf), log's value too: the blocks must carry them as the loops do
+    x = tf.constant([[0.0, -1.5, 0.25], [2.0, 3.5, 1e-3]], dtype)
+    f = lambda t: op(t)  # noqa: E731
+    assert _elementwise(f, [x])
+    loops, fast = _reports(f, [x], monkeypatch)
+    assert fast.path == "eager" and _same(loops, fast)
+
+
+def test_a_gradient_that_mixes_elements_is_not_elementwise(monkeypatch):
+    @tf.custom_gradient
+    def mixed(t):
+        y = tf.tanh(t)
+        return y, lambda g: tf.reverse(g, [0]) * (1 - y * y)  # wrong: row i's gradient lands on element n-1-i
+
+    x = tf.constant([0.1, 0.5, -0.3, 0.9])
+    assert not _elementwise(mixed, [x])
+    loops, fast = _reports(mixed, [x], monkeypatch)
+    assert fast.verdict == "fail" and _same(loops, fast)
+
+
+@pytest.mark.parametrize("f", [
+    lambda t: t * tf.constant(float(np.sum(t.numpy())), t.dtype),  # a dependence through numpy: no graph
+    lambda t: tf.cumsum(t),  # not element-wise
+    lambda t: tf.tanh(t) * tf.reduce_sum(t),
+    lambda t: tf.reverse(tf.tanh(t), [0]),
+])
+def test_not_elementwise(f, monkeypatch):
+    x = tf.constant([0.1, 0.5, -0.3, 0.9], tf.float64)
+    assert not _elementwise(f, [x])
+    loops, fast = _reports(f, [x], monkeypatch)
+    assert _same(loops, fast)
+
+
+def test_compute_gradient_reuses_its_shifted_function():
+    x = tf.constant([1.0, 2.0, 3.0])
+    f = lambda t: tf.sin(t)  # noqa: E731
+    first = fastcheck.compute_gradient(f, [x], delta=1e-3)
+    assert _compat._shifted(f, [x]) is _compat._shifted(f, [x])
+    again = fastcheck.compute_gradient(f, [x], delta=1e-3)
+    assert all(np.array_equal(a, b) for a, b in zip(first[0] + first[1], again[0] + again[1]))
+    assert _compat._shifted(f, [tf.constant([1.0, 2.0, 3.0])]) is not _compat._shifted(f, [x])
+    held = weakref.ref(f)
+    del f
+    gc.collect()
+    assert held() is None
