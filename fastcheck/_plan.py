@@ -10,6 +10,7 @@ outputs.  Both Jacobians are computed for that function, so every pair
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -60,9 +61,9 @@ class InputSpec:
         """The checked view: complex values as a trailing (real, imag) axis."""
         return to_real_view(self.value)
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
-        """Number of real scalars in the checked view."""
+        """Number of real scalars in the checked view (read on every use of the spec: computed once)."""
         return int(np.prod(self.real_view.shape, dtype=np.int64)) if self.checked else 0
 
 
@@ -191,15 +192,17 @@ class Plan:
         measured = self.noise.relative if self.noise is not None else 0.0
         return measured if measured > NOISY_EPSILONS * eps else eps
 
-    @property
+    # A plan is never changed in place (``dataclasses.replace`` makes a new one): its sizes are read
+    # in every loop of a check, so each is computed once.
+    @functools.cached_property
     def checked(self) -> list[InputSpec]:
         return [s for s in self.inputs if s.checked]
 
-    @property
+    @functools.cached_property
     def m(self) -> int:
         return sum(o.size for o in self.outputs)
 
-    @property
+    @functools.cached_property
     def n(self) -> int:
         return sum(s.size for s in self.checked)
 
