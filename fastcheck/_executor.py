@@ -405,7 +405,7 @@ class Executor:
     def elementwise(self) -> bool:
         """Whether the eager loops may make ``_diagonal``'s few calls (f element-wise in its one
         checked input; found once per f, signatures and configuration)."""
-        if self.path != EAGER or self.share is not None:
+        if self.path != EAGER or self.share is not None or not self.route.traceable:
             return False
         if "elementwise" not in self.memo:
             self.memo["elementwise"] = elementwise(self.plan, self.config, self.values, self.native)

@@ -232,6 +232,7 @@ class Route:
     # Perturbations per call of the one differences kernel shared by every checked input
     # (``joint_chunk``); 0: one kernel per input.
     joint_chunk: int = 0
+    traceable: bool = True  # False: tracing f failed (it runs only eagerly), so no graph of it is built
 
     @property
     def following(self) -> str | None:
@@ -360,7 +361,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         cause: BaseException = error.error if isinstance(error, Raised) else error
         first_line = (str(cause).strip().splitlines() or [""])[0][:120]
         return Route(EAGER, f"f cannot be traced ({type(cause).__name__}: {first_line}): evaluated eagerly",
-                     {s.position: s.size for s in plan.checked}, m, 0)
+                     {s.position: s.size for s in plan.checked}, m, 0, traceable=False)
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.
