@@ -16,7 +16,8 @@ A check must also leave the process as it found it: some libraries keep global c
 flags that a context manager sets without ``try``/``finally``, so an error raised inside
 a layer leaves them switched (larq's ``quantized_scope``: afterwards every quantized
 variable reads quantized, ``get_weights()`` included).  ``library_state_restored``
-restores the known ones (``LIBRARY_FLAGS``) whatever happens inside.
+restores the known ones (``LIBRARY_FLAGS``, and the contents of ``LIBRARY_STACKS``) whatever
+happens inside.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ LIBRARY_FLAGS = (
     ("larq.context", "_quantized_scope.should_quantize"),
     ("larq.quantized_scope", "_SHOULD_QUANTIZE"),
 )
+# Library stacks (lists kept per thread) whose contents an exception can leave changed: restored to
+# their entries of before.  Keras 3's name-scope stack keeps a layer's scope when the layer's call
+# raises inside a traced stateless call (a custom gradient that iterates ``variables``, None there):
+# every later layer and variable of the process was then named under it.
+LIBRARY_STACKS = (("keras.src.backend.common.global_state", "GLOBAL_STATE_TRACKER.name_scope_stack"),)
 
 _MISSING = object()
 
@@ -268,14 +274,9 @@ def _is_container(owner) -> bool:
 @contextlib.contextmanager
 def library_state_restored():
     """Every flag of ``LIBRARY_FLAGS`` whose library is loaded has its value of before afterwards."""
-    saved = []
-    for module_name, path in LIBRARY_FLAGS:
-        owner = sys.modules.get(module_name)
-        *hops, attribute = path.split(".")
-        for hop in hops:
-            owner = getattr(owner, hop, None)
-        if owner is not None:
-            saved.append((owner, attribute, getattr(owner, attribute, _MISSING)))
+    saved = [(owner, attribute, getattr(owner, attribute, _MISSING)) for owner, attribute in _places(LIBRARY_FLAGS)]
+    stacks = [(owner, attribute, stack, list(stack)) for owner, attribute in _places(LIBRARY_STACKS)
+              if isinstance(stack := getattr(owner, attribute, None), list)]
     try:
         yield
     finally:
@@ -286,6 +287,24 @@ def library_state_restored():
                 delattr(owner, attribute)
             else:
                 setattr(owner, attribute, value)
+        for owner, attribute, stack, entries in stacks:
+            if stack != entries:
+                stack[:] = entries
+            if getattr(owner, attribute, None) is not stack:
+                setattr(owner, attribute, stack)
+
+
+def _places(paths) -> list:
+    """(owner, attribute) of each (module, attribute path) whose module is loaded and whose owner exists."""
+    places = []
+    for module_name, path in paths:
+        owner = sys.modules.get(module_name)
+        *hops, attribute = path.split(".")
+        for hop in hops:
+            owner = getattr(owner, hop, None)
+        if owner is not None:
+            places.append((owner, attribute))
+    return places
 
 
 # ---------------------------------------------------------------- zero-argument losses

@@ -197,6 +197,11 @@ def test_keras3_gradient_iterating_its_variables(scale, correct):
     assert report.ok == correct, str(report)
     with pytest.raises(ValueError, match=r"check_model\(order=2\) differentiates the loss as a function of"):
         fastcheck.check_model(model, "mse", data, order=2)
+    # The layer's call raised inside fastcheck's traced stateless calls: Keras's name-scope stack is as it was
+    # (it kept the layer's scope, and every later layer of the process was named under it).
+    later = keras.layers.Dense(2, name="built_after_the_check")
+    later.build((None, 3))
+    assert later.kernel.path == "built_after_the_check/kernel", later.kernel.path
 
 
 # ---------------------------------------------------------------- the precision f computes in
