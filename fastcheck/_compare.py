@@ -495,8 +495,10 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
         return FLAT_HINT
     if np.any(status == UNRESOLVED) and not bad.any():
         return ("the central differences did not settle at any step tried (down to 4**12 times smaller than the "
-                "first, or, for a noisy f, up to the largest step its noise allows): f varies on a scale far below "
-                "the step, or its noise swamps every step; pass a smaller eps, or check at a point where f is smoother.")
+                "first, or, for a noisy f, up to the largest step its noise allows), or f's measured noise is as "
+                "large as f itself there (sin at 1e20: neighbouring inputs lie periods apart): f varies on a scale "
+                "far below the step, or its noise swamps every step; pass a smaller eps, or check at a point where "
+                "f is smoother.")
     if not bad.any():
         return None
     a, n = analytical[bad], numerical[bad]

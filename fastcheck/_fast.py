@@ -1092,5 +1092,5 @@ def _flat_element(joint: Joint, position: int, column: int, row: int | None, fir
     if not moved <= FLAT_ROUNDINGS * level:
         return False
     executor = joint.executor
-    return bool(_flat.undecidable(executor, executor.plan, joint.config, position, np.array([row]), np.array([column]),
-                                  np.array([analytical]))[0])
+    return int(_flat.status(executor, executor.plan, joint.config, position, np.array([row]), np.array([column]),
+                            np.array([analytical]))[0]) != _compare.MISMATCH

@@ -15,7 +15,10 @@ where f first moves
 the element is FLAT, undecidable.  f that moves at no step does not depend on x_j there while
 its gradient says it does (a VJP writing gradient where f does not depend), and f that moves
 steadily with another slope (a dead ReLU whose gradient leaks 1% of the live slope, 100x
-off): the mismatch stands.
+off): the mismatch stands -- unless f's measured noise is as large as f itself
+(``NOISE_IS_F`` of |f_i| or more: sin at 1e20, whose neighbouring representable points lie
+periods apart), where "does not move beyond its noise" says nothing about x_j: no step can
+resolve a derivative there, and the element is UNRESOLVED, undecidable.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 from fastcheck import _compare
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import numerical_columns, steps
-from fastcheck._tables import FLAT_AGREES, FLAT_JUMP_GROWTH, FLAT_MAX_STEP, FLAT_ROUNDINGS, REFINE_RATIO
+from fastcheck._tables import FLAT_AGREES, FLAT_JUMP_GROWTH, FLAT_MAX_STEP, FLAT_ROUNDINGS, NOISE_IS_F, REFINE_RATIO
 
 
 def rounding_level(plan) -> np.ndarray:
@@ -45,12 +48,23 @@ def candidates(plan, numerical: np.ndarray, spans: np.ndarray, mismatch: np.ndar
     return rows, columns[k]
 
 
-def undecidable(executor, plan, config, position: int, rows: np.ndarray, cols: np.ndarray,
-                analytical: np.ndarray) -> np.ndarray:
-    """Which flat elements (``rows``, ``cols`` of input ``position``, with their ``analytical``
-    values) larger steps show undecidable (see the module docstring)."""
+def noise_is_f(plan, rows: np.ndarray) -> np.ndarray:
+    """[len(rows)] whether output ``rows``' measured noise is ``NOISE_IS_F`` of |f_i| or more: f's
+    evaluations there keep fewer than ~3 bits of its value, and no step resolves a derivative."""
+    if plan.noise is None:
+        return np.zeros(len(rows), bool)
+    sigma, y0 = plan.noise.sigma[rows], np.abs(plan.eval_output[rows])
+    with np.errstate(invalid="ignore"):
+        return (sigma > 0) & (sigma >= NOISE_IS_F * y0)
+
+
+def status(executor, plan, config, position: int, rows: np.ndarray, cols: np.ndarray,
+           analytical: np.ndarray) -> np.ndarray:
+    """[len(rows)] the status of flat mismatches (``rows``, ``cols`` of input ``position``, with their
+    ``analytical`` values) that larger steps show: FLAT, UNRESOLVED, or MISMATCH where it stands
+    (see the module docstring)."""
     if not len(rows):
-        return np.zeros(0, bool)
+        return np.zeros(0, np.int8)
     columns, where = np.unique(cols, return_inverse=True)
     base = steps(plan, config, position)[columns]
     relative = config.step(MACHINE_EPSILON[plan.eval_dtype])
@@ -70,4 +84,6 @@ def undecidable(executor, plan, config, position: int, rows: np.ndarray, cols: n
         last = first == levels - 1
         jump = ~last & (moved[index, following] < FLAT_JUMP_GROWTH * moved[index, first])
         agrees = np.abs(pick(quotient)[index, following] - analytical) <= FLAT_AGREES * np.abs(analytical)
-    return np.any(moves, axis=1) & (jump | last | agrees)
+    moving = np.any(moves, axis=1)
+    return np.select([moving & (jump | last | agrees), ~moving & noise_is_f(plan, rows)],
+                     [_compare.FLAT, _compare.UNRESOLVED], _compare.MISMATCH).astype(np.int8)

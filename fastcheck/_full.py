@@ -148,16 +148,17 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
         if refine:
             with timed(jac.timings, "refine"):
                 status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
-        # ... and mismatches whose refined estimate is exactly 0: the steps that settled it moved f not at all
-        # (a latent weight 7e-4 from sign's jump: the first step crosses it, every settling step is below it).
+        # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it
+        # moved f by a few roundings at most (a latent weight 7e-4 from sign's jump: the first step crosses it,
+        # every settling step is below it; a staircase's element whose sides differ by one rounding of f).
         mismatched = status == _compare.MISMATCH
-        refined_rows, refined_cols = np.nonzero(mismatched & (numerical == 0)) if mismatched.any() else flat
+        refined_rows, refined_cols = (_flat.candidates(jac.plan, numerical, spans, mismatched) if mismatched.any()
+                                      else flat)
         rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack([refined_rows, refined_cols])], axis=1),
                                axis=1)
         still = status[rows, cols] == _compare.MISMATCH
         rows, cols = rows[still], cols[still]
-        undecidable = _flat.undecidable(jac.executor, jac.plan, jac.config, spec.position, rows, cols, a[rows, cols])
-        status[rows[undecidable], cols[undecidable]] = _compare.FLAT
+        status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, spec.position, rows, cols, a[rows, cols])
         if refine:
             with timed(jac.timings, "refine"):
                 _resolve(jac, spec.position, a, numerical, status, band, (atol, rtol))

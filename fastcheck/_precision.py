@@ -38,6 +38,9 @@ from fastcheck._tables import (
     CALM_SPREAD,
     CONFIRM_MARGIN,
     CONFIRM_SCALE,
+    JUMP_MAX,
+    JUMP_RATIO,
+    JUMP_RELATIVE,
     NOISE_DIRECTIONS,
     NOISE_GROWTH,
     NOISE_MAX_SCALE,
@@ -145,7 +148,7 @@ def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
         fine = bool(ladder)
         scale = ladder.pop(0) if ladder else min(scale * NOISE_GROWTH, NOISE_MAX_SCALE)
         try:
-            sides, estimate, moving, noisy = _table(evaluate, bases, signs, y0, scale)
+            sides, estimate, moving, noisy, stepped = _table(evaluate, bases, signs, y0, scale, epsilon)
         except Exception:  # f refuses points this far out (a domain check): measure no further
             break
         # Only noise-dominated tables count (a smooth or periodic f moved this far shows
@@ -159,7 +162,8 @@ def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
             rough = counted & (estimate > CONFIRM_MARGIN * calm)
         if rough.any():
             try:
-                _, finer, finer_moving, finer_noisy = _table(evaluate, bases, signs, y0, scale / CONFIRM_SCALE)
+                _, finer, finer_moving, finer_noisy, _ = _table(evaluate, bases, signs, y0, scale / CONFIRM_SCALE,
+                                                                epsilon)
             except Exception:  # cannot tell: count it (a larger allowance, never a false alarm)
                 finer, finer_moving, finer_noisy = estimate, moving, noisy
             with np.errstate(invalid="ignore"):
@@ -172,7 +176,10 @@ def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             value = np.where(rough | ~np.isfinite(calm), estimate, np.minimum(estimate, CALM_SPREAD * calm))
         sigma[counted] = np.maximum(sigma[counted], value[counted])
-        thawed = pending & moving & (not first)
+        # An output that moves only by a jump or two (a staircase in some input: f(x) = round(4x)/4) was
+        # not rounded to a quantum: its gaps are the jumps' sizes, not noise, and a coarser scale would
+        # only cross more of them.  It is no longer pending, and gives no quantum.
+        thawed = pending & moving & ~stepped & (not first)
         if thawed.any():
             values_seen = np.sort(np.concatenate([sides[0], sides[1], y0[None]]), axis=0)
             gaps = np.diff(values_seen, axis=0)
@@ -181,26 +188,69 @@ def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
             sigma[quantised] = np.maximum(sigma[quantised], quantum[quantised] / math.sqrt(12))
         if fine:
             calm = np.where(moving & np.isfinite(estimate), np.minimum(calm, estimate), calm)
-        pending &= ~moving
+        pending &= ~(moving | stepped)
         first = False
     return sigma
 
 
-def _table(evaluate, bases, signs, y0, scale):
-    """(both sides' tables, noise estimate, moving mask, noise-dominated mask) at one scale."""
+def _table(evaluate, bases, signs, y0, scale, epsilon):
+    """(both sides' tables, noise estimate, moving mask, noise-dominated mask, stepped mask) at one scale.
+
+    The estimate reads each side without the jumps the line crosses (``_without_jumps``);
+    ``stepped``: outputs that some side, x itself included, moves only by a jump or two.
+    """
     # Each side on its own, without x itself: a kink or jump of f at the point (relu
     # at 0, relu' under order=2) lies between the sides and is not noise.  The
     # smaller side also leaves out a kink next to the point on the other.
     sides = evaluate.sides(bases, _line_steps(bases, signs, scale))
-    orders = [_differences(table) for table in sides]
+    orders = [_differences(_without_jumps(table, epsilon)) for table in sides]
     estimate = np.minimum(orders[0][4], orders[1][4])
     moving = np.ones(y0.shape, bool)
     noisy = np.ones(y0.shape, bool)
+    stepped = np.zeros(y0.shape, bool)
     for table, order in zip(sides, orders):
+        stepped |= _jumps(np.concatenate([y0[None], table]), epsilon).any(axis=0)
         moving &= np.any(table != y0[None], axis=0) & np.all(np.isfinite(table), axis=0)
         with np.errstate(invalid="ignore"):
             noisy &= (np.maximum(order[5], order[6]) >= order[4] / 4) & np.isfinite(order[4])
-    return sides, estimate, moving, noisy
+    return sides, estimate, moving, noisy, stepped
+
+
+def _jumps(table: np.ndarray, epsilon: float) -> np.ndarray:
+    """[len(table) - 1, m]: the intervals where a table's moves concentrate -- jumps of f, not noise.
+
+    An interval is a jump when its difference leaves the median difference (the line's slope)
+    by ``JUMP_RATIO`` times the median such deviation, and times the table's own rounding
+    (``epsilon * max |f|``: a staircase is exactly flat between its jumps), and by more than
+    ``JUMP_RELATIVE * max |f|`` (f's value rounded to float32 or bfloat16 moves by single
+    quanta along the line too, and that is noise to measure); an output has
+    jumps only where at most ``JUMP_MAX`` intervals are (more is noise spread over the line,
+    a quantum crossed at every few points: rounding, which this leaves alone).
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.diff(table, axis=0)
+        deviation = np.abs(diff - np.median(diff, axis=0))
+        size = np.max(np.abs(table), axis=0)
+        level = np.maximum(np.median(deviation, axis=0), epsilon * size)
+        jumps = (deviation > JUMP_RATIO * level) & (deviation > JUMP_RELATIVE * size)
+    few = np.asarray(np.sum(jumps, axis=0) <= JUMP_MAX)
+    return jumps & few[None]
+
+
+def _without_jumps(table: np.ndarray, epsilon: float) -> np.ndarray:
+    """The table with its jumps (``_jumps``) taken out: each jump's difference replaced by the median one.
+
+    Outputs without jumps keep their table as it is (the same noise estimate, bit for bit).
+    """
+    jumps = _jumps(table, epsilon)
+    found = np.asarray(jumps.any(axis=0))
+    if not found.any():
+        return table
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.diff(table, axis=0)
+        diff = np.where(jumps, np.median(diff, axis=0)[None], diff)
+        rebuilt = table[:1] + np.concatenate([np.zeros_like(table[:1]), np.cumsum(diff, axis=0)])
+    return np.where(found[None], rebuilt, table)
 
 
 def _differences(table: np.ndarray) -> dict[int, np.ndarray]:

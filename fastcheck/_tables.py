@@ -52,6 +52,7 @@ FLAT_ROUNDINGS = 4.0  # a quotient is flat when f moved by at most this many of 
 FLAT_MAX_STEP = 1.0  # larger steps tried up past this relative step: a binarized layer's latent weight crosses its sign
 FLAT_JUMP_GROWTH = 2.0  # a 4x step moving f less than this many times as far is a jump (past a kink: 4x or more)
 FLAT_AGREES = 0.5  # a larger step's quotient within this of the analytical value agrees (a leaking dead ReLU: 100x off)
+NOISE_IS_F = 0.1  # measured noise this share of |f_i| or more: f keeps < ~3 bits (sin at 1e20: 0.8; bfloat16 inside: ~1e-3)
 
 # -- resolution ----------------------------------------------------------------------------------
 # A pass is decisive while its resolution (the smallest relative error of the gradient it flags) is within
@@ -80,6 +81,13 @@ NOISE_MAX_SCALE = 1e-2  # relative: far beyond any rounding, still far below mos
 CONFIRM_SCALE = 32.0
 CONFIRM_MARGIN = 8.0
 CALM_SPREAD = 2.0
+# A jump of a piecewise-constant f (a straight-through quantizer's staircase) crossed by the line is not noise: an
+# interval whose difference leaves the median one by JUMP_RATIO times the others' median deviation (and the table's
+# rounding) is a jump while at most JUMP_MAX of a side's intervals are (round(4x)/4 over 64 elements: 1-2 of 7-8;
+# Gaussian noise's 7 deviations reach 32 medians ~never); those tables are read without their jumps (issue #27).
+JUMP_RATIO = 32.0
+JUMP_MAX = 2
+JUMP_RELATIVE = 2.0 ** -7  # and beyond bfloat16's epsilon of |f|: no rounding of f's value to a float dtype jumps so far
 NOISY_EPSILONS = 16.0  # relative noise beyond this many machine epsilons: f loses precision inside (names the op)
 
 # -- fast mode's search (``_fast``) -----------------------------------------------------------------
