@@ -37,6 +37,8 @@ RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-w
 FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
              "J d from the reverse-mode gradient; projection: |u.VJP.d - u.numerical| <= ||u * allowed||_2")
 
+# How a verdict reads in the text of every report (GradientReport, tfp.BijectorReport, its identities).
+VERDICT_LABELS = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}
 
 class GradientCheckError(AssertionError):
     """Raised by ``assert_gradients_close`` when a check fails; ``.report`` holds the result."""
@@ -94,10 +96,15 @@ class Dense:
     what: ClassVar[str] = "elements"
 
     def chunks(self, bands: bool = True) -> Iterator[Chunk]:
-        flat = [x.reshape(-1) for x in (self.status, self.analytical, self.numerical, self.band)]
-        for start in range(0, flat[0].size, SUMMARY_CHUNK):
-            part = slice(start, start + SUMMARY_CHUNK)
-            yield Chunk(start, flat[0][part], flat[1][part], flat[2][part], flat[3][part])
+        """Blocks of whole rows, flattened (a copy of the block only where an array is not contiguous)."""
+        if not self.status.size:
+            return
+        width = self.status.shape[1]
+        step = max(1, SUMMARY_CHUNK // width)
+        for row in range(0, self.status.shape[0], step):
+            status, a, n, band = (x[row : row + step].reshape(-1) for x in (self.status, self.analytical,
+                                                                          self.numerical, self.band))
+            yield Chunk(row * width, status, a, n, band)
 
     def entry(self, k: int) -> tuple:
         """(row, column, analytical, numerical, band) of the value at flat index ``k``."""
@@ -794,7 +801,7 @@ class GradientReport:
 
     def __repr__(self) -> str:
         """One line, what pytest shows for a failing ``assert report``; ``str(report)`` is the full table."""
-        verdict = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        verdict = VERDICT_LABELS[self.verdict]
         wrong = sum(p.label == "FAIL" for p in self.failures)
         undecided = len(self.failures) - wrong
         summary = f"{wrong} of {len(self.pairs)} pairs failed" + (f", {undecided} undecidable" if undecided else "")
@@ -862,7 +869,7 @@ class GradientReport:
         differ only in an input's name and numbers are one line.  ``to_dict`` keeps
         every pair and note.
         """
-        verdict = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        verdict = VERDICT_LABELS[self.verdict]
         wrong = sum(p.label == "FAIL" for p in self.failures)
         undecided = len(self.failures) - wrong
         lines = [
