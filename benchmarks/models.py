@@ -462,7 +462,7 @@ def _pair_detail(pairs, planted: str) -> list:
             continue
         try:
             entry = {"input": name, "label": pair.label, "resolution": float(pair.resolution)}
-            own = getattr(pair, "resolutions", None) or pair._resolutions()  # fast pair / full pair
+            own = pair.resolutions
             entry["tolerance_resolution"] = float(own[1])  # the tolerances' own (coarse: > max(100 rtol, 2x this))
             summary = pair.to_dict()
             entry.update({k: summary[k] for k in ("flat", "mismatches", "unresolved", "coarse") if k in summary})

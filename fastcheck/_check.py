@@ -21,7 +21,7 @@ from fastcheck._paths import EAGER, VJP_CALLS, Route, choose_route, kernel_plan
 from fastcheck._plan import Plan, _first_line, build_plan
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
-from fastcheck._report import GradientReport, Pair, PairReport, describe_nonfinite, run_notes, vacuous_warnings
+from fastcheck._report import Dense, GradientReport, PairReport, describe_nonfinite, run_notes, vacuous_warnings
 
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
@@ -123,10 +123,11 @@ def _nothing_to_check(plan: Plan, problem: Problem, config: CheckConfig, seconds
     def pair(o, s) -> PairReport:
         block = np.zeros((o.size, s.size))
         output_shape = tuple(o.shape) + ((2,) if o.dtype.is_complex else ())
-        return PairReport(problem.output_name or o.name, s.name, output_shape, tuple(s.real_view.shape), block,
-                          block.copy(), np.zeros(block.shape, np.int8), block.copy(), atol, rtol)
+        storage = Dense(block, block.copy(), np.zeros(block.shape, np.int8), block.copy())
+        return PairReport(problem.output_name or o.name, s.name, output_shape, tuple(s.real_view.shape), storage,
+                          atol, rtol)
 
-    pairs: list[Pair] = [pair(o, s) for s in plan.checked for o in plan.outputs]
+    pairs: list[PairReport] = [pair(o, s) for s in plan.checked for o in plan.outputs]
     empty = "f's outputs have" if not plan.m else "the checked inputs have"
     note = (f"nothing to check: {empty} no elements, so the Jacobian has no entries "
             f"({plan.m} output x {plan.n} input elements); the check passes vacuously")

@@ -25,8 +25,8 @@ Jacobian is sparse (elementwise ops, normalisations over a small axis, stencils)
 Memory: one status byte per nonzero; the colours' differences [C, m] (float32 where
 exact) and the VJPs [R, n] stay compressed, and every other per-nonzero quantity
 (indices, values, noise, bands) exists one block of ``VERDICT_CHUNK`` nonzeros at a
-time -- in the check and in its ``SparsePairReport``.  No array of the Jacobian's
-size exists, except for the dense ``PairReport`` of a small pair (``DENSE_REPORT_ENTRIES``).
+time -- in the check and in its report's ``Nonzeros`` storage.  No array of the Jacobian's
+size exists, except for the ``Dense`` storage of a small pair (``DENSE_REPORT_ENTRIES``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from fastcheck._executor import Executor, evaluate_rows, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, is_compile_failure, pad
 from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
-from fastcheck._report import Element, GradientCheckError, Outcome, PairReport, _index, _num, kernel_failure
+from fastcheck._report import Dense, GradientCheckError, Nonzeros, Outcome, PairReport, _having, _index, kernel_failure
 from fastcheck._tables import (
     DEEP_LEVELS,
     DENSE_REPORT_ENTRIES,
@@ -857,243 +857,11 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
 
 
 # -- the report -------------------------------------------------------------------------------------
-# -- the report -------------------------------------------------------------------------------------
 
 
-class SparsePairReport(PairReport):
-    """A ``PairReport`` over the structural nonzeros only: ``numerical``, ``analytical``,
-    ``status`` and ``band`` are 1-D over the nonzeros ``(rows[k], cols[k])`` of the
-    ``jacobian_shape`` block; ``one_sided`` is keyed by ``(k,)``.
-
-    Only ``status`` is held (a view of the check's int8 array); the values, bands and
-    indices are read off the check's compressed arrays block by block for every summary
-    (errors, worst elements, counts, the text), and made whole arrays only when asked for
-    by name (``numerical``, ``rows`` ..., ``to_dict(arrays=True)``): at 6.4e7 nonzeros each
-    such array is 0.5 GB.
-    """
-
-    sparse = True
-
-    def __init__(self, output_name: str, input_name: str, output_shape: tuple, input_shape: tuple, block: _Block,
-                 start: int, stop: int, row_offset: int, atol: float, rtol: float, side: str = "reverse",
-                 jacobian_shape: tuple = (0, 0)):
-        self.output_name, self.input_name = output_name, input_name
-        self.output_shape, self.input_shape = output_shape, input_shape
-        self.atol, self.rtol, self.side = atol, rtol, side
-        self.hint = None
-        self.one_sided = {}
-        self.jacobian_shape = jacobian_shape
-        self.status = block.status[start:stop]
-        self.inconsistent = block.inconsistent
-        self._block, self._start, self._stop, self._offset = block, start, stop, row_offset
-        self._arrays: tuple | None = None
-        self._summary: dict | None = None
-        self._counts: np.ndarray | None = None
-
-    # -- whole arrays, on request ---------------------------------------------------------
-
-    def _whole(self) -> tuple:
-        if self._arrays is None:
-            rows, cols, a, n, band = self._block.materialise(self._start, self._stop)
-            self._arrays = (rows - self._offset, cols, a, n, band)
-        return self._arrays
-
-    rows = property(lambda self: self._whole()[0], doc="Output element (flat) of every nonzero.")
-    cols = property(lambda self: self._whole()[1], doc="Input element (flat) of every nonzero.")
-    analytical = property(lambda self: self._whole()[2])
-    numerical = property(lambda self: self._whole()[3])
-    band = property(lambda self: self._whole()[4])
-
-    # -- summaries, block by block --------------------------------------------------------
-
-    def _chunks(self, bands: bool = True):
-        """(offset of the chunk in this pair, status, analytical, numerical, band) per block of nonzeros."""
-        for part in self._block.parts(self._start, self._stop):
-            _, _, a, n, band = self._block.values(part, bands=bands) + ((None,) if not bands else ())
-            yield part.start - self._start, self.status[part.start - self._start : part.stop - self._start], a, n, band
-
-    @staticmethod
-    def _abs_error(status, a, n) -> np.ndarray:
-        with np.errstate(invalid="ignore"):
-            return np.where(status == _compare.NONDIFFERENTIABLE, 0.0, np.abs(a - n))
-
-    # Worst elements found by the one summary pass (the text asks for 3).
-    WORST_KEPT = 8
-
-    def summary(self) -> dict:
-        """Every summary in one pass over the nonzeros, made once (the report no longer changes):
-        the largest absolute and relative errors, the sums of squares of the norm error, and the
-        worst ``WORST_KEPT`` elements (``PairReport._worst_indices``: score, ties in index order)."""
-        if self._summary is not None:
-            return self._summary
-        floor = self.atol / self.rtol if self.rtol > 0 else 0.0
-        largest, relative, squares, candidates, scores = [], [], np.zeros(3), [], []
-        resolved, tolerance = np.inf, np.inf
-        for offset, status, a, n, band in self._chunks():
-            if not len(status):
-                continue
-            with np.errstate(invalid="ignore"):
-                part = _compare.resolution(a, band, self.atol + self.rtol * np.abs(n), status == _compare.OK)
-            resolved, tolerance = min(resolved, part[0]), min(tolerance, part[1])
-            error = self._abs_error(status, a, n)
-            largest.append(np.max(error))
-            with np.errstate(invalid="ignore", divide="ignore"):
-                scale = np.maximum(np.maximum(np.abs(a), np.abs(n)), floor)
-                relative.append(np.max(np.where(scale > 0, error / scale, 0.0)))
-                score = error / band
-            finite = np.isfinite(n) & np.isfinite(a)
-            kept_n, kept_a = n[finite], a[finite].astype(np.float64)
-            difference = kept_n - kept_a
-            # Sums of squares, not np.dot: BLAS threads cost milliseconds per call on a busy machine.
-            squares += (np.sum(difference * difference), np.sum(kept_n * kept_n), np.sum(kept_a * kept_a))
-            score = np.nan_to_num(score, nan=np.inf)
-            if status.any():  # the scores of statuses other than OK and MISMATCH, as PairReport gives them
-                score = np.where(np.isin(status, (_compare.ANALYTICAL_NONFINITE, _compare.NUMERICAL_NONFINITE)),
-                                 np.inf, score)
-                score = np.where(np.isin(status, (_compare.UNRESOLVED, _compare.DISCONTINUOUS,
-                                                  _compare.UNRESOLVED_KINK, _compare.FLAT)), np.maximum(score, 1.0),
-                                 score)
-                score = np.where(status == _compare.NONDIFFERENTIABLE, 0.0, score)
-            best = _top(score, self.WORST_KEPT)
-            candidates.append(best + offset)
-            scores.append(score[best])
-        worst = []
-        if candidates:
-            index, score = np.concatenate(candidates), np.concatenate(scores)
-            worst = [int(index[k]) for k in _top(score, self.WORST_KEPT)]
-        self._summary = {
-            "max_abs_error": float(np.max(largest)) if largest else 0.0,
-            "max_rel_error": float(np.max(relative)) if relative else 0.0,
-            "relative_norm_error": float(np.sqrt(squares[0]) / (np.sqrt(squares[1]) + np.sqrt(squares[2]) + 1e-8)),
-            "worst": worst, "resolutions": (resolved, tolerance)}
-        return self._summary
-
-    @property
-    def abs_error(self) -> np.ndarray:
-        return self._abs_error(self.status, self.analytical, self.numerical)
-
-    @property
-    def max_abs_error(self) -> float:
-        return self.summary()["max_abs_error"]
-
-    @property
-    def max_rel_error(self) -> float:
-        return self.summary()["max_rel_error"]
-
-    @property
-    def relative_norm_error(self) -> float:
-        """``_compare.relative_norm_error``, its three sums of squares taken block by block."""
-        return self.summary()["relative_norm_error"]
-
-    def _worst_indices(self, count: int) -> list[int]:
-        if count <= self.WORST_KEPT:
-            return self.summary()["worst"][:count]
-        return PairReport._worst_indices(self, count)  # materialises the arrays: asked for by name
-
-    def count(self, status: int) -> int:
-        if self._counts is None:  # one bincount for every status the text asks about
-            self._counts = np.bincount(self.status.view(np.uint8), minlength=len(_compare.STATUS_NAMES))
-        return int(self._counts[status])
-
-    @property
-    def failed_count(self) -> int:
-        return sum(self.count(status) for status in _compare.FAILING)
-
-    @property
-    def ok(self) -> bool:
-        return self.failed_count == 0 and not self.inconsistent and not self.coarse
-
-    def _resolutions(self) -> tuple[float, float]:
-        return self.summary()["resolutions"]
-
-    def _element(self, flat_index: int):
-        k = int(flat_index)
-        block = self._block
-        rows, cols, a, n, band = block.values(np.array([self._start + k]), bands=True)
-        row, col = int(_array(rows)[0]) - self._offset, int(_array(cols)[0])
-        return Element(
-            tuple(int(i) for i in np.unravel_index(row, self.output_shape)) if self.output_shape else (),
-            tuple(int(i) for i in np.unravel_index(col, self.input_shape)) if self.input_shape else (),
-            float(a[0]), float(n[0]), float(abs(a[0] - n[0])), float(band[0]),
-            _compare.STATUS_NAMES[int(self.status[k])])
-
-    def kinks(self) -> list:
-        return [(self._element(int(k)), *self.one_sided.get((int(k),), (np.nan, np.nan)))
-                for k in _having(self.status, _compare.NONDIFFERENTIABLE)]
-
-    def diagnose(self) -> str | None:
-        """``_compare.diagnose`` on the nonzeros that are not OK, plus three whose numerical value is
-        nonzero (what its constant-factor test counts): the rule reads nothing else, except the
-        share of failing elements, taken here over all nonzeros."""
-        picked, values = [], []
-        spare = 3
-        for _, status, a, n, _ in self._chunks(bands=False):
-            keep = status != _compare.OK
-            if spare:
-                extra = np.flatnonzero(~keep & np.isfinite(n) & (n != 0))[:spare]
-                keep[extra] = True
-                spare -= len(extra)
-            where = np.flatnonzero(keep)
-            if len(where):
-                picked.append(status[where])
-                values.append((a[where].astype(np.float64), n[where]))
-        if not picked:
-            return None
-        status = np.concatenate(picked)
-        a, n = (np.concatenate([v[k] for v in values]) for k in range(2))
-        hint = _compare.diagnose(a[None, :], n[None, :], status[None, :])
-        if hint is not None and hint.startswith("only "):
-            total = int(np.sum(status == _compare.MISMATCH))
-            size = int(self.status.size)
-            hint = (f"only {total} of {size} elements differ: look at indexing or a special case near the worst "
-                    "element." if total <= max(1, size // 100) else None)
-        return hint
-
-    def __repr__(self) -> str:
-        return (f"<SparsePairReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} nonzeros "
-                f"failed, max abs error {self.max_abs_error:.2g}>")
-
-    def to_dict(self, arrays: bool = False) -> dict:
-        counts = {key: self.count(status) for key, status in _COUNTS}
-        summary = {"output": self.output_name, "input": self.input_name, "side": self.side, "ok": self.ok,
-                   "shape": [int(d) for d in self.jacobian_shape], "nonzeros": int(self.status.size),
-                   "max_abs_error": _num(self.max_abs_error), "max_rel_error": _num(self.max_rel_error),
-                   "relative_norm_error": _num(self.relative_norm_error), **counts, "atol": self.atol,
-                   "rtol": self.rtol, "worst": [e.to_dict() for e in self.worst(3)], "hint": self.hint}
-        if arrays:
-            summary.update(rows=self.rows.tolist(), cols=self.cols.tolist(), numerical=self.numerical.tolist(),
-                           analytical=self.analytical.tolist())
-        return summary
-
-
-def _having(status: np.ndarray, *codes: int) -> np.ndarray:
-    """Indices of the nonzeros whose status is one of ``codes`` (not OK): found among the
-    nonzero statuses (OK is 0), so no nnz-sized boolean temporary is made."""
-    index = np.flatnonzero(status)
-    return index[np.isin(status[index], codes)]
-
-
-def _top(score: np.ndarray, count: int) -> np.ndarray:
-    """Indices of the ``count`` largest scores, largest first, ties in index order (as
-    ``np.argsort(-score, kind="stable")[:count]``) without sorting them all."""
-    if len(score) > count:
-        kth = np.partition(score, len(score) - count)[len(score) - count]
-        above = np.flatnonzero(score > kth)
-        ties = np.flatnonzero(score == kth)[: count - len(above)]
-        picked = np.sort(np.concatenate([above, ties]))
-    else:
-        picked = np.arange(len(score))
-    return picked[np.argsort(-score[picked], kind="stable")][:count]
-
-
-# The per-status counts of ``PairReport.to_dict``, by key.
-_COUNTS = (("mismatches", _compare.MISMATCH), ("analytical_nonfinite", _compare.ANALYTICAL_NONFINITE),
-           ("numerical_nonfinite", _compare.NUMERICAL_NONFINITE), ("not_differentiable", _compare.NONDIFFERENTIABLE),
-           ("unresolved", _compare.UNRESOLVED), ("discontinuous", _compare.DISCONTINUOUS),
-           ("kinks_unresolved", _compare.UNRESOLVED_KINK))
-
-
-def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str) -> list:
+def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str) -> list[PairReport]:
+    """One ``PairReport`` per (output, input): over ``Dense`` arrays up to ``DENSE_REPORT_ENTRIES`` entries (zeros
+    outside the pattern), else over the block's ``Nonzeros``, read off its compressed arrays."""
     pairs = []
     for block in blocks:
         spec, pattern = block.spec, block.pattern
@@ -1103,9 +871,8 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str)
             # (A diagonal pattern's nonzero k is (k, k): no index table needed.)
             lo, hi = ((output.offset, output.offset + output.size) if pattern.diagonal else
                       (int(pattern.indptr[output.offset]), int(pattern.indptr[output.offset + output.size])))
-            name = output_name or output.name
-            one_sided = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
-            pair: PairReport
+            one_sided: dict = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
+            storage: Dense | Nonzeros
             if output.size * spec.size <= DENSE_REPORT_ENTRIES:
                 rows, cols, analytical, numerical, band = block.materialise(lo, hi)
                 rows = rows - output.offset
@@ -1115,16 +882,14 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str)
                     array = np.full((output.size, spec.size), fill, dtype=x.dtype)
                     array[rows, cols] = x
                     dense.append(array)
-                pair = PairReport(name, spec.name, output_shape, input_shape, dense[0], dense[1], dense[2], dense[3],
-                                  atol, rtol, side=side, inconsistent=block.inconsistent)
-                pair.one_sided = {(int(rows[k]), int(cols[k])): v for (k,), v in one_sided.items()}
-                pair.hint = _compare.diagnose(dense[1], dense[0], dense[2])
+                storage = Dense(*dense)
+                one_sided = {(int(rows[k]), int(cols[k])): v for (k,), v in one_sided.items()}
             else:
-                pair = SparsePairReport(name, spec.name, output_shape, input_shape, block, lo, hi, output.offset,
-                                        atol, rtol, side=side, jacobian_shape=(output.size, spec.size))
-                pair.one_sided = one_sided
-                pair.hint = pair.diagnose()
-            pair.hint = WRONG_PATTERN_HINT if block.wrong_pattern else INCONSISTENT_HINT if block.inconsistent else pair.hint
+                storage = Nonzeros(block, lo, hi, output.offset, (output.size, spec.size))
+            pair = PairReport(output_name or output.name, spec.name, output_shape, input_shape, storage, atol, rtol,
+                              one_sided=one_sided, side=side, inconsistent=block.inconsistent)
+            pair.hint = (WRONG_PATTERN_HINT if block.wrong_pattern else INCONSISTENT_HINT if block.inconsistent
+                         else pair.diagnose())
             pairs.append(pair)
     return pairs
 

@@ -472,8 +472,12 @@ FLAT_HINT = ("f's output does not move beyond its rounding at these elements whi
 FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis needs
 
 
-def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) -> str | None:
-    """A one-line guess at the kind of defect, from the pattern of failing elements."""
+def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, size: int | None = None) -> str | None:
+    """A one-line guess at the kind of defect, from the pattern of failing elements.
+
+    ``size``: how many elements the arrays stand for, when they are a sample of the pair's (every
+    failing element and a few others: coloured mode's large pairs); default, their own size.
+    """
     bad = status == MISMATCH
     if np.any(status == ANALYTICAL_NONFINITE):
         return ("the analytical gradient is NaN/Inf where f is smooth: a classic cause is tf.where(cond, g(x), 0) "
@@ -520,8 +524,9 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray) 
         return f"the analytical gradient is off by a constant factor of {factor:.4g} (a missing or extra constant in the derivative)."
     if analytical.shape[0] == analytical.shape[1] and analytical.shape[0] > 1 and _transposed(analytical, numerical, bad):
         return "the analytical Jacobian equals the transpose of the numerical one (a transposed matmul in the gradient?)."
-    if total <= max(1, status.size // 100):
-        return f"only {total} of {status.size} elements differ: look at indexing or a special case near the worst element."
+    size = status.size if size is None else size
+    if total <= max(1, size // 100):
+        return f"only {total} of {size} elements differ: look at indexing or a special case near the worst element."
     return None
 
 

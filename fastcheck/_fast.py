@@ -79,7 +79,7 @@ from fastcheck import _compare, _flat
 from fastcheck._executor import FAST_ROWS, Executor, ShapeChangeError, measured, timed
 from fastcheck._paths import EAGER, GRAPH, XLA, is_compile_failure
 from fastcheck._plan import Plan
-from fastcheck._report import Comparison, Element, Outcome, ProjectionReport
+from fastcheck._report import Comparison, Element, Outcome, PairReport, Projections
 from fastcheck._tables import (
     BLOCK_REFINE_OUTPUTS,
     BLOCKS,
@@ -729,7 +729,7 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     """The fast check: k probes per group of similar-sized inputs, all in one batched evaluation and
     against one VJP; failing groups localised to inputs, then within them.
 
-    One ``ProjectionReport`` per checked input (see the module docstring for what
+    One ``PairReport`` over ``Projections`` per checked input (see the module docstring for what
     each holds).  ``supplied`` (plan -> gradient blocks [1, n_k] of a scalar f)
     replaces the reverse-mode VJP: ``check_model``'s tape gradient, or
     ``verify_gradients``' gradients.
@@ -818,9 +818,9 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
             probes = dataclasses.replace(probes, kind=np.where((probes.kind == _compare.MISMATCH) & (probes.score > 1),
                                                                _compare.UNRESOLVED, probes.kind))
-        pairs.append(ProjectionReport(spec.name, tuple(spec.real_view.shape), probes.comparison(), atol, rtol,
-                                      region=region, worst=worst, hint=hint, side=side,
-                                      resolutions=probes.resolution(index), float64_gradient=index in twinned))
+        storage = Projections(probes.comparison(), probes.resolution(index), region=region, found=worst, found_by=side)
+        pairs.append(PairReport("u.J.d", spec.name, (), tuple(spec.real_view.shape), storage, atol, rtol, hint=hint,
+                                side="reverse" if supplied is None else "supplied", float64_gradient=index in twinned))
     notes = []
     if len(joint.specs) > 1:
         within = [joint.specs[i].name for i, entry in sorted(decided.items()) if entry[2] is not None]

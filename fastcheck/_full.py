@@ -18,7 +18,7 @@ from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import Executor, measured, numerical_columns, steps, timed
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, _first_line
-from fastcheck._report import GradientCheckError, Outcome, PairReport, _index, kernel_failure
+from fastcheck._report import Dense, GradientCheckError, Outcome, PairReport, _index, kernel_failure
 from fastcheck._tables import (
     BELOW_LOW,
     BELOW_POINTS,
@@ -613,10 +613,10 @@ def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[Pair
         ):
             used = t_rows is not None and bool(np.any(np.isfinite(t_rows)))
             pair = PairReport(output_name or output.name, spec.name, _output_view_shape(output), _view_shape(spec),
-                              n_rows, a_rows, s_rows, b_rows, atol, rtol, side=side, twin=t_rows if used else None)
+                              Dense(n_rows, a_rows, s_rows, b_rows), atol, rtol, side=side, float64_gradient=used)
             pair.one_sided = {(r - output.offset, c): v for (r, c), v in one_sided.items()
                               if output.offset <= r < output.offset + output.size}
-            pair.hint = _compare.diagnose(a_rows, n_rows, s_rows)
+            pair.hint = pair.diagnose()
             pairs.append(pair)
     return pairs
 

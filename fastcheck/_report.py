@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, ClassVar, Protocol
+from collections.abc import Iterator
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -25,9 +26,9 @@ from fastcheck._compare import (
     UNRESOLVED_KINK,
     coarse,
     decisive_at_largest,
-    relative_norm_error,
     resolution,
 )
+from fastcheck._compare import diagnose as _diagnose
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._plan import InputSpec, Plan, _first_line
 from fastcheck._tables import RESOLUTION_RTOLS
@@ -36,6 +37,8 @@ RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-w
 FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
              "J d from the reverse-mode gradient; projection: |u.VJP.d - u.numerical| <= ||u * allowed||_2")
 
+# How a verdict reads in the text of every report (GradientReport, tfp.BijectorReport, its identities).
+VERDICT_LABELS = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}
 
 class GradientCheckError(AssertionError):
     """Raised by ``assert_gradients_close`` when a check fails; ``.report`` holds the result."""
@@ -61,23 +64,224 @@ class Element:
         return {k: (list(v) if isinstance(v, tuple) else v if isinstance(v, str) else _num(v)) for k, v in dataclasses.asdict(self).items()}
 
 
-@dataclasses.dataclass
-class PairReport:
-    """The Jacobian block of one (output, input) pair and its verdict.
+# What ``_compare.diagnose`` reads of a pair: (analytical, numerical, status).
+Sample = tuple[np.ndarray, np.ndarray, np.ndarray]
 
-    ``numerical`` and ``analytical`` have shape (output_size, input_size), the
-    convention of ``tf.test.compute_gradient``; complex values count as
-    (real, imag) pairs.
+
+class Chunk(NamedTuple):
+    """A run of a pair's compared values, in the pair's flat order (``Storage.chunks``)."""
+
+    offset: int  # the run's first value
+    status: np.ndarray
+    analytical: np.ndarray
+    numerical: np.ndarray
+    band: np.ndarray | None  # None where not asked for
+    relative: bool = True  # whether the run enters max_rel_error (a probe's element-wise J d does not)
+
+
+# Values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each
+# (a dense 16384 x 16384 pair is 2 GB an array).
+SUMMARY_CHUNK = 1 << 20
+
+
+@dataclasses.dataclass(eq=False)
+class Dense:
+    """A pair's whole Jacobian block, [output_size, input_size] arrays (full mode; coloured mode's
+    small pairs, zeros outside the pattern)."""
+
+    numerical: np.ndarray
+    analytical: np.ndarray
+    status: np.ndarray
+    band: np.ndarray
+    what: ClassVar[str] = "elements"
+
+    def chunks(self, bands: bool = True) -> Iterator[Chunk]:
+        """Blocks of whole rows, flattened (a copy of the block only where an array is not contiguous)."""
+        if not self.status.size:
+            return
+        width = self.status.shape[1]
+        step = max(1, SUMMARY_CHUNK // width)
+        for row in range(0, self.status.shape[0], step):
+            status, a, n, band = (x[row : row + step].reshape(-1) for x in (self.status, self.analytical,
+                                                                          self.numerical, self.band))
+            yield Chunk(row * width, status, a, n, band)
+
+    def entry(self, k: int) -> tuple:
+        """(row, column, analytical, numerical, band) of the value at flat index ``k``."""
+        row, col = (int(i) for i in np.unravel_index(k, self.status.shape))
+        return row, col, self.analytical[row, col], self.numerical[row, col], self.band[row, col]
+
+    def decisive(self, rtol: float) -> bool:
+        return decisive_at_largest(self.analytical, self.band, self.status, rtol)
+
+    def sample(self) -> Sample | None:
+        """What ``_compare.diagnose`` reads: here the whole block (its transpose test needs it)."""
+        return self.analytical, self.numerical, self.status
+
+    def facts(self) -> dict:
+        return {"shape": [int(self.status.shape[0]), int(self.status.shape[1])]}
+
+    def arrays(self) -> dict:
+        return {"numerical": self.numerical.tolist(), "analytical": self.analytical.tolist()}
+
+
+class Nonzeros:
+    """Coloured mode's large pairs: values at the structural nonzeros ``(rows[k], cols[k])`` of the
+    ``jacobian_shape`` block only, 1-D over them.
+
+    Only ``status`` is held (a view of the check's int8 array); values, bands and indices are read
+    off the check's compressed arrays (``_coloured._Block``) block by block, and made whole arrays
+    only when asked for by name (``numerical``, ``rows`` ..., ``to_dict(arrays=True)``): at 6.4e7
+    nonzeros each such array is 0.5 GB.
+    """
+
+    what: ClassVar[str] = "nonzeros"
+
+    def __init__(self, block, start: int, stop: int, row_offset: int, jacobian_shape: tuple):
+        self.status = block.status[start:stop]
+        self.jacobian_shape = jacobian_shape
+        self._block, self._start, self._stop, self._offset = block, start, stop, row_offset
+        self._whole: tuple | None = None
+
+    def _arrays(self) -> tuple:
+        if self._whole is None:
+            rows, cols, a, n, band = self._block.materialise(self._start, self._stop)
+            self._whole = (rows - self._offset, cols, a, n, band)
+        return self._whole
+
+    rows = property(lambda self: self._arrays()[0], doc="Output element (flat) of every nonzero.")
+    cols = property(lambda self: self._arrays()[1], doc="Input element (flat) of every nonzero.")
+    analytical = property(lambda self: self._arrays()[2])
+    numerical = property(lambda self: self._arrays()[3])
+    band = property(lambda self: self._arrays()[4])
+
+    def chunks(self, bands: bool = True) -> Iterator[Chunk]:
+        for part in self._block.parts(self._start, self._stop):
+            values = self._block.values(part, bands=bands)
+            at = slice(part.start - self._start, part.stop - self._start)
+            yield Chunk(at.start, self.status[at], values[2], values[3], values[4] if bands else None)
+
+    def entry(self, k: int) -> tuple:
+        rows, cols, a, n, band = self._block.values(np.array([self._start + k]), bands=True)
+        return _first(rows) - self._offset, _first(cols), a[0], n[0], band[0]
+
+    def decisive(self, rtol: float) -> bool:
+        return False
+
+    def sample(self) -> Sample | None:
+        """The nonzeros that are not OK, plus three whose numerical value is nonzero (what
+        ``_compare.diagnose``'s constant-factor test counts): it reads nothing else, except the
+        share of failing elements, which the pair takes over all nonzeros."""
+        picked, values = [], []
+        spare = 3
+        for chunk in self.chunks(bands=False):
+            keep = chunk.status != OK
+            if spare:
+                extra = np.flatnonzero(~keep & np.isfinite(chunk.numerical) & (chunk.numerical != 0))[:spare]
+                keep[extra] = True
+                spare -= len(extra)
+            where = np.flatnonzero(keep)
+            if len(where):
+                picked.append(chunk.status[where])
+                values.append((chunk.analytical[where].astype(np.float64), chunk.numerical[where]))
+        if not picked:
+            return None
+        a, n = (np.concatenate([v[k] for v in values]) for k in range(2))
+        return a[None, :], n[None, :], np.concatenate(picked)[None, :]
+
+    def facts(self) -> dict:
+        return {"shape": [int(d) for d in self.jacobian_shape], "nonzeros": int(self.status.size)}
+
+    def arrays(self) -> dict:
+        return {"rows": self.rows.tolist(), "cols": self.cols.tolist(), "numerical": self.numerical.tolist(),
+                "analytical": self.analytical.tolist()}
+
+
+def _first(index) -> int:
+    """The first entry of an index (a slice over a diagonal pattern's nonzeros, or an array)."""
+    return int(index.start) if isinstance(index, slice) else int(index[0])
+
+
+@dataclasses.dataclass(eq=False)
+class Projections:
+    """Fast mode's k random probes d of one input: per probe its element-wise comparison of J d (the
+    worst output element) and its projection u.J.d, the 2k values a pair holds; and what the
+    localisation found.  Not Jacobian entries: ``numerical``, ``analytical`` and ``band`` are the
+    k projections u.J.d (central differences), (J^T u).d (reverse mode) and their allowance."""
+
+    comparison: Comparison
+    # (resolution, the tolerance's own): the smallest relative error of this input's gradient its
+    # probes flag (``_compare.resolution`` over its shares of the probes).
+    resolutions: tuple = (math.inf, math.inf)
+    region: tuple | None = None  # (first, last) multi-indices of the localised region
+    found: Element | None = None  # the element localisation found in the region, if any
+    found_by: str = "forward"  # the comparison it comes from: "forward" (element-wise J d) or "reverse" (u.J.d)
+    what: ClassVar[str] = "probe comparisons"
+    status: np.ndarray = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        c = self.comparison
+        kinds = c.kinds
+        # [k, 2] status of each probe's element-wise and projection comparison (``_compare`` codes).
+        self.status = np.stack([np.where(c.forward_ratio > 1, kinds, OK), np.where(c.reverse_ratio > 1, kinds, OK)],
+                               axis=1)
+
+    numerical = property(lambda self: self.comparison.reverse[:, 1], doc="[k] the numerical projections u.J.d.")
+    analytical = property(lambda self: self.comparison.reverse[:, 0], doc="[k] the reverse-mode projections (J^T u).d.")
+    band = property(lambda self: self.comparison.reverse[:, 2], doc="[k] the projections' allowances.")
+
+    def chunks(self, bands: bool = True) -> Iterator[Chunk]:
+        c = self.comparison
+        yield Chunk(0, self.status[:, 0], c.forward_worst[:, 1], c.forward_worst[:, 2], c.forward_worst[:, 3], False)
+        yield Chunk(len(c.reverse), self.status[:, 1], c.reverse[:, 0], c.reverse[:, 1], c.reverse[:, 2])
+
+    def decisive(self, rtol: float) -> bool:
+        return False
+
+    def sample(self) -> Sample | None:
+        return None  # a probe moves every element at once: its hint comes from the localisation
+
+    def facts(self) -> dict:
+        c = self.comparison
+        return {"probes": int(len(c.reverse_ratio)), "forward_ratio": [_num(v) for v in c.forward_ratio],
+                "reverse_ratio": [_num(v) for v in c.reverse_ratio],
+                "region": [list(self.region[0]), list(self.region[1])] if self.region else None}
+
+    def arrays(self) -> dict:
+        return {}
+
+
+Storage = Dense | Nonzeros | Projections
+
+# The per-status counts of ``PairReport.to_dict``, by key.
+COUNT_KEYS = (("mismatches", MISMATCH), ("analytical_nonfinite", ANALYTICAL_NONFINITE),
+              ("numerical_nonfinite", NUMERICAL_NONFINITE), ("not_differentiable", NONDIFFERENTIABLE),
+              ("unresolved", UNRESOLVED), ("discontinuous", DISCONTINUOUS), ("kinks_unresolved", UNRESOLVED_KINK),
+              ("flat", FLAT))
+# Worst elements kept by the one summary pass (the text asks for 3).
+WORST_KEPT = 8
+
+
+@dataclasses.dataclass(eq=False)
+class PairReport:
+    """One (output, input) pair of the Jacobian and its verdict, in every mode.
+
+    The verdict, summaries, text and JSON are defined here once; the ``storage`` only hands
+    over the compared values, block by block (``chunks``) or one at a time (``entry``):
+
+    * ``Dense`` (full mode): ``numerical`` and ``analytical`` have shape (output_size,
+      input_size), the convention of ``tf.test.compute_gradient``; complex values count as
+      (real, imag) pairs;
+    * ``Nonzeros`` (coloured mode's large pairs, ``sparse``): the values at the pattern's
+      structural nonzeros ``(rows[k], cols[k])``, 1-D; ``one_sided`` is keyed by ``(k,)``;
+    * ``Projections`` (fast mode, ``projected``): the probes of one input, output ``u.J.d``.
     """
 
     output_name: str
     input_name: str
     output_shape: tuple
     input_shape: tuple
-    numerical: np.ndarray
-    analytical: np.ndarray
-    status: np.ndarray
-    band: np.ndarray
+    storage: Storage
     atol: float
     rtol: float
     hint: str | None = None
@@ -89,134 +293,109 @@ class PairReport:
     # Coloured mode: the reverse-mode gradient failed the dense cotangent probe (a report problem
     # says where), whatever its values at the pattern's nonzeros.
     inconsistent: bool = False
-    # The float64 twin of the gradient (the same gradient code at the float64 point, ``_full._twin``) where it
-    # judged the element (NaN elsewhere); None when the pair was judged by its own tolerances alone.
-    twin: np.ndarray | None = None
-    sparse: ClassVar[bool] = False  # values over the structural nonzeros only (``_coloured.SparsePairReport``)
+    # Judged through the gradient's float64 twin (the same gradient code at the float64 point,
+    # ``_full._twin``, ``_fast._twinned``): its own tolerances could not see a 1% error.
+    float64_gradient: bool = False
+    _summary: dict | None = dataclasses.field(default=None, init=False, repr=False)
+    _counts: np.ndarray | None = dataclasses.field(default=None, init=False, repr=False)
+
+    # -- the values, from the storage ----------------------------------------------------
+
+    @property
+    def numerical(self) -> np.ndarray:
+        return self.storage.numerical
+
+    @property
+    def analytical(self) -> np.ndarray:
+        return self.storage.analytical
+
+    @property
+    def band(self) -> np.ndarray:
+        return self.storage.band
+
+    @property
+    def status(self) -> np.ndarray:
+        """The ``_compare`` status of each value (fast mode: [k, 2], each probe's J d and u.J.d)."""
+        return self.storage.status
+
+    @property
+    def sparse(self) -> bool:
+        """Values over the structural nonzeros only (coloured mode's large pairs)."""
+        return isinstance(self.storage, Nonzeros)
+
+    @property
+    def projected(self) -> bool:
+        """Judged by random projections (fast mode), not element by element."""
+        return isinstance(self.storage, Projections)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Coloured mode's large pairs: the output element (flat) of every nonzero."""
+        return self._nonzeros().rows
+
+    @property
+    def cols(self) -> np.ndarray:
+        """Coloured mode's large pairs: the input element (flat) of every nonzero."""
+        return self._nonzeros().cols
+
+    @property
+    def jacobian_shape(self) -> tuple:
+        return self._nonzeros().jacobian_shape if self.sparse else tuple(self.status.shape)
+
+    def _nonzeros(self) -> Nonzeros:
+        if not isinstance(self.storage, Nonzeros):
+            raise AttributeError("rows and cols exist on coloured mode's large (sparse) pairs only")
+        return self.storage
+
+    @property
+    def comparison(self) -> Comparison:
+        """Fast mode: the per-probe comparisons."""
+        if not isinstance(self.storage, Projections):
+            raise AttributeError("comparison exists on fast mode's pairs only")
+        return self.storage.comparison
+
+    @property
+    def region(self) -> tuple | None:
+        """Fast mode: the (first, last) multi-indices of the region the defect was localised to."""
+        return self.storage.region if isinstance(self.storage, Projections) else None
+
+    # -- the verdict -----------------------------------------------------------------------
+
+    def count(self, status: int) -> int:
+        """Values (fast mode: probe comparisons) with this status."""
+        if self._counts is None:  # one bincount for every status the text asks about
+            codes = self.status.reshape(-1)
+            codes = codes.view(np.uint8) if codes.dtype.itemsize == 1 else codes.astype(np.uint8)
+            self._counts = np.bincount(codes, minlength=len(STATUS_NAMES))
+        return int(self._counts[status])
+
+    @property
+    def failed_count(self) -> int:
+        return sum(self.count(status) for status in FAILING)
 
     @property
     def ok(self) -> bool:
-        return not self.inconsistent and not self._failing and not self.coarse
+        return not self.inconsistent and not self.failed_count and not self.coarse
 
     @property
-    def _failing(self) -> bool:
-        """Some element has a failing status (OK is 0: an all-zero status array is read in one pass)."""
-        return bool(self.status.any() and np.any(np.isin(self.status, FAILING)))
+    def coarse(self) -> bool:
+        """Whether every value passes but the resolution is too coarse for the pass to say much
+        (``_compare.coarse``): undecidable, not ok."""
+        if self.failed_count or self.storage.decisive(self.rtol):
+            return False  # (dense: its largest element alone resolves the limit, no pass over every element)
+        resolved, tolerance = self.resolutions
+        return coarse(resolved, tolerance, self.rtol)
 
     @property
-    def float64_gradient(self) -> bool:
-        """Whether the pair was judged through the gradient's float64 twin (``_full._twin``)."""
-        return self.twin is not None
+    def resolutions(self) -> tuple[float, float]:
+        """(resolution, the tolerances' own): see ``resolution``."""
+        return self.summary()["resolutions"]
 
     @property
     def resolution(self) -> float:
         """The smallest relative error of this pair's gradient (all of it scaled by 1 + r) that the rule
-        flags: min over passing elements of allowed / |analytical| (inf for a zero gradient)."""
-        return self._resolutions()[0]
-
-    @property
-    def coarse(self) -> bool:
-        """Whether every element passes but the resolution is too coarse for the pass to say much
-        (``_compare.coarse``): undecidable, not ok."""
-        if self._failing:
-            return False
-        if not self.sparse and decisive_at_largest(self.analytical, self.band, self.status, self.rtol):
-            return False  # its largest element alone resolves the limit (no pass over every element's ratio)
-        resolved, tolerance = self._resolutions()
-        return coarse(resolved, tolerance, self.rtol)
-
-    def _resolutions(self) -> tuple[float, float]:
-        cached = self.__dict__.get("_resolved")
-        if cached is None:
-            a, n, band = self.analytical, self.numerical, self.band
-            with np.errstate(invalid="ignore"):
-                tolerated = self.atol + self.rtol * np.abs(n)
-            cached = resolution(a, band, tolerated, self.status == OK)
-            self.__dict__["_resolved"] = cached
-        return cached
-
-    @property
-    def title(self) -> str:
-        forward = " (forward mode)" if self.side == "forward" else ""
-        return f"{self.output_name} / {self.input_name}{forward}"
-
-    def count(self, status: int) -> int:
-        return int(np.sum(self.status == status))
-
-    @property
-    def abs_error(self) -> np.ndarray:
-        """|a - n| per element; 0 at kinks, where the analytical value is a valid one-sided derivative."""
-        with np.errstate(invalid="ignore"):
-            return np.where(self.status == NONDIFFERENTIABLE, 0.0, np.abs(self.analytical - self.numerical))
-
-    @property
-    def max_abs_error(self) -> float:
-        err = self.abs_error
-        return float(np.max(err)) if err.size else 0.0
-
-    @property
-    def max_rel_error(self) -> float:
-        """max |a - n| / max(|a|, |n|, atol / rtol) over elements (2 for a sign flip).
-
-        The floor ``atol / rtol`` is where the tolerance rule itself switches from
-        absolute to relative, so noise on entries near zero does not read as 100%.
-        """
-        if not self.abs_error.size:
-            return 0.0
-        floor = self.atol / self.rtol if self.rtol > 0 else 0.0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            scale = np.maximum(np.maximum(np.abs(self.analytical), np.abs(self.numerical)), floor)
-            rel = np.where(scale > 0, self.abs_error / scale, 0.0)
-        return float(np.max(rel))
-
-    @property
-    def relative_norm_error(self) -> float:
-        return relative_norm_error(self.numerical, self.analytical)
-
-    def _element(self, flat_index: int) -> Element:
-        row, col = np.unravel_index(flat_index, self.status.shape)
-        return Element(
-            tuple(int(i) for i in np.unravel_index(row, self.output_shape)) if self.output_shape else (),
-            tuple(int(i) for i in np.unravel_index(col, self.input_shape)) if self.input_shape else (),
-            float(self.analytical[row, col]),
-            float(self.numerical[row, col]),
-            float(abs(self.analytical[row, col] - self.numerical[row, col])),
-            float(self.band[row, col]),
-            STATUS_NAMES[int(self.status[row, col])],
-        )
-
-    def worst(self, count: int = 1) -> list[Element]:
-        """The elements furthest outside (or closest to the edge of) their tolerance band."""
-        return [self._element(flat) for flat in self._worst_indices(count)]
-
-    def _worst_indices(self, count: int) -> list[int]:
-        if not self.status.size:
-            return []
-        with np.errstate(invalid="ignore", divide="ignore"):
-            score = self.abs_error / self.band
-        score = np.where(np.isin(self.status, (ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE)), np.inf, np.nan_to_num(score, nan=np.inf))
-        score = np.where(np.isin(self.status, (UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)), np.maximum(score, 1.0), score)
-        score = np.where(self.status == NONDIFFERENTIABLE, 0.0, score)  # reported apart, below
-        order = np.argsort(-score, axis=None, kind="stable")[:count]
-        return [int(i) for i in order]
-
-    def kinks(self) -> list[tuple[Element, float, float]]:
-        """Elements at a kink of f: (element, left derivative, right derivative)."""
-        found = []
-        for flat in np.flatnonzero(self.status == NONDIFFERENTIABLE):
-            row, col = np.unravel_index(flat, self.status.shape)
-            left, right = self.one_sided.get((int(row), int(col)), (np.nan, np.nan))
-            found.append((self._element(int(flat)), left, right))
-        return found
-
-    @property
-    def worst_element(self) -> Element | None:
-        found = self.worst(1)
-        return found[0] if found else None
-
-    @property
-    def failed_count(self) -> int:
-        return int(np.sum(np.isin(self.status, FAILING)))
+        flags: min over passing elements (or probes) of allowed / |analytical| (inf for a zero gradient)."""
+        return float(self.resolutions[0])
 
     @property
     def label(self) -> str:
@@ -224,12 +403,169 @@ class PairReport:
             return "ok"
         return "FAIL" if self.inconsistent or self.count(MISMATCH) or self.count(ANALYTICAL_NONFINITE) else "undec."
 
+    @property
+    def title(self) -> str:
+        forward = " (forward mode)" if self.side == "forward" else ""
+        return f"{self.output_name} / {self.input_name}{forward}"
+
     def __repr__(self) -> str:
-        return (f"<PairReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} elements failed, "
-                f"max abs error {self.max_abs_error:.2g}>")
+        return (f"<PairReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} "
+                f"{self.storage.what} failed, max abs error {self.max_abs_error:.2g}>")
+
+    # -- summaries, in one pass over the values ------------------------------------------
+
+    def summary(self) -> dict:
+        """Every summary in one pass over the values, made once (the report no longer changes): the
+        largest absolute and relative errors, the norms of the relative norm error, the resolutions
+        and the worst ``WORST_KEPT`` values (score |a - n| / allowed, ties in index order)."""
+        if self._summary is None:
+            self._summary = self._scan(WORST_KEPT)
+        return self._summary
+
+    def _scan(self, keep: int) -> dict:
+        projected = isinstance(self.storage, Projections)
+        # max_rel_error's floor atol / rtol is where the element rule switches from absolute to relative, so
+        # noise near zero does not read as 100%; a probe's atol scales with its norm, so it has none.
+        floor = self.atol / self.rtol if self.rtol > 0 and not projected else 0.0
+        # A probe's non-finite value shows in its ratio (inf): its largest error is over the others.
+        largest_of = np.fmax.reduce if projected else np.max
+        largest, relative, squares, candidates, scores = [], [], np.zeros(3), [], []
+        resolved, tolerance = np.inf, np.inf
+        for chunk in self.storage.chunks():
+            status, a, n, band = chunk.status, chunk.analytical, chunk.numerical, chunk.band
+            assert band is not None
+            if not len(status):
+                continue
+            with np.errstate(invalid="ignore"):
+                part = resolution(a, band, self.atol + self.rtol * np.abs(n), status == OK)
+            resolved, tolerance = min(resolved, part[0]), min(tolerance, part[1])
+            with np.errstate(invalid="ignore"):
+                error = np.where(status == NONDIFFERENTIABLE, 0.0, np.abs(a - n))  # kinks: a is a one-sided value
+            largest.append(largest_of(error))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                if chunk.relative:
+                    scale = np.maximum(np.maximum(np.abs(a), np.abs(n)), floor)
+                    relative.append(np.max(np.where(scale > 0, error / scale, 0.0)))
+                score = error / band
+            finite = np.isfinite(n) & np.isfinite(a)
+            kept_n, kept_a = n[finite], a[finite].astype(np.float64)
+            difference = kept_n - kept_a
+            # Sums of squares, not np.dot: BLAS threads cost milliseconds per call on a busy machine.
+            squares += (np.sum(difference * difference), np.sum(kept_n * kept_n), np.sum(kept_a * kept_a))
+            score = np.nan_to_num(score, nan=np.inf)
+            if status.any():  # OK is 0
+                score = np.where(np.isin(status, (ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE)), np.inf, score)
+                score = np.where(np.isin(status, (UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)),
+                                 np.maximum(score, 1.0), score)
+                score = np.where(status == NONDIFFERENTIABLE, 0.0, score)  # reported apart, in detail_lines
+            best = _top(score, keep)
+            candidates.append(best + chunk.offset)
+            scores.append(score[best])
+        worst = []
+        if candidates:
+            index, score = np.concatenate(candidates), np.concatenate(scores)
+            worst = [int(index[k]) for k in _top(score, keep)]
+        if isinstance(self.storage, Projections):  # over its probes' J d vectors, and its shares of the probes
+            squares = np.asarray(self.storage.comparison.squares, dtype=np.float64)
+            resolved, tolerance = self.storage.resolutions
+        difference, numerical, analytical = np.sqrt(squares)
+        return {"max_abs_error": float(largest_of(largest)) if largest else 0.0,
+                "max_rel_error": float(np.max(relative)) if relative else 0.0,
+                "relative_norm_error": float(difference / (numerical + analytical + 1e-8)),
+                "worst": worst, "resolutions": (float(resolved), float(tolerance))}
+
+    @property
+    def max_abs_error(self) -> float:
+        """max |a - n| over the values (0 at kinks, where a is a valid one-sided derivative; fast mode: the
+        probes' worst element-wise J d and their projections)."""
+        return self.summary()["max_abs_error"]
+
+    @property
+    def max_rel_error(self) -> float:
+        """max |a - n| / max(|a|, |n|, atol / rtol) over elements (2 for a sign flip); fast mode: over the
+        projections u.J.d, without the floor."""
+        return self.summary()["max_rel_error"]
+
+    @property
+    def relative_norm_error(self) -> float:
+        """||n - a|| / (||n|| + ||a|| + 1e-8) over the finite values (fast mode: over the probes' J d)."""
+        return self.summary()["relative_norm_error"]
+
+    @property
+    def abs_error(self) -> np.ndarray:
+        """|a - n| per value; 0 at kinks, where the analytical value is a valid one-sided derivative."""
+        status = self.status[:, 1] if self.projected else self.status
+        with np.errstate(invalid="ignore"):
+            return np.where(status == NONDIFFERENTIABLE, 0.0, np.abs(self.analytical - self.numerical))
+
+    # -- elements ---------------------------------------------------------------------------
+
+    def _element(self, k: int) -> Element:
+        assert not isinstance(self.storage, Projections)
+        row, col, a, n, band = self.storage.entry(k)
+        return Element(_unravel(row, self.output_shape), _unravel(col, self.input_shape), float(a), float(n),
+                       float(abs(a - n)), float(band), STATUS_NAMES[int(self.status.reshape(-1)[k])])
+
+    def _key(self, k: int) -> tuple:
+        """``one_sided``'s key of the value at flat index k: (row, column), or (k,) over nonzeros."""
+        return tuple(int(i) for i in np.unravel_index(k, self.status.shape))
+
+    def _worst_indices(self, count: int) -> list[int]:
+        return (self.summary() if count <= WORST_KEPT else self._scan(count))["worst"][:count]
+
+    def worst(self, count: int = 1) -> list[Element]:
+        """The elements furthest outside (or closest to the edge of) their tolerance band; fast mode: the
+        element its localisation found, if any."""
+        if isinstance(self.storage, Projections):
+            return [self.storage.found][:count] if self.storage.found is not None else []
+        return [self._element(k) for k in self._worst_indices(count)]
+
+    @property
+    def worst_element(self) -> Element | None:
+        found = self.worst(1)
+        return found[0] if found else None
+
+    def kinks(self) -> list[tuple[Element, float, float]]:
+        """Elements at a kink of f: (element, left derivative, right derivative).  Fast mode names none:
+        its probes move every element at once (the probes that crossed kinks are counted in the text)."""
+        if self.projected:
+            return []
+        return [(self._element(int(k)), *self.one_sided.get(self._key(int(k)), (np.nan, np.nan)))
+                for k in _having(self.status.reshape(-1), NONDIFFERENTIABLE)]
+
+    @property
+    def kinked_probes(self) -> int:
+        """Fast mode: probes that crossed kinks of f, with the analytical J d between the one-sided derivatives."""
+        return int(np.sum(np.any(self.status == NONDIFFERENTIABLE, axis=1))) if self.projected else 0
+
+    @property
+    def undecided_probes(self) -> int:
+        """Fast mode: probes whose refinement could not decide (kinks, or jumps, that no step resolves)."""
+        return int(np.sum(np.any(np.isin(self.status, UNDECIDED), axis=1))) if self.projected else 0
+
+    def diagnose(self) -> str | None:
+        """``_compare.diagnose`` on what the storage samples of its values (fast mode: none, its hint
+        comes from the localisation), the share of failing elements taken over all of them."""
+        found = self.storage.sample()
+        return None if found is None else _diagnose(*found, size=int(self.status.size))
+
+    # -- text and JSON ---------------------------------------------------------------------
 
     def detail_lines(self) -> list[str]:
-        """Kinks found, and for a failing pair its counts, worst elements and hint."""
+        """Kinks (or probes along kinks) found, and for a failing pair what fails, where, and the hint."""
+        lines = self._probe_lines() if self.projected else self._kink_lines()
+        if self.ok:
+            return lines
+        if self.coarse:
+            return [*lines, coarse_line(self.title, self.resolutions, self.rtol, fast=self.projected)]
+        lines += self._localised_lines() if self.projected else self._failing_lines()
+        if self.float64_gradient:
+            lines.append(f"    {TWIN_PROBES_LINE if self.projected else TWIN_LINE}")
+        if self.hint:
+            lines.append(f"    hint: {self.hint}")
+        return lines
+
+    def _kink_lines(self) -> list[str]:
         lines = []
         kinks = self.kinks()
         for e, left, right in kinks[:3]:
@@ -241,24 +577,23 @@ class PairReport:
             )
         if len(kinks) > 3:
             lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")
-        if self.ok:
-            return lines
-        if self.coarse:
-            return [*lines, coarse_line(self.title, self._resolutions(), self.rtol, fast=False)]
+        return lines
+
+    def _failing_lines(self) -> list[str]:
         counts = [(self.count(MISMATCH), "mismatched"), (self.count(ANALYTICAL_NONFINITE), "analytical non-finite"),
                   (self.count(NUMERICAL_NONFINITE), "numerical non-finite"), (self.count(UNRESOLVED), "unresolved"),
                   (self.count(DISCONTINUOUS), "at a jump of f"), (self.count(UNRESOLVED_KINK), "at kinks no step resolves"),
                   (self.count(FLAT), "where f does not move")]
-        lines.append(f"  {self.output_name} / {self.input_name}: "
-                     + ", ".join(f"{count} {what}" for count, what in counts if count or what == "mismatched")
-                     + f" (atol={self.atol:g}, rtol={self.rtol:g})")
-        for flat in self._worst_indices(3):
-            e = self._element(flat)
+        lines = [f"  {self.output_name} / {self.input_name}: "
+                 + ", ".join(f"{count} {what}" for count, what in counts if count or what == "mismatched")
+                 + f" (atol={self.atol:g}, rtol={self.rtol:g})"]
+        for k in self._worst_indices(3):
+            e = self._element(k)
             if e.status == "ok":
                 break
             sides = ""
             if e.status == STATUS_NAMES[UNRESOLVED_KINK]:
-                found = self.one_sided.get(tuple(int(i) for i in np.unravel_index(flat, self.status.shape)))
+                found = self.one_sided.get(self._key(k))
                 sides = (f", one-sided derivatives {found[0]:.8g} and {found[1]:.8g}" if found is not None
                          else ", the one-sided quotients never settle")
             lines.append(
@@ -266,42 +601,91 @@ class PairReport:
                 f"analytical={e.analytical:.8g} numerical={e.numerical:.8g} |diff|={e.abs_error:.3g} "
                 f"allowed={e.band:.3g} ({e.status}{sides})"
             )
-        if self.twin is not None:
-            lines.append(f"    {TWIN_LINE}")
-        if self.hint:
-            lines.append(f"    hint: {self.hint}")
+        return lines
+
+    def _probe_lines(self) -> list[str]:
+        c = self.comparison
+        lines = [f"  {self.input_name}: {len(c.reverse_ratio)} random probes; worst element-wise |J d - numerical| / allowed = "
+                 f"{np.max(c.forward_ratio):.3g}, worst reverse |u.VJP.d - u.numerical| / allowed = {np.max(c.reverse_ratio):.3g}"]
+        kinked, undecided = self.kinked_probes, self.undecided_probes
+        if kinked or undecided:
+            found = sorted({STATUS_NAMES[int(v)] for v in self.status[np.isin(self.status, UNDECIDED)]})
+            lines.append(f"    probes along kinks of f: {kinked} with J d between the one-sided derivatives (pass), "
+                         f"{undecided} undecidable ({', '.join(found) or 'none'}; steps down to h/4**12 tried)")
+        return lines
+
+    def _localised_lines(self) -> list[str]:
+        assert isinstance(self.storage, Projections)
+        lines = []
+        bad_sides = np.isin(self.status, (MISMATCH,)).any(axis=0)
+        sides = [name for name, bad in zip(("element-wise J d", "projection u.VJP.d"), [bool(b) for b in np.atleast_1d(bad_sides)]) if bad]
+        if sides:
+            lines.append(f"    failing side(s): {', '.join(sides)}")
+        region, e = self.storage.region, self.storage.found
+        if region is not None:
+            what = "the probes' disagreement" if e is not None and e.status == "ok" else "defect"
+            lines.append(f"    {what} localised to {self.input_name}[{region[0]} .. {region[1]}] (flattened-order slab)")
+        if e is not None:
+            forward = self.storage.found_by == "forward"
+            of = f"output[{', '.join(map(str, e.output_index))}]" if forward else "(u . output)"
+            lines.append(f"    worst element found ({'element-wise J d' if forward else 'projection u.J.d'}): d {of} / d {self.input_name}"
+                         f"[{', '.join(map(str, e.input_index))}]: analytical={e.analytical:.8g} numerical={e.numerical:.8g} "
+                         f"|diff|={e.abs_error:.3g} allowed={e.band:.3g}")
         return lines
 
     def to_dict(self, arrays: bool = False) -> dict:
+        """JSON-serialisable summary; ``arrays=True`` adds the values (coloured mode's large pairs: with
+        their ``rows`` and ``cols``)."""
+        worst: dict | list | None
+        if isinstance(self.storage, Projections):
+            worst = self.storage.found.to_dict() if self.storage.found is not None else None
+        else:
+            worst = [e.to_dict() for e in self.worst(3)]
         summary = {
             "output": self.output_name,
             "input": self.input_name,
             "side": self.side,
             "ok": self.ok,
-            "shape": [int(self.status.shape[0]), int(self.status.shape[1])],
+            **self.storage.facts(),
             "max_abs_error": _num(self.max_abs_error),
             "max_rel_error": _num(self.max_rel_error),
             "relative_norm_error": _num(self.relative_norm_error),
-            "mismatches": self.count(MISMATCH),
-            "analytical_nonfinite": self.count(ANALYTICAL_NONFINITE),
-            "numerical_nonfinite": self.count(NUMERICAL_NONFINITE),
-            "not_differentiable": self.count(NONDIFFERENTIABLE),
-            "unresolved": self.count(UNRESOLVED),
-            "discontinuous": self.count(DISCONTINUOUS),
-            "kinks_unresolved": self.count(UNRESOLVED_KINK),
-            "flat": self.count(FLAT),
+            **{key: self.count(status) for key, status in COUNT_KEYS},
             "resolution": _num(self.resolution),
             "coarse": self.coarse,
             "float64_gradient": self.float64_gradient,
             "atol": self.atol,
             "rtol": self.rtol,
-            "worst": [e.to_dict() for e in self.worst(3)],
+            "worst": worst,
             "hint": self.hint,
         }
         if arrays:
-            summary["numerical"] = self.numerical.tolist()
-            summary["analytical"] = self.analytical.tolist()
+            summary.update(self.storage.arrays())
         return summary
+
+
+def _unravel(flat: int, shape: tuple) -> tuple:
+    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+def _having(status: np.ndarray, *codes: int) -> np.ndarray:
+    """Indices of the values whose status is one of ``codes`` (not OK): found among the nonzero
+    statuses (OK is 0), so no value-sized boolean temporary is made."""
+    index = np.flatnonzero(status)
+    return index[np.isin(status[index], codes)]
+
+
+def _top(score: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the ``count`` largest scores, largest first, ties in index order (as
+    ``np.argsort(-score, kind="stable")[:count]``) without sorting them all."""
+    if len(score) > count:
+        kth = np.partition(score, len(score) - count)[len(score) - count]
+        above = np.flatnonzero(score > kth)
+        ties = np.flatnonzero(score == kth)[: count - len(above)]
+        picked = np.sort(np.concatenate([above, ties]))
+    else:
+        picked = np.arange(len(score))
+    return picked[np.argsort(-score[picked], kind="stable")][:count]
 
 
 def _num(value):
@@ -320,7 +704,7 @@ VACUOUS_WARNING = (
 def vacuous_warnings(pairs: list) -> list[str]:
     """``[VACUOUS_WARNING]`` when no pair's derivatives, either side, has a nonzero entry."""
     # A coloured pair's arrays are read off its compressed storage only on request (0.5 GB each at 6.4e7 nonzeros).
-    dense = [p for p in pairs if isinstance(p, ProjectionReport) or (isinstance(p, PairReport) and not p.sparse)]
+    dense = [p for p in pairs if not p.sparse]
     if not pairs or len(dense) != len(pairs):
         return []
     for pair in dense:
@@ -373,182 +757,11 @@ class Comparison:
         return np.full(len(self.forward_ratio), MISMATCH) if self.kind is None else np.asarray(self.kind)
 
 
-@dataclasses.dataclass
-class ProjectionReport:
-    """Fast-mode verdict for one input: k random probes, forward and reverse, and localisation."""
-
-    input_name: str
-    input_shape: tuple
-    comparison: Comparison
-    atol: float
-    rtol: float
-    region: tuple | None = None  # (first, last) multi-indices of the localised region
-    worst: Element | None = None  # found in the region, if any
-    hint: str | None = None
-    output_name: str = "u.J.d"
-    side: str = "forward"  # which comparison the worst element comes from
-    # (resolution, the tolerance's own): the smallest relative error of this input's gradient its
-    # probes flag (``_compare.resolution`` over its shares of the probes).
-    resolutions: tuple = (math.inf, math.inf)
-    # The probes compared the float64 twin of the gradient (the same code at the float64 point) under float64's
-    # rule: the pair's own tolerances could not see a 1% error (``_fast._twinned``).
-    float64_gradient: bool = False
-
-    @property
-    def resolution(self) -> float:
-        return float(self.resolutions[0])
-
-    @property
-    def coarse(self) -> bool:
-        """Every probe passes, but none resolves a relative error of this input's gradient that
-        ``_compare.coarse`` accepts: undecidable, not ok."""
-        resolved, tolerance = self.resolutions
-        return not np.any(np.isin(self.status, FAILING)) and coarse(resolved, tolerance, self.rtol)
-
-    @property
-    def status(self) -> np.ndarray:
-        """[k, 2] status of each probe's element-wise and projection comparison (``_compare`` codes)."""
-        c = self.comparison
-        kinds = c.kinds
-        return np.stack([np.where(c.forward_ratio > 1, kinds, OK), np.where(c.reverse_ratio > 1, kinds, OK)], axis=1)
-
-    @property
-    def ok(self) -> bool:
-        return not bool(np.any(np.isin(self.status, FAILING))) and not self.coarse
-
-    @property
-    def title(self) -> str:
-        return f"{self.output_name} / {self.input_name}"
-
-    @property
-    def failed_count(self) -> int:
-        return int(np.sum(np.isin(self.status, FAILING)))
-
-    @property
-    def label(self) -> str:
-        if self.ok:
-            return "ok"
-        return "FAIL" if self.count(MISMATCH) else "undec."
-
-    def __repr__(self) -> str:
-        return (f"<ProjectionReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} probe comparisons "
-                f"failed, max abs error {self.max_abs_error:.2g}>")
-
-    def count(self, status: int) -> int:
-        """Probe comparisons (element-wise J d, then projection) with this status."""
-        return int(np.sum(self.status == status))
-
-    @property
-    def kinked_probes(self) -> int:
-        """Probes that crossed kinks of f, with the analytical J d between the one-sided derivatives."""
-        return int(np.sum(np.any(self.status == NONDIFFERENTIABLE, axis=1)))
-
-    @property
-    def undecided_probes(self) -> int:
-        """Probes whose refinement could not decide (kinks, or jumps, that no step resolves)."""
-        return int(np.sum(np.any(np.isin(self.status, UNDECIDED), axis=1)))
-
-    @property
-    def max_abs_error(self) -> float:
-        """Largest |analytical - numerical| among the probes' worst forward elements and reverse values
-        (0 for probes along kinks, where the analytical J d lies between the one-sided derivatives)."""
-        c = self.comparison
-        kinked = self.status == NONDIFFERENTIABLE
-        forward = np.where(kinked[:, 0], 0.0, np.abs(c.forward_worst[:, 1] - c.forward_worst[:, 2]))
-        reverse = np.where(kinked[:, 1], 0.0, np.abs(c.reverse[:, 0] - c.reverse[:, 1]))
-        return float(np.nanmax(np.concatenate([forward, reverse])))
-
-    @property
-    def max_rel_error(self) -> float:
-        """Largest relative error of the reverse projections u.J.d (0 along kinks, as ``max_abs_error``)."""
-        a, n = self.comparison.reverse[:, 0], self.comparison.reverse[:, 1]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            scale = np.maximum(np.abs(a), np.abs(n))
-            relative = np.where(scale > 0, np.abs(a - n) / scale, 0.0)
-            return float(np.max(np.where(self.status[:, 1] == NONDIFFERENTIABLE, 0.0, relative)))
-
-    @property
-    def relative_norm_error(self) -> float:
-        """||n - a|| / (||n|| + ||a|| + 1e-8) over all probes' J d vectors (forward side)."""
-        difference, numerical, analytical = np.sqrt(self.comparison.squares)
-        return float(difference / (numerical + analytical + 1e-8))
-
-    @property
-    def worst_element(self):
-        return self.worst
-
-    @property
-    def numerical(self) -> np.ndarray:
-        """[k] the numerical projections u . J d, one per probe."""
-        return self.comparison.reverse[:, 1]
-
-    @property
-    def analytical(self) -> np.ndarray:
-        """[k] the reverse-mode projections (J^T u) . d, one per probe."""
-        return self.comparison.reverse[:, 0]
-
-    def kinks(self) -> list:
-        """Fast mode names no kinked elements: its probes move every element at once (the
-        probes that crossed kinks are counted in ``detail_lines``)."""
-        return []
-
-    def detail_lines(self) -> list[str]:
-        c = self.comparison
-        lines = [f"  {self.input_name}: {len(c.reverse_ratio)} random probes; worst element-wise |J d - numerical| / allowed = "
-                 f"{np.max(c.forward_ratio):.3g}, worst reverse |u.VJP.d - u.numerical| / allowed = {np.max(c.reverse_ratio):.3g}"]
-        kinked, undecided = self.kinked_probes, self.undecided_probes
-        if kinked or undecided:
-            found = sorted({STATUS_NAMES[int(v)] for v in self.status[np.isin(self.status, UNDECIDED)]})
-            lines.append(f"    probes along kinks of f: {kinked} with J d between the one-sided derivatives (pass), "
-                         f"{undecided} undecidable ({', '.join(found) or 'none'}; steps down to h/4**12 tried)")
-        if self.ok:
-            return lines
-        if self.coarse:
-            return [*lines, coarse_line(self.title, self.resolutions, self.rtol, fast=True)]
-        bad_sides = np.isin(self.status, (MISMATCH,)).any(axis=0)
-        sides = [name for name, bad in zip(("element-wise J d", "projection u.VJP.d"), [bool(b) for b in np.atleast_1d(bad_sides)]) if bad]
-        if sides:
-            lines.append(f"    failing side(s): {', '.join(sides)}")
-        if self.region is not None:
-            what = "the probes' disagreement" if self.worst is not None and self.worst.status == "ok" else "defect"
-            lines.append(f"    {what} localised to {self.input_name}[{self.region[0]} .. {self.region[1]}] (flattened-order slab)")
-        if self.worst is not None:
-            e = self.worst
-            of = f"output[{', '.join(map(str, e.output_index))}]" if self.side == "forward" else "(u . output)"
-            lines.append(f"    worst element found ({'element-wise J d' if self.side == 'forward' else 'projection u.J.d'}): d {of} / d {self.input_name}"
-                         f"[{', '.join(map(str, e.input_index))}]: analytical={e.analytical:.8g} numerical={e.numerical:.8g} "
-                         f"|diff|={e.abs_error:.3g} allowed={e.band:.3g}")
-        if self.float64_gradient:
-            lines.append(f"    {TWIN_PROBES_LINE}")
-        if self.hint:
-            lines.append(f"    hint: {self.hint}")
-        return lines
-
-    def to_dict(self, arrays: bool = False) -> dict:
-        c = self.comparison
-        return {
-            "output": self.output_name,
-            "input": self.input_name,
-            "ok": self.ok,
-            "probes": int(len(c.reverse_ratio)),
-            "forward_ratio": [_num(v) for v in c.forward_ratio],
-            "reverse_ratio": [_num(v) for v in c.reverse_ratio],
-            "max_abs_error": _num(self.max_abs_error),
-            "resolution": _num(self.resolution),
-            "coarse": self.coarse,
-            "float64_gradient": self.float64_gradient,
-            "region": [list(self.region[0]), list(self.region[1])] if self.region else None,
-            "worst": self.worst.to_dict() if self.worst is not None else None,
-            "atol": self.atol,
-            "rtol": self.rtol,
-        }
-
-
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """What a strategy (``_full.check_full``, ``_fast.check_fast``, ``_coloured.check_coloured``) hands to the report."""
 
-    pairs: list  # Pair results: PairReport (full) or ProjectionReport (fast)
+    pairs: list[PairReport]
     plan: Any  # a _plan.Plan; the plan as the strategy left it (with f's measured noise, when it was needed)
     atol: float
     rtol: float
@@ -561,47 +774,11 @@ class Outcome:
     inconsistent: list = dataclasses.field(default_factory=list)
 
 
-class Pair(Protocol):
-    """The interface every pair result has, full mode's and fast mode's alike."""
-
-    output_name: str
-    input_name: str
-    hint: str | None
-    rtol: float
-
-    @property
-    def ok(self) -> bool: ...
-    @property
-    def resolution(self) -> float: ...
-    @property
-    def title(self) -> str: ...
-    @property
-    def failed_count(self) -> int: ...
-    @property
-    def label(self) -> str: ...
-    numerical: np.ndarray  # full: the Jacobian block; fast: the numerical projections (see README)
-    analytical: np.ndarray
-    @property
-    def max_abs_error(self) -> float: ...
-    @property
-    def max_rel_error(self) -> float: ...
-    @property
-    def relative_norm_error(self) -> float: ...
-    @property
-    def worst_element(self) -> Element | None: ...
-    @property
-    def status(self) -> np.ndarray: ...
-    def count(self, status: int) -> int: ...
-    def kinks(self) -> list: ...
-    def detail_lines(self) -> list[str]: ...
-    def to_dict(self, arrays: bool = False) -> dict: ...
-
-
 @dataclasses.dataclass
 class GradientReport:
     """What a check found.  ``bool(report)`` is ``report.ok``."""
 
-    pairs: list[Pair]  # PairReport (full mode) or ProjectionReport (fast mode)
+    pairs: list[PairReport]  # over dense, sparse or projected storage, by mode
     path: str
     mode: str
     seconds: float
@@ -624,7 +801,7 @@ class GradientReport:
 
     def __repr__(self) -> str:
         """One line, what pytest shows for a failing ``assert report``; ``str(report)`` is the full table."""
-        verdict = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        verdict = VERDICT_LABELS[self.verdict]
         wrong = sum(p.label == "FAIL" for p in self.failures)
         undecided = len(self.failures) - wrong
         summary = f"{wrong} of {len(self.pairs)} pairs failed" + (f", {undecided} undecidable" if undecided else "")
@@ -649,7 +826,7 @@ class GradientReport:
         or jumps no step resolves, f not moving, unresolved differences, or a pass too coarse to see a 1% error)."""
         if self.ok:
             return "pass"
-        wrong = any(p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) or getattr(p, "inconsistent", False)
+        wrong = any(p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) or p.inconsistent
                     for p in self.pairs)
         return "fail" if wrong else "undecidable"
 
@@ -662,7 +839,7 @@ class GradientReport:
         return max((p.max_rel_error for p in self.pairs), default=0.0)
 
     @property
-    def failures(self) -> list[Pair]:
+    def failures(self) -> list[PairReport]:
         return [p for p in self.pairs if not p.ok]
 
     def to_dict(self, arrays: bool = False) -> dict:
@@ -692,7 +869,7 @@ class GradientReport:
         differ only in an input's name and numbers are one line.  ``to_dict`` keeps
         every pair and note.
         """
-        verdict = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        verdict = VERDICT_LABELS[self.verdict]
         wrong = sum(p.label == "FAIL" for p in self.failures)
         undecided = len(self.failures) - wrong
         lines = [
@@ -725,7 +902,7 @@ class GradientReport:
                          f"{max(p.max_rel_error for p in passing):.3g}; by layer"
                          f"{_layer_groups([p.input_name for p in passing])}")
         # Undecidable fast-mode pairs say the same thing: past a few, one line for all of them.
-        projections = [p for p in failing if isinstance(p, ProjectionReport) and p.label != "FAIL"]
+        projections = [p for p in failing if p.projected and p.label != "FAIL"]
         probes_undecided = [p for p in projections if not p.coarse and p.undecided_probes]  # kinks no step resolves
         coarse_pairs = [p for p in projections if p.coarse]  # every probe passes, too coarse to decide
         summarised = len(probes_undecided) > UNDECIDED_DETAILS
@@ -749,11 +926,11 @@ class GradientReport:
             for p in passing:
                 lines += p.detail_lines()
         else:
-            kinked_probes = [p for p in passing if isinstance(p, ProjectionReport) and p.kinked_probes]
+            kinked_probes = [p for p in passing if p.kinked_probes]
             if kinked_probes:
                 lines.append(f"  {sum(p.kinked_probes for p in kinked_probes)} probes in {len(kinked_probes)} passing "
                              "pairs crossed kinks of f, with the analytical J d between the one-sided derivatives")
-            with_kinks = [p for p in passing if not isinstance(p, ProjectionReport) and p.count(NONDIFFERENTIABLE)]
+            with_kinks = [p for p in passing if not p.projected and p.count(NONDIFFERENTIABLE)]
             if with_kinks:
                 example = next((line.strip() for p in with_kinks for line in p.detail_lines()
                                 if line.strip().startswith("not differentiable")), None)
@@ -762,7 +939,7 @@ class GradientReport:
                              f"derivatives{'; e.g. ' + example if example else ''}")
         for note in _aggregated_notes(self.notes, [p.input_name for p in self.pairs]):
             lines.append(f"  note: {note}")
-        twinned = [p for p in self.pairs if getattr(p, "float64_gradient", False)]
+        twinned = [p for p in self.pairs if p.float64_gradient]
         if twinned:
             lines.append(f"  note: {len(twinned)} pair(s) whose tolerances could not see a 1% error of their gradient "
                          f"were judged through its float64 twin: {TWIN_RULE}{_layer_groups([p.input_name for p in twinned])}")
@@ -783,9 +960,7 @@ class GradientReport:
         are that coarse there (atol against small gradients): decisive by the rule, and said so."""
         found = []
         for p in self.pairs:
-            if not p.ok or getattr(p, "sparse", False):
-                continue
-            if isinstance(p, PairReport) and decisive_at_largest(p.analytical, p.band, p.status, p.rtol):
+            if not p.ok or p.sparse or p.storage.decisive(p.rtol):
                 continue
             if p.resolution > RESOLUTION_RTOLS * p.rtol:
                 found.append(p)

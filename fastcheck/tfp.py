@@ -26,7 +26,7 @@ from fastcheck._check import run_check
 from fastcheck._config import MACHINE_EPSILON, precision_name
 from fastcheck._plan import normalize_inputs
 from fastcheck._problem import Problem, function_problem
-from fastcheck._report import GradientReport
+from fastcheck._report import VERDICT_LABELS, GradientReport
 
 __all__ = ["BijectorReport", "IdentityCheck", "check_bijector", "check_distribution"]
 
@@ -65,7 +65,7 @@ class IdentityCheck:
         return self.verdict == "pass"
 
     def __str__(self) -> str:
-        label = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        label = VERDICT_LABELS[self.verdict]
         at = f"{self.where} {self.index}" if self.index is not None else "the point"
         values = (f"{self.actual_name}={self.actual:.8g}, {self.expected_name}={self.expected:.8g}, "
                   f"|diff|={self.abs_error:.3g}, allowed={self.allowed:.3g}")
@@ -145,13 +145,13 @@ class BijectorReport:
         return [r for r in self.reports if not r.ok] + [i for i in self.identities if not i.ok]
 
     def __repr__(self) -> str:
-        label = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        label = VERDICT_LABELS[self.verdict]
         failing = self.failures
         first = "" if not failing else f", first: {getattr(failing[0], 'title', None) or failing[0].name}"
         return f"<BijectorReport {label}: {len(failing)} of {len(self.reports) + len(self.identities)} checks failed{first}>"
 
     def __str__(self) -> str:
-        label = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}[self.verdict]
+        label = VERDICT_LABELS[self.verdict]
         lines = [f"fastcheck {self.title}: {label} -- {len(self.failures)} of "
                  f"{len(self.reports) + len(self.identities)} checks failed"]
         for report in self.reports:

@@ -51,8 +51,8 @@ def test_fast_mode_catches_and_localises_a_reverse_only_defect():
     pair = report.pairs[0]
     assert np.any(pair.comparison.forward_ratio > 1) and np.any(pair.comparison.reverse_ratio > 1)
     assert pair.region[0][0] == 537 and pair.region[1][0] == 537, pair.region
-    assert pair.worst.input_index[0] == 537 and pair.worst.status == "mismatch"
-    assert pair.worst.analytical == pytest.approx(2 * pair.worst.numerical, rel=1e-6)
+    assert pair.worst_element.input_index[0] == 537 and pair.worst_element.status == "mismatch"
+    assert pair.worst_element.analytical == pytest.approx(2 * pair.worst_element.numerical, rel=1e-6)
     assert "element-wise J d" in str(report) and "localised to input[(537" in str(report)
 
 
@@ -176,6 +176,6 @@ def test_localisation_that_finds_no_block_reports_the_region_without_exploding(m
     report = fastcheck.check_gradients(_wrong_rows([50]), x, mode="fast")
     pair = report.pairs[0]
     assert not report.ok and report.verdict == "fail"
-    assert pair.region == ((0, 0), (199, 9)) and pair.worst is None
+    assert pair.region == ((0, 0), (199, 9)) and pair.worst_element is None
     assert "did not show in any single block" in pair.hint
     assert len(blocks) == _fast.LOCALISE_DRAWS  # every draw of the first level, then no element sweep

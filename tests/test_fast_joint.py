@@ -71,8 +71,8 @@ def test_defect_in_one_input_fails_that_input_and_localises_it(wrong):
     pair = report.failures[0]
     # The defect sits on leading row 2 of that input: the region and the worst element say so.
     assert pair.region[0][0] <= 2 <= pair.region[1][0], pair.region
-    assert pair.worst is not None and pair.worst.input_index[0] == 2 and pair.worst.status == "mismatch"
-    assert pair.worst.analytical == pytest.approx(1.5 * pair.worst.numerical, rel=1e-5)
+    assert pair.worst_element is not None and pair.worst_element.input_index[0] == 2 and pair.worst_element.status == "mismatch"
+    assert pair.worst_element.analytical == pytest.approx(1.5 * pair.worst_element.numerical, rel=1e-5)
     assert f"localised by bisection over the inputs, then within input {wrong}" in "\n".join(report.notes)
     # Every other input is cleared by probes that pass.
     assert all(p.ok for p in report.pairs if p.input_name != f"input {wrong}")
@@ -151,7 +151,7 @@ def test_model_with_a_planted_defect_fails_naming_the_variable_in_fast_mode():
     report = fastcheck.check_model(model, "mse", data, mode="fast")
     assert report.mode == "fast" and report.verdict == "fail", str(report)
     assert [p.input_name for p in report.failures] == ["planted/scale"], str(report)
-    assert report.failures[0].worst is not None and report.failures[0].worst.status == "mismatch"
+    assert report.failures[0].worst_element is not None and report.failures[0].worst_element.status == "mismatch"
 
     correct, data = _model(0.0)
     assert fastcheck.check_model(correct, "mse", data, mode="fast").ok
@@ -168,7 +168,7 @@ def test_supplied_gradients_are_fast_checked_per_input():
     wrong = [tf.cos(x), 3 * y**2 * tf.constant(np.where(np.arange(20).reshape(4, 5) == 13, 1.1, 1.0))]
     report = fastcheck.verify_gradients(f, [x, y], wrong, mode="fast")
     assert report.mode == "fast" and [p.input_name for p in report.failures] == ["input 1"], str(report)
-    assert report.failures[0].worst.input_index == (2, 3)
+    assert report.failures[0].worst_element.input_index == (2, 3)
 
 
 def test_a_tiny_time_budget_makes_auto_choose_fast_mode_and_say_so():
