@@ -43,6 +43,7 @@ from fastcheck._executor import Executor, evaluate_rows, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, is_compile_failure, pad
 from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
+from fastcheck._refine import Evaluate, Rungs, descend
 from fastcheck._report import Dense, GradientCheckError, Nonzeros, Outcome, PairReport, _having, _index, kernel_failure
 from fastcheck._tables import (
     DEEP_LEVELS,
@@ -609,57 +610,64 @@ class _Block:
         self.status = status
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
-        """Failing nonzeros: their colours again at h/4 ... h/4**5 (h/4**12 where still unsettled)."""
+        """Failing nonzeros: their colours again at h ... h/4**5 (h ... h/4**12 where still unsettled)."""
         failing = _having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE)
         if not len(failing):
             return
         rows, cols = self.pattern.at(failing)
         a = self.analytical.at(rows, cols)
-        result = self._ladder(plan, rows, cols, REFINE_LEVELS)
-        estimate, error, settled = result[0][0], result[1][0], result[2][0]
-        status, band = _verdicts(a, estimate, error, atol, rtol)
-        unsettled = ((status == _compare.MISMATCH) & ~settled) | (status == _compare.NUMERICAL_NONFINITE)
-        if unsettled.any():
-            deeper = self._ladder(plan, rows[unsettled], cols[unsettled], DEEP_LEVELS)
-            for target, value in zip(result, deeper):
-                target[0, unsettled] = value[0]
-            estimate, error = result[0][0], result[1][0]
-            status, band = _verdicts(a, estimate, error, atol, rtol)
+
+        def still_open(found: _compare.Refined) -> np.ndarray:
+            status, _ = _verdicts(a, found.estimate[0], found.error[0], atol, rtol)
+            return ((status == _compare.MISMATCH) & ~found.settled[0]) | (status == _compare.NUMERICAL_NONFINITE)
+
+        found = descend(self._ladder(plan, rows, cols), len(failing), range(0, REFINE_LEVELS + 1), still_open,
+                        range(0, DEEP_LEVELS + 1)).at(0)
+        status, band = _verdicts(a, found.estimate, found.error, atol, rtol)
         ks = np.flatnonzero(status == _compare.MISMATCH)
-        found = _compare.Refined(*(r[0] for r in result)).at(ks)
-        status[ks], reported = _compare.classify(a[ks], found, atol, rtol)
-        for k, left, right in zip(ks[reported], found.left[reported], found.right[reported]):
+        found_ks = found.at(ks)
+        status[ks], reported = _compare.classify(a[ks], found_ks, atol, rtol)
+        for k, left, right in zip(ks[reported], found_ks.left[reported], found_ks.right[reported]):
             self.one_sided[(int(failing[k]),)] = (float(left), float(right))
-        self.override = (failing, np.asarray(estimate, np.float64), np.asarray(band, np.float64))
+        self.override = (failing, np.asarray(found.estimate, np.float64), np.asarray(band, np.float64))
         self.status[failing] = status
 
-    def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray, levels: int):
-        """``_compare.refine`` over the first sweep's step and ``levels`` finer ones, elements as columns of one row.
+    def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray) -> Evaluate:
+        """The evaluation ``descend`` drives for the nonzeros (rows, cols): a selection of them at steps
+        h / 4**p, elements as columns of one row (h, p = 0, is the first sweep's step again, with its sides:
+        the sweep keeps none; a kink crossed at h and h/4 then shows at two steps, as in full mode).
 
         Each element's row value f(x) is subtracted from its sides, so the shared
         ``y0`` of ``refine`` is 0 (its one-sided quotients and second differences only
         ever use differences from f(x)).
         """
-        y0 = plan.eval_output[rows]
-        # The first step h again, with its sides (the sweep keeps none): a kink crossed at h and h/4
-        # then shows at two steps, as in full mode's refinement.
-        stack: list[tuple] = []
-        for plus, minus, spans in self.columns.sides(rows, cols, list(range(0, levels + 1))):
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                derivative = (plus - minus) / spans
-            noise = _noise(plan, rows, spans)
-            stack.append((derivative[None, :], noise[None, :], (plus - y0)[None, :], (minus - y0)[None, :], spans))
-        # f's grid per element, for the test of steps below what f resolves (``_compare._below_quantum``:
-        # sides come back exactly f(x) after a coarser step moved f by a few quanta; their zero quotients
-        # would otherwise look like a settled ladder, or a step that resolves a kink).  The measured noise
-        # where there is one, floored by the outputs' own rounding: one unit roundoff of the terms f_i sums,
-        # sum_j |a_ij x_j| (a float32 convolution's output near 0 moves in steps of its partial sums'
-        # roundoff, far above |f_i|'s), and of |f_i| -- the measurement can read 0 on rows it sampled.
+
+        def evaluate(selection: np.ndarray, powers) -> Rungs:
+            chosen = rows[selection]
+            y0 = plan.eval_output[chosen]
+            stack: list[tuple] = []
+            for plus, minus, spans in self.columns.sides(chosen, cols[selection], list(powers)):
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    derivative = (plus - minus) / spans
+                noise = _noise(plan, chosen, spans)
+                stack.append((derivative[None, :], noise[None, :], (plus - y0)[None, :], (minus - y0)[None, :], spans))
+            return Rungs(stack, np.zeros(1), self.grid(plan, chosen)[None, :])
+
+        return evaluate
+
+    def grid(self, plan: Plan, rows: np.ndarray) -> np.ndarray:
+        """f's grid per element, for the test of steps below what f resolves (``_compare._below_quantum``:
+        sides come back exactly f(x) after a coarser step moved f by a few quanta; their zero quotients
+        would otherwise look like a settled ladder, or a step that resolves a kink).  The measured noise
+        where there is one (its largest over ``rows``), floored by the outputs' own rounding: one unit
+        roundoff of the terms f_i sums, sum_j |a_ij x_j| (a float32 convolution's output near 0 moves in
+        steps of its partial sums' roundoff, far above |f_i|'s), and of |f_i| -- the measurement can read 0
+        on rows it sampled."""
         eps = MACHINE_EPSILON[plan.eval_dtype]
         grid = eps * np.maximum(np.abs(plan.eval_output[rows]), self.row_terms(rows)) / np.sqrt(12.0)
         if plan.noise is not None:
             grid = np.maximum(grid, float(np.max(plan.noise.sigma[rows], initial=0.0)))
-        return list(_compare.refine(stack, np.zeros(1), REFINE_RATIO, grid[None, :]))
+        return grid
 
     def row_terms(self, rows: np.ndarray) -> np.ndarray:
         """sum_j |a_ij x_j| over each row's nonzeros (f_i's terms were it linear), per entry of ``rows``."""

@@ -79,6 +79,7 @@ from fastcheck import _compare, _flat
 from fastcheck._executor import FAST_ROWS, Executor, ShapeChangeError, measured, timed
 from fastcheck._paths import EAGER, GRAPH, XLA, is_compile_failure
 from fastcheck._plan import Plan
+from fastcheck._refine import Evaluate, Rungs, descend
 from fastcheck._report import Comparison, Element, Outcome, PairReport, Projections
 from fastcheck._tables import (
     BLOCK_REFINE_OUTPUTS,
@@ -620,7 +621,6 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
     rows replaced, and the kind [k] of every probe (MISMATCH for the others).
     """
     estimate, noise, plus, minus, realised, forward = (np.array(t) for t in first)
-    sigma = joint.plan.noise.sigma if joint.plan.noise is not None else None
     norms = np.linalg.norm(realised[failing], axis=1)
     # Only the outputs some failing probe's element fails at (all of them when only a projection
     # fails): the ladder's arrays are [outputs, probes] per level, and at 10^6 outputs refining
@@ -632,12 +632,8 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
             outside = ~(np.abs(forward[failing].T - estimate[failing].T) <= band0)
         if outside.any():
             rows = np.flatnonzero(outside.any(axis=1))
-    y0 = np.asarray(joint.y0, np.float64)[rows]
-    sigma = None if sigma is None else sigma[rows]
     head = (estimate[failing][:, rows].T, noise[failing][:, rows].T, plus[failing][:, rows].T,
             minus[failing][:, rows].T, np.full(len(failing), 2 * joint.eps))
-    levels = [head, *_ladder(joint, directions, failing, realised, u, gradient, range(1, REFINE_LEVELS + 1), rows)]
-    found = list(_compare.refine(levels, y0, REFINE_RATIO, sigma))
     analytical = forward[failing][:, rows].T if forward_side else None
     whole_estimate, whole_noise = estimate[failing].T.copy(), noise[failing].T.copy()  # [m, k]: every output
     weights = u.numpy()
@@ -653,16 +649,13 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
                            <= np.linalg.norm(weights[:, None] * whole_band, axis=0))
         return elements, projection, band
 
-    elements, projection, _ = mismatched(found[0], found[1])
-    settled = found[2]
-    unsettled = np.flatnonzero(np.any(elements & ~settled, axis=0) | (projection & ~np.all(settled, axis=0)))
-    if len(unsettled):
-        deeper = _ladder(joint, directions, failing[unsettled], realised, u, gradient,
-                         range(REFINE_LEVELS + 1, DEEP_LEVELS + 1), rows)
-        sub = [tuple(None if t is None else (t[..., unsettled] if np.ndim(t) else t) for t in level) for level in levels]
-        again = _compare.refine([*sub, *deeper], y0, REFINE_RATIO, sigma)
-        for target, value in zip(found, again):
-            target[:, unsettled] = value
+    def still_open(found: _compare.Refined) -> np.ndarray:
+        elements, projection, _ = mismatched(found.estimate, found.error)
+        return np.any(elements & ~found.settled, axis=0) | (projection & ~np.all(found.settled, axis=0))
+
+    # The first level is the first evaluation's; the deeper ladder keeps the first one's levels.
+    found = descend(_ladder(joint, directions, failing, realised, u, gradient, rows, head), len(failing),
+                    range(0, REFINE_LEVELS + 1), still_open, range(REFINE_LEVELS + 1, DEEP_LEVELS + 1))
     best, error, settled, kink, right, left, jump, _, sides_error = found
     elements, projection, band = mismatched(best, error)
     kinds = np.full(len(estimate), _compare.MISMATCH)
@@ -699,12 +692,31 @@ def _probe_kind(elements, projection, settled, kink, jump, analytical, right, le
     return _compare.MISMATCH  # passes after refinement: its ratio is at most 1
 
 
-def _ladder(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: np.ndarray, u, gradient, powers,
+def _ladder(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: np.ndarray, u, gradient,
+            outputs: np.ndarray, head: tuple | None = None) -> Evaluate:
+    """The evaluation ``descend`` drives for ``probes``: ``_compare.refine`` levels [(estimate, noise, plus, minus,
+    span)], [len(outputs), len(selection)] each, of a selection of the probes at steps h / REFINE_RATIO**p: one
+    batched evaluation, every level shifted to the probe's first realised direction (see ``_refine``).  ``head``:
+    the level at h (p = 0), from the first evaluation, not evaluated again."""
+    y0 = np.asarray(joint.y0, np.float64)[outputs]
+    sigma = joint.plan.noise.sigma[outputs] if joint.plan.noise is not None else None
+
+    def evaluate(selection: np.ndarray, powers) -> Rungs:
+        powers = list(powers)
+        levels = []
+        if head is not None and powers[0] == 0:
+            levels.append(tuple(array[..., selection] for array in head))
+            powers = powers[1:]
+        if powers:
+            levels += _levels(joint, directions, probes[selection], realised, u, gradient, powers, outputs)
+        return Rungs(levels, y0, sigma)
+
+    return evaluate
+
+
+def _levels(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: np.ndarray, u, gradient, powers,
             outputs: np.ndarray) -> list:
-    """``_compare.refine`` levels [(estimate, noise, plus, minus, span)], [len(outputs), len(probes)]
-    each, of the given probes at steps h / REFINE_RATIO**p for p in ``powers``: one batched
-    evaluation, every level shifted to the probe's first realised direction (see ``_refine``)."""
-    powers = list(powers)
+    """``_ladder``'s evaluation of ``probes`` at the ``powers``."""
     count = len(probes)
     divides = np.array([REFINE_RATIO**p for p in powers], np.float64)
     rows = np.repeat(probes, len(powers))
@@ -884,9 +896,8 @@ def _sharpened(joint: Joint, group: list, number: int, result: Probes, u, gradie
     directions = _screen_directions(joint, group, number)
     first, realised, _, _, first_noise = (t.numpy() for t in joint.numerical(directions))
     probes = np.arange(int(directions.shape[0]))
-    levels = _ladder(joint, directions, probes, realised, u, gradient, range(-RESOLVE_UP, 1), np.arange(joint.plan.m))
-    sigma = joint.plan.noise.sigma if joint.plan.noise is not None else None
-    best, error, settled, *_ = _compare.refine(levels, np.asarray(joint.y0, np.float64), REFINE_RATIO, sigma)
+    best, error, settled, *_ = descend(_ladder(joint, directions, probes, realised, u, gradient, np.arange(joint.plan.m)),
+                                       len(probes), range(-RESOLVE_UP, 1))
     better = np.all(settled, axis=0) & (np.max(error, axis=0) < np.max(first_noise, axis=1))  # [k]
     estimate = np.where(better[:, None], best.T, first)
     noise = np.where(better[:, None], error.T, first_noise)

@@ -10,6 +10,8 @@ noise-limited columns (``_coarsen``), smaller ones for the rest (``_refine``,
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from fastcheck import _compare, _flat
@@ -18,6 +20,7 @@ from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import Executor, measured, numerical_columns, steps, timed
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, _first_line
+from fastcheck._refine import Evaluate, Rungs, descend
 from fastcheck._report import Dense, GradientCheckError, Outcome, PairReport, _index, kernel_failure
 from fastcheck._tables import (
     BELOW_LOW,
@@ -25,15 +28,23 @@ from fastcheck._tables import (
     BOUND_DEVIATIONS,
     COARSE_MAX_STEP,
     COARSE_TABLES,
+    CONFIRM_AGREES,
+    CONFIRM_CURVATURE,
     CONFIRM_RATIO,
     DEEP_LEVELS,
     EDGE_LEVELS,
+    FINEST_HOLDS,
+    FINEST_ROUNDING,
     MEASURED_NOISE_FACTOR,
     REFINE_LEVELS,
     REFINE_RATIO,
     RESOLUTION_RTOLS,
     RESOLVE_COLUMNS,
     RESOLVE_UP,
+    TRIAGE_DRIFT,
+    TRIAGE_LOCAL,
+    TRIAGE_MOVED,
+    TRIAGE_SIDES,
 )
 
 
@@ -73,30 +84,31 @@ class _Jacobians:
         jacobian, spans = self.executor.quotients(position, columns, delta)
         return jacobian, self.noise_factors(spans), spans
 
-    def refined(self, position: int, columns: np.ndarray, first: np.ndarray | None, first_noise, levels: int,
-                up: int = 0):
-        """Re-evaluate ``columns`` at steps h/4 ... h/4**levels in one batch; see ``_compare.refine``.
-
-        ``up`` > 0 gives the ladder h*4**up ... h*4, h instead (``first`` is None): for
-        noise-limited columns, whose best step is larger than h.
-        """
-        count = len(columns)
-        base = steps(self.plan, self.config, position)[columns]
-        # The first sweep's step h again, with its sides: its one-sided quotients are what shows a
-        # kink crossed at h and h/4 both, where the finer steps are noise (float32 over a ReLU
-        # network's weights); without them such a ladder passed the settled test on noise alone.
-        again = first is not None and not up
-        divisors = [REFINE_RATIO**k for k in (range(-up, 1) if up else range(0 if again else 1, levels + 1))]
-        idx = np.tile(columns, len(divisors))
-        delta = np.concatenate([base / d for d in divisors])
-        jacobian, plus, minus, spans = numerical_columns(self.executor, position, idx, delta)
-        noise = self.noise(spans)
-        stack: list[tuple] = [] if first is None or again else [(first, first_noise, None, None, None)]
-        for k in range(len(divisors)):
-            part = slice(k * count, (k + 1) * count)
-            stack.append((jacobian[:, part], noise[:, part], plus[:, part], minus[:, part], spans[part]))
+    def ladder(self, position: int, columns: np.ndarray) -> Evaluate:
+        """The evaluation ``descend`` drives for ``columns``: a selection of them at steps
+        h / 4**p, every power in one batch (negative powers: the steps larger than h that
+        noise-limited columns need).  Power 0 is the first sweep's step h again, with its sides: its
+        one-sided quotients are what shows a kink crossed at h and h/4 both, where the finer steps are
+        noise (float32 over a ReLU network's weights); without them such a ladder passed the settled
+        test on noise alone."""
         sigma = self.plan.noise.sigma if self.plan.noise is not None else None
-        return _compare.refine(stack, self.y0, REFINE_RATIO, sigma)
+
+        def evaluate(selection: np.ndarray, powers) -> Rungs:
+            chosen = columns[selection]
+            count = len(chosen)
+            base = steps(self.plan, self.config, position)[chosen]
+            divisors = [REFINE_RATIO**k for k in powers]
+            idx = np.tile(chosen, len(divisors))
+            delta = np.concatenate([base / d for d in divisors])
+            jacobian, plus, minus, spans = numerical_columns(self.executor, position, idx, delta)
+            noise = self.noise(spans)
+            levels = []
+            for k in range(len(divisors)):
+                part = slice(k * count, (k + 1) * count)
+                levels.append((jacobian[:, part], noise[:, part], plus[:, part], minus[:, part], spans[part]))
+            return Rungs(levels, self.y0, sigma)
+
+        return evaluate
 
     def analytical(self) -> list[np.ndarray]:
         if self.plan.n == 0:
@@ -259,7 +271,7 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
     with np.errstate(invalid="ignore", divide="ignore"):
         score = np.nanmax(np.where(status == _compare.OK, np.abs(a) / band, 0.0), axis=0)
     columns = np.sort(np.argsort(-score, kind="stable")[:RESOLVE_COLUMNS])
-    estimate, error, settled, *_ = jac.refined(position, columns, None, None, 0, up=RESOLVE_UP)
+    estimate, error, settled, *_ = descend(jac.ladder(position, columns), len(columns), range(-RESOLVE_UP, 1))
     with np.errstate(invalid="ignore"):
         allowed = atol + rtol * np.abs(estimate) + error
         better = (settled & (np.abs(a[:, columns] - estimate) <= allowed) & (allowed < band[:, columns])
@@ -274,23 +286,22 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
     Only columns with a mismatch or a non-finite difference are re-evaluated, so
     the first pass stays one batched sweep:
 
-    1. triage at h/4: where the estimate barely moves (by < 1% of the mismatch
-       and < 10% of itself)
-       and the one-sided derivatives agree, the numbers are conclusive and the
-       mismatch stands if it also holds at h/4 x 0.618 and at the finest step whose
-       rounding stays below an eighth of the mismatch (a kink within the step makes
-       the derivative at the point another) -- a wrong gradient
-       costs three extra evaluation pairs per column, not five;
-    2. the rest go down to h/4**5 (``_compare.refine``): a step that crossed a
-       kink, a domain edge or strong curvature gets a better estimate and an
-       error bound instead of a false alarm;
-    3. still unsettled ones (features far below the step) go down to h/4**12;
-       if even that does not settle, the element is UNRESOLVED (undecidable),
-       not a wrong gradient;
-    4. an element whose steps crossed a kink (``_compare._kinks``) and that no
+    1. triage at h/4 (``_triage``): where the estimate barely moves and the
+       one-sided derivatives agree, the numbers are conclusive and the mismatch
+       stands if it also holds at h/4 x 0.618 (``_golden_holds``) and at the finest
+       step whose rounding stays below an eighth of the mismatch (``_finest_holds``:
+       a kink within the step makes the derivative at the point another) -- a wrong
+       gradient costs three extra evaluation pairs per column, not five;
+    2. the rest go down the ladder (``_ladder``): h ... h/4**5 (``_compare.refine``),
+       where a step that crossed a kink, a domain edge or strong curvature gets a
+       better estimate and an error bound instead of a false alarm; still unsettled
+       or unconfirmed ones (features far below the step) down to h/4**12; if even
+       that does not settle, the element is UNRESOLVED (undecidable), not a wrong
+       gradient;
+    3. an element whose steps crossed a kink (``_compare._kinks``) and that no
        resolving steps settled is NONDIFFERENTIABLE when the analytical value lies
        between the one-sided derivatives, else UNRESOLVED_KINK (undecidable): only
-       a settled, confirmed estimate makes a mismatch.
+       a settled, confirmed estimate makes a mismatch (``_compare.classify``).
     """
     atol, rtol = tolerances
     if isinstance(noise, _compare.RankOne):
@@ -305,94 +316,160 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
         return status, band, {}
     # Only the suspicious columns' noise is needed (a RankOne's, made dense there alone), and only
     # their verdicts change below: the rule is element-wise.
-    first, first_noise = numerical[:, suspicious], noise[:, suspicious]
-
-    def rejudge(columns, estimate, error):
-        numerical[:, columns] = estimate
-        status[:, columns], band[:, columns] = _compare.verdicts(a[:, columns], estimate, error, atol, rtol)
-
-    delta = steps(jac.plan, jac.config, position)[suspicious] / REFINE_RATIO
-    quarter, plus, minus, spans = numerical_columns(jac.executor, position, suspicious, delta)
-    with np.errstate(invalid="ignore", over="ignore"):
-        mismatch = np.abs(a[:, suspicious] - first)
-        moved = np.abs(quarter - first)
-        # One-sided derivatives that disagree mean a possible kink: not conclusive.
-        curvature = np.abs(plus + minus - 2 * jac.y0[:, None])
-        sides = curvature / (spans[None, :] / 2)
-        # The step must be small for f: its second-order term far below the first-order
-        # one.  Otherwise (cos at 5e7, where the relative step spans periods) two
-        # steps can agree by coincidence, and only smaller steps can tell.
-        local = curvature <= 0.1 * np.abs(plus - minus) + 2 * first_noise * spans[None, :]
-        conclusive = (np.isfinite(moved) & (moved <= 0.01 * mismatch) & (moved <= 0.1 * np.abs(first) + atol)
-                      & (sides <= 0.1 * mismatch) & local)
-    # A conclusive mismatch must also hold at an independent step (h/4 times the golden
-    # ratio): a step near a multiple of a period of f makes quotients agree by coincidence.
-    settled_first = np.any((status[:, suspicious] != _compare.OK) & conclusive, axis=0)
-    if settled_first.any():
-        columns = suspicious[settled_first]
-        other, other_plus, other_minus, other_spans = numerical_columns(jac.executor, position, columns,
-                                                                        delta[settled_first] * CONFIRM_RATIO)
-        with np.errstate(invalid="ignore"):
-            slack = 2 * jac.noise(other_spans) * other_spans[None, :]
-            # The second difference scales like h^2 too: at a step near a period of f it
-            # is far off (cos h = 1 there, and nowhere near at the other step).
-            other_curvature = np.abs(other_plus + other_minus - 2 * jac.y0[:, None])
-            expected = CONFIRM_RATIO**2 * curvature[:, settled_first]
-            holds = ((np.abs(other - quarter[:, settled_first]) <= 0.1 * np.abs(quarter[:, settled_first])
-                      + slack / other_spans)
-                     & (np.abs(other_curvature - expected) <= 0.5 * expected + 2 * slack))
-        conclusive[:, settled_first] &= holds
-    settled_first = np.any((status[:, suspicious] != _compare.OK) & conclusive, axis=0)
-    if settled_first.any():
-        # ... and at the finest step whose rounding stays below an eighth of the mismatch: a
-        # kink within that step of the point (a ReLU input at 1e-8 in a fresh network) makes
-        # the derivative there differ from the one every coarser step agrees on.
-        columns = suspicious[settled_first]
-        quarter_noise = jac.noise(spans[settled_first])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            room = np.nanmin(np.where(conclusive[:, settled_first], mismatch[:, settled_first], np.inf)
-                             / (8 * quarter_noise), axis=0)
-        levels = np.clip(np.floor(np.log(np.maximum(room, 1.0)) / np.log(REFINE_RATIO)), 0, DEEP_LEVELS)
-        finest, *_ = numerical_columns(jac.executor, position, columns,
-                                       delta[settled_first] / REFINE_RATIO**levels)
-        with np.errstate(invalid="ignore"):
-            holds = np.abs(finest - quarter[:, settled_first]) <= 0.25 * mismatch[:, settled_first]
-        conclusive[:, settled_first] &= holds | (levels == 0)[None, :]
-    doubtful = np.any((status[:, suspicious] != _compare.OK) & ~conclusive, axis=0)
-    suspicious, first, first_noise = suspicious[doubtful], first[:, doubtful], first_noise[:, doubtful]
+    doubtful = _triage(jac, position, suspicious, a[:, suspicious], numerical[:, suspicious], noise[:, suspicious],
+                       status[:, suspicious] != _compare.OK, atol)
+    suspicious = suspicious[doubtful]
     if not len(suspicious):
         return status, band, {}
-
-    estimate, error, settled, kink, right, left, jump, chosen, sides_error = jac.refined(
-        position, suspicious, first, first_noise, REFINE_LEVELS)
-    rejudge(suspicious, estimate, error)
-    # Deeper where a mismatch is not settled or not confirmed, or where every step so
-    # far left f's domain (log at 3e-9: only steps below 3e-9 stay inside).
-    mismatch = status[:, suspicious] == _compare.MISMATCH
-    confirmed = _confirmed(jac, position, suspicious, a[:, suspicious], estimate, error, chosen, mismatch & settled)
-    unsettled = np.any((mismatch & ~(settled & confirmed[None, :] & ~jump))
-                       | (status[:, suspicious] == _compare.NUMERICAL_NONFINITE), axis=0)
-    if unsettled.any():
-        keep = np.flatnonzero(unsettled)
-        # A column that left f's domain even at h/4**5 may need steps far below h (log at 1e-12).
-        outside = np.any(~np.isfinite(estimate[:, keep]), axis=0).any()
-        deeper = jac.refined(position, suspicious[keep], first[:, keep], first_noise[:, keep],
-                             EDGE_LEVELS if outside else DEEP_LEVELS)
-        for target, value in zip((estimate, error, settled, kink, right, left, jump, chosen, sides_error), deeper):
-            target[:, keep] = value
-        rejudge(suspicious, estimate, error)
-        mismatch = status[:, suspicious] == _compare.MISMATCH
-        again = _confirmed(jac, position, suspicious[keep], a[:, suspicious[keep]], estimate[:, keep], error[:, keep],
-                           chosen[:, keep], mismatch[:, keep] & settled[:, keep])
-        settled[:, keep] &= again[None, :]  # still unconfirmed after the deep steps: unresolved
+    found = _ladder(jac, position, suspicious, a[:, suspicious], tolerances)
+    numerical[:, suspicious] = found.estimate
+    status[:, suspicious], band[:, suspicious] = _compare.verdicts(a[:, suspicious], found.estimate, found.error,
+                                                                   atol, rtol)
     rows, ks = np.nonzero(status[:, suspicious] == _compare.MISMATCH)
     columns = suspicious[ks]
-    found = _compare.Refined(estimate, error, settled, kink, right, left, jump, chosen, sides_error).at((rows, ks))
+    found = found.at((rows, ks))
     status[rows, columns], reported = _compare.classify(a[rows, columns], found, atol, rtol)
     one_sided = {(int(row), int(column)): (float(left), float(right))
                  for row, column, left, right in zip(rows[reported], columns[reported], found.left[reported],
                                                      found.right[reported])}
     return status, band, one_sided
+
+
+def _ladder(jac: _Jacobians, position: int, columns: np.ndarray, a, tolerances) -> _compare.Refined:
+    """The suspicious ``columns`` down the shared ladder (``descend``): h ... h/4**REFINE_LEVELS, then,
+    for a column with a mismatch not settled and confirmed (``_confirmed``) or a step outside f's domain,
+    h ... h/4**DEEP_LEVELS -- h/4**EDGE_LEVELS where every step so far left f's domain (log at 3e-9: only
+    steps below 3e-9 stay inside); a mismatch still unconfirmed after the deep steps is unsettled."""
+    atol, rtol = tolerances
+
+    def mismatch(found: _compare.Refined, selection) -> np.ndarray:
+        return _compare.verdicts(a[:, selection], found.estimate, found.error, atol, rtol, bands=False)[0] \
+            == _compare.MISMATCH
+
+    def confirm(selection: np.ndarray, found: _compare.Refined) -> np.ndarray:
+        return _confirmed(jac, position, columns[selection], a[:, selection], found.estimate, found.error,
+                          found.chosen, mismatch(found, selection) & found.settled)
+
+    def still_open(found: _compare.Refined) -> np.ndarray:
+        status = _compare.verdicts(a, found.estimate, found.error, atol, rtol, bands=False)[0]
+        return np.any(((status == _compare.MISMATCH) & ~(found.settled & ~found.jump))
+                      | (status == _compare.NUMERICAL_NONFINITE), axis=0)
+
+    def deeper(found: _compare.Refined, selection: np.ndarray) -> range:
+        outside = np.any(~np.isfinite(found.estimate[:, selection]))
+        return range(0, (EDGE_LEVELS if outside else DEEP_LEVELS) + 1)
+
+    return descend(jac.ladder(position, columns), len(columns), range(0, REFINE_LEVELS + 1), still_open,
+                           deeper, confirm)
+
+
+class _Quarter(NamedTuple):
+    """The suspicious columns at step h/4 (``_triage``): the steps [k], quotients, sides, second
+    differences [m, k], spans [k], and the first sweep's mismatch |a - n| [m, k]."""
+
+    delta: np.ndarray
+    quotient: np.ndarray
+    plus: np.ndarray
+    minus: np.ndarray
+    curvature: np.ndarray
+    spans: np.ndarray
+    mismatch: np.ndarray
+
+
+def _triage(jac: _Jacobians, position: int, suspicious, a, first, first_noise, failing, atol: float) -> np.ndarray:
+    """[k] whether each suspicious column is doubtful: not settled by the triage at h/4.
+
+    A column is settled there when, at every failing element, the h/4 quotient is ``_conclusive``,
+    it holds at h/4 x 0.618 (``_golden_holds``) and at the finest step whose rounding stays below an
+    eighth of the mismatch (``_finest_holds``); the others go down the ladder.
+    """
+    delta = steps(jac.plan, jac.config, position)[suspicious] / REFINE_RATIO
+    quotient, plus, minus, spans = numerical_columns(jac.executor, position, suspicious, delta)
+    with np.errstate(invalid="ignore", over="ignore"):
+        mismatch = np.abs(a - first)
+    quarter = _Quarter(delta, quotient, plus, minus, _curvature(plus, minus, jac.y0), spans, mismatch)
+    conclusive = _conclusive(quarter, first, first_noise, atol)
+    # A conclusive mismatch must also hold at an independent step (h/4 times the golden
+    # ratio): a step near a multiple of a period of f makes quotients agree by coincidence.
+    decided = np.any(failing & conclusive, axis=0)
+    if decided.any():
+        conclusive[:, decided] &= _golden_holds(jac, position, suspicious[decided], _at(quarter, decided))
+    decided = np.any(failing & conclusive, axis=0)
+    if decided.any():
+        conclusive[:, decided] &= _finest_holds(jac, position, suspicious[decided], _at(quarter, decided),
+                                                conclusive[:, decided])
+    return np.any(failing & ~conclusive, axis=0)
+
+
+def _at(quarter: _Quarter, columns) -> _Quarter:
+    """``quarter`` at some of its columns."""
+    return _Quarter(*(field[columns] if field.ndim == 1 else field[:, columns] for field in quarter))
+
+
+def _curvature(plus: np.ndarray, minus: np.ndarray, y0: np.ndarray) -> np.ndarray:
+    """Second differences |f(x+h) + f(x-h) - 2 f(x)| [m, k]: ~h^2 f'' where f is smooth on the step."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.abs(plus + minus - 2 * y0[:, None])
+
+
+def _conclusive(quarter: _Quarter, first, first_noise, atol: float) -> np.ndarray:
+    """[m, k] whether the h/4 quotient settles the first sweep's value: it barely moves (by at most
+    ``TRIAGE_MOVED`` of the mismatch and ``TRIAGE_DRIFT`` of itself, plus atol), its one-sided
+    derivatives agree (within ``TRIAGE_SIDES`` of the mismatch: no kink crossed), and the step is small
+    for f (its second-order term within ``TRIAGE_LOCAL`` of the first-order one, up to rounding:
+    otherwise, as for cos at 5e7 where the relative step spans periods, two steps can agree by
+    coincidence, and only smaller steps can tell)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        moved = np.abs(quarter.quotient - first)
+        sides = quarter.curvature / (quarter.spans[None, :] / 2)
+        local = (quarter.curvature <= TRIAGE_LOCAL * np.abs(quarter.plus - quarter.minus)
+                 + 2 * first_noise * quarter.spans[None, :])
+        return (np.isfinite(moved) & (moved <= TRIAGE_MOVED * quarter.mismatch)
+                & (moved <= TRIAGE_DRIFT * np.abs(first) + atol) & (sides <= TRIAGE_SIDES * quarter.mismatch) & local)
+
+
+def _golden_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter) -> np.ndarray:
+    """[m, k] whether the h/4 quotients of ``columns`` hold at the independent step h/4 x ``CONFIRM_RATIO``."""
+    other, plus, minus, spans = numerical_columns(jac.executor, position, columns, quarter.delta * CONFIRM_RATIO)
+    with np.errstate(invalid="ignore"):
+        slack = 2 * jac.noise(spans) * spans[None, :]
+    return _agrees_at_golden(quarter, other, _curvature(plus, minus, jac.y0), spans, slack)
+
+
+def _agrees_at_golden(quarter: _Quarter, other, other_curvature, other_spans, slack) -> np.ndarray:
+    """[m, k] whether the quotient at the golden step agrees with the h/4 one within ``CONFIRM_AGREES`` of it
+    (plus rounding), and its second difference with the h/4 one's scaled by h^2 within ``CONFIRM_CURVATURE``
+    (plus rounding ``slack``): at a step near a period of f the second difference is far off (cos h = 1
+    there, and nowhere near at the other step)."""
+    with np.errstate(invalid="ignore"):
+        expected = CONFIRM_RATIO**2 * quarter.curvature
+        return ((np.abs(other - quarter.quotient) <= CONFIRM_AGREES * np.abs(quarter.quotient) + slack / other_spans)
+                & (np.abs(other_curvature - expected) <= CONFIRM_CURVATURE * expected + 2 * slack))
+
+
+def _finest_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter, conclusive) -> np.ndarray:
+    """[m, k] whether the mismatches of ``columns`` hold at the finest step whose rounding stays below
+    1/``FINEST_ROUNDING`` of them (``_finest_powers``): a kink within that step of the point (a ReLU input
+    at 1e-8 in a fresh network) makes the derivative there differ from the one every coarser step agrees on."""
+    powers = _finest_powers(quarter.mismatch, conclusive, jac.noise(quarter.spans))
+    finest, *_ = numerical_columns(jac.executor, position, columns, quarter.delta / REFINE_RATIO**powers)
+    return _agrees_finest(finest, quarter, powers)
+
+
+def _finest_powers(mismatch, conclusive, quarter_noise) -> np.ndarray:
+    """[k] how many powers of ``REFINE_RATIO`` below h/4 the finest step lies: its rounding (growing by the
+    ratio per power) at most 1/``FINEST_ROUNDING`` of the smallest conclusive mismatch, 0 ... DEEP_LEVELS."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        room = np.nanmin(np.where(conclusive, mismatch, np.inf) / (FINEST_ROUNDING * quarter_noise), axis=0)
+    return np.clip(np.floor(np.log(np.maximum(room, 1.0)) / np.log(REFINE_RATIO)), 0, DEEP_LEVELS)
+
+
+def _agrees_finest(finest, quarter: _Quarter, powers) -> np.ndarray:
+    """[m, k] whether the finest step's quotient lies within ``FINEST_HOLDS`` of the mismatch of the h/4 one
+    (trivially where the finest step is h/4 itself)."""
+    with np.errstate(invalid="ignore"):
+        holds = np.abs(finest - quarter.quotient) <= FINEST_HOLDS * quarter.mismatch
+    return holds | (powers == 0)[None, :]
 
 
 def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:
@@ -512,7 +589,7 @@ def _confirmed(jac: _Jacobians, position: int, columns, a, estimate, error, chos
     with np.errstate(invalid="ignore"):
         curvature = np.abs(plus + minus - 2 * jac.y0[:, None])
         slack = 2 * jac.noise(spans) * spans[None, :]
-        agree = ((np.abs(other - estimate[:, check]) <= 0.1 * np.abs(estimate[:, check]) + 2 * (
+        agree = ((np.abs(other - estimate[:, check]) <= CONFIRM_AGREES * np.abs(estimate[:, check]) + 2 * (
             error[:, check] + other_error))
             & (curvature[:, half:] <= curvature[:, :half] / 4 + slack[:, :half] + slack[:, half:]))
     result[check] = np.all(agree | ~mismatch[:, check], axis=0)

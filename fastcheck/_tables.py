@@ -31,6 +31,19 @@ REFINE_LEVELS = 5  # failing columns (probes) re-evaluated at h/4 ... h/4**5
 DEEP_LEVELS = 12  # ... those still unsettled down to h/4**12
 EDGE_LEVELS = 20  # ... and h/4**20 where every step so far left f's domain (log at 1e-12)
 CONFIRM_RATIO = 0.6180339887  # an independent step (the golden ratio): a step near a period of f (cos at 5e7) agrees by chance
+CONFIRM_AGREES = 0.1  # ... whose estimate a confirmed one is within this share of itself (plus rounding): a coincidence is far off
+CONFIRM_CURVATURE = 0.5  # ... and whose second difference the h^2-scaled one within this share (cos h = 1 near a period)
+# Full mode's triage at h/4 (``_full._conclusive``): a mismatch is settled there without the ladder where the h/4
+# quotient moves by at most TRIAGE_MOVED of the mismatch and TRIAGE_DRIFT of itself, its one-sided quotients differ
+# by at most TRIAGE_SIDES of the mismatch (no kink crossed), and its second-order term is at most TRIAGE_LOCAL of the
+# first-order one (a step small for f); then it must hold at the finest step whose rounding is 1/FINEST_ROUNDING of
+# the mismatch, within FINEST_HOLDS of it (a ReLU input at 1e-8 of a fresh network: every coarser step agrees).
+TRIAGE_MOVED = 0.01
+TRIAGE_DRIFT = 0.1
+TRIAGE_SIDES = 0.1
+TRIAGE_LOCAL = 0.1
+FINEST_ROUNDING = 8.0
+FINEST_HOLDS = 0.25
 # Steps averaged below a noisy pair, spread over [BELOW_LOW, 1] x the next step (a kink there moves both alike);
 # a noise bound is about BOUND_DEVIATIONS standard deviations of a central quotient (MEASURED_NOISE_FACTOR / sqrt 2).
 BELOW_POINTS = 8

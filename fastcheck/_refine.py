@@ -1,0 +1,98 @@
+"""The refinement driver: one step ladder for every mode.
+
+Every strategy refines what its first sweep failed the same way: the failing *directions*
+(full mode's columns, fast mode's probes, coloured mode's nonzeros through their colours)
+at steps h / REFINE_RATIO**p, p = 0 ... REFINE_LEVELS, judged by ``_compare.refine``; the
+directions a strategy still finds open after that (an unsettled mismatch, a step outside
+f's domain) again down to a deeper power; the deeper result replaces the first one there.
+``descend`` is that driver.  A strategy supplies only how it evaluates a selection of its
+directions at given powers (``Evaluate``: the levels, f at the point and f's noise) and what
+"open" means for it; it reads the estimates off the ``Refined`` it gets back.
+
+Why a module of its own: ``_compare`` is the rule on arrays that exist (the element verdicts,
+``refine`` over levels), pure and without callbacks; the driver calls back into the
+strategies' evaluations, which is the one place where the modes meet the rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from fastcheck import _compare
+from fastcheck._tables import REFINE_RATIO
+
+
+class Rungs(NamedTuple):
+    """A strategy's evaluation of some directions: ``_compare.refine``'s levels (one per power, coarsest
+    first: (derivative [m, k], noise [m, k], plus [m, k] or None, minus, span [k])), f at the point as
+    ``refine`` subtracts it, and f's measured noise (or None) for its quantum test."""
+
+    levels: list
+    y0: np.ndarray
+    sigma: np.ndarray | None
+
+
+# (selection: indices of the directions [k'], powers: steps h / REFINE_RATIO**p) -> their rungs [m, k'].
+Evaluate = Callable[[np.ndarray, Sequence[int]], Rungs]
+# (the Refined of all directions) -> [k] whether each direction still needs deeper steps.
+StillOpen = Callable[[_compare.Refined], np.ndarray]
+# (selection, the Refined of those directions) -> [k'] whether each one's settled estimates stand.
+Confirm = Callable[[np.ndarray, _compare.Refined], np.ndarray]
+# (the first Refined, the open directions) -> the deeper ladder's powers.
+Deeper = Callable[[_compare.Refined, np.ndarray], Sequence[int]]
+
+
+def descend(evaluate: Evaluate, count: int, powers: Sequence[int], still_open: StillOpen | None = None,
+            deeper: Sequence[int] | Deeper = (), confirm: Confirm | None = None) -> _compare.Refined:
+    """Refine ``count`` directions on the ladder ``powers``, then the open ones on ``deeper``.
+
+    Args:
+        evaluate: the strategy's evaluation of a selection of directions at given powers.
+        count: how many directions there are (the selections index them).
+        powers: the first ladder's powers, coarsest first (h / REFINE_RATIO**p each).
+        still_open: which directions go down the deeper ladder after the first; None: none do.
+        deeper: the deeper ladder's powers (or a function of the first result and the open
+            directions giving them).  Powers of the first ladder coarser than all of them are
+            taken over from it, not evaluated again; the rest are evaluated.
+        confirm: a check of the settled estimates after each ladder (full mode's independent
+            step): a direction it rejects keeps its estimates, unsettled.
+
+    Returns:
+        The ``Refined`` [m, count] of every direction: the deeper ladder's where a direction went
+        down it, the first ladder's elsewhere.
+    """
+    everything = np.arange(count)
+    rungs = evaluate(everything, powers)
+    found = _settle(rungs, everything, confirm)
+    if still_open is None:
+        return found
+    selection = np.flatnonzero(still_open(found))
+    if not len(selection):
+        return found
+    steps = list(deeper(found, selection) if callable(deeper) else deeper)
+    kept = [_restricted(level, selection) for power, level in zip(powers, rungs.levels) if power < min(steps)]
+    fresh = evaluate(selection, steps)
+    again = _settle(fresh._replace(levels=[*kept, *fresh.levels]), selection, confirm)
+    return merged(found, selection, again)
+
+
+def merged(found: _compare.Refined, selection: np.ndarray, deeper: _compare.Refined) -> _compare.Refined:
+    """``found`` with the directions ``selection`` (its last axis) replaced by ``deeper``'s, in place."""
+    for target, value in zip(found, deeper):
+        target[..., selection] = value
+    return found
+
+
+def _settle(rungs: Rungs, selection: np.ndarray, confirm: Confirm | None) -> _compare.Refined:
+    found = _compare.refine(rungs.levels, rungs.y0, REFINE_RATIO, rungs.sigma)
+    if confirm is None:
+        return found
+    return found._replace(settled=found.settled & confirm(selection, found)[None, :])
+
+
+def _restricted(level: tuple, selection: np.ndarray) -> tuple:
+    """A level's arrays at the directions ``selection`` (its last axis)."""
+    return tuple(None if array is None else array[..., selection] for array in level)
