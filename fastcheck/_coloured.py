@@ -46,9 +46,7 @@ from fastcheck._precision import Noise, measure_noise
 from fastcheck._report import Element, GradientCheckError, Outcome, PairReport, _index, _num, kernel_failure
 from fastcheck._tables import (
     DEEP_LEVELS,
-    DENSE_REPORT_ENTRIES,
     MEASURED_NOISE_FACTOR,
-    NOISE_ALL,
     NOISE_FACTOR,
     NOISE_SAMPLE,
     PATTERN_MARGIN,
@@ -1093,7 +1091,8 @@ _COUNTS = (("mismatches", _compare.MISMATCH), ("analytical_nonfinite", _compare.
            ("kinks_unresolved", _compare.UNRESOLVED_KINK))
 
 
-def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str) -> list:
+def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str, dense_entries: int) -> list:
+    """The pairs' reports: dense up to ``dense_entries`` entries (``DENSE_REPORT_ENTRIES``), sparse beyond."""
     pairs = []
     for block in blocks:
         spec, pattern = block.spec, block.pattern
@@ -1106,7 +1105,7 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str)
             name = output_name or output.name
             one_sided = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
             pair: PairReport
-            if output.size * spec.size <= DENSE_REPORT_ENTRIES:
+            if output.size * spec.size <= dense_entries:
                 rows, cols, analytical, numerical, band = block.materialise(lo, hi)
                 rows = rows - output.offset
                 status = block.status[lo:hi]
@@ -1304,7 +1303,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
                 block.refine(plan, atol, rtol)
     side = "supplied" if supplied is not None else "reverse"
     with timed(timings, "report"):
-        pairs = _pairs(plan, blocks, atol, rtol, output_name, side)
+        pairs = _pairs(plan, blocks, atol, rtol, output_name, side, config.table("DENSE_REPORT_ENTRIES"))
     notes = [f"coloured mode: sparsity pattern {source}; "
              + "; ".join(f"{b.spec.name}: {b.pattern.nnz} structural nonzeros of {b.pattern.shape[0]} x "
                          f"{b.pattern.shape[1]}, {_counted(b.columns.colours, 'column colour')}" for b in blocks)
@@ -1360,7 +1359,7 @@ def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tupl
     """
     m = plan.m
     failing = np.unique(np.concatenate([b.pattern.at(np.flatnonzero(b.status))[0] for b in blocks]))
-    if m <= NOISE_ALL:
+    if m <= executor.config.table("NOISE_ALL"):
         return measured(executor, plan, _noise_line(blocks)), ""
     rng = np.random.default_rng(executor.config.seed + 4099)
     rows = np.union1d(failing, rng.choice(m, size=min(NOISE_SAMPLE, m), replace=False))
