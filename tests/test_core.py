@@ -708,15 +708,11 @@ def test_seeded_random_ops_never_run_under_xla(jit_compile):
 
 
 def test_convolutions_run_without_xla_on_cpu():
-    from fastcheck import _config, _paths, _plan
-
     kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)))
     f = lambda x: tf.tanh(tf.nn.conv2d(x, kernel, 1, "SAME"))  # noqa: E731
     x = tf.constant(RNG.normal(size=(1, 32, 32, 4)))
-    config = _config.CheckConfig(device="/CPU:0")
-    route = _paths.choose_route(_plan.build_plan(f, [x], config), config)
+    route = _route(f, x, device="/CPU:0")
     assert route.path == "graph" and "Conv2D" in route.reason
     # The same work without a convolution goes to XLA.
-    dense = _paths.choose_route(_plan.build_plan(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64), [x], config),
-                                config)
+    dense = _route(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64), x, device="/CPU:0")
     assert dense.path == "xla", dense.reason
