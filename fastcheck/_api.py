@@ -16,7 +16,7 @@ from fastcheck._report import GradientCheckError, GradientReport
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
                     memory_budget=None, device=None, precision="auto", mode="auto", probes=4, seed=0,
                     order=1, progress=None, autodiff="auto", wrt=None, time_budget=None,
-                    sparsity=None, strategy=None, devices=None) -> GradientReport:
+                    sparsity=None, strategy=None, devices=None, calibration=None, tables=None) -> GradientReport:
     """Compare autodiff Jacobians of ``f`` with batched central differences.
 
     Every floating or complex input is checked (complex ones as (real, imag)
@@ -84,6 +84,19 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         raise ``memory_budget`` to give devices with their own memory more.
       devices: shorthand for ``strategy=tf.distribute.MirroredStrategy(devices)``,
         e.g. ``["/GPU:0", "/GPU:1"]``.
+      calibration: routing's measured costs (``fastcheck.testing.Calibration``: this
+        machine's dispatch time and cache, whether a kernel was traced, how long
+        earlier checks took against their predictions), which pick the eager or
+        traced path and ``mode="auto"``'s time prediction.  None (default): the
+        process's shared calibration, which learns from every check that uses it.
+        Given one, the check routes by it and leaves the shared one alone; what it
+        learnt is ``report.calibration`` (pass that to the next check).
+      tables: overrides of fastcheck's tunables (``fastcheck/_tables.py``) by name,
+        for this check: ``NOISE_ALL`` (coloured mode measures f's noise on every
+        output up to this many), ``DENSE_REPORT_ENTRIES`` (coloured pairs up to
+        this many entries are reported dense), ``FULL_BYTES_PER_ENTRY`` and
+        ``HELD_MEMORY_FLOOR`` (the memory full Jacobians need, and the least a
+        check may hold); e.g. ``tables={"NOISE_ALL": 1000}``.
 
     Returns:
       A ``GradientReport``; ``bool(report)`` tells whether every element passed.
@@ -105,7 +118,8 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       True
     """
     config = CheckConfig(eps, atol, rtol, jit_compile, memory_budget, device, precision, mode, probes, seed, order,
-                         progress, autodiff, time_budget, sparsity, strategy=strategy, devices=devices)
+                         progress, autodiff, time_budget, sparsity, strategy=strategy, devices=devices,
+                         calibration=calibration, tables=tables)
     return run_check(function_problem(f, inputs, config, wrt), config)
 
 

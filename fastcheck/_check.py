@@ -33,8 +33,13 @@ OBSERVERS: list[Callable[[GradientReport], None]] = []
 
 @passes_own  # the user's own exception, raised by f after planning, leaves as itself
 def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
-    """Check one problem under one configuration; every observer sees the report."""
+    """Check one problem under one configuration; every observer sees the report.
+
+    The check routes by ``config.calibration``, or the process's shared calibration when it is
+    None; what it learnt is ``report.calibration``, and becomes the shared one in the second case.
+    """
     report = _run_check(problem, config)
+    _keep(config, report.calibration)
     for observe in list(OBSERVERS):
         observe(report)
     return report
@@ -49,7 +54,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         if plan.nondeterministic:
             problems = [plan.nondeterministic, *([problem.if_random] if problem.if_random else [])]
             return GradientReport([], "none", "-", time.perf_counter() - start, [*plan.notes, *problem.notes],
-                                  problems, problem.title, timings)
+                                  problems, problem.title, timings, calibration=_received(config))
         if plan.empty:
             return _nothing_to_check(plan, problem, config, time.perf_counter() - start, timings)
         if config.mode == "full":
@@ -62,12 +67,13 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
 
         if config.mode == "coloured":
             _require_coloured_memory(sparse, config)
-        mode, why = choose_mode(plan, config, executor.route, lambda: _traced_call_seconds(executor), sparse)
+        mode, why = choose_mode(plan, config, executor.route, executor.calibration,
+                                lambda: _traced_call_seconds(executor), sparse)
         outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
         inconsistent, rerun = list(outcome.inconsistent), False
         if (inconsistent and plan.m * plan.n <= FULL_RERUN_MAX_ENTRIES
-                and FULL_BYTES_PER_ENTRY * plan.m * plan.n <= _memory_limit(config)[0]
-                and predict_full_seconds(plan, executor.route, config.seconds,
+                and config.table("FULL_BYTES_PER_ENTRY") * plan.m * plan.n <= _memory_limit(config)[0]
+                and predict_full_seconds(plan, executor.route, executor.calibration, config.seconds,
                                          lambda: _traced_call_seconds(executor))[0] <= config.seconds):
             # The reverse-mode gradient is not what its row colours' VJPs said: coloured mode cannot
             # name the wrong elements, full mode can (its Jacobians fit memory and time_budget).
@@ -77,18 +83,19 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             mode, inconsistent, rerun = "full", [], True
             outcome = check_full(executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
+        learnt = executor.calibration
         if mode == "full" and not rerun and not executor.memo.get("elementwise"):
-            # What routing predicted, against what it cost: later checks in this process route by it
-            # (not an element-wise f's few calls, which say nothing of an eager loop's 2n + m).
-            _paths.CALIBRATION.learn_from(executor.chosen, executor.path,
-                                          sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
+            # What routing predicted, against what it cost: later checks route by it (not an
+            # element-wise f's few calls, which say nothing of an eager loop's 2n + m).
+            learnt = learnt.learn_from(executor.chosen, executor.path,
+                                       sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
         notes = run_notes(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
         kind = mode if mode in ("fast", "coloured") else problem.kind or outcome.kind
         return GradientReport(outcome.pairs, executor.path, kind, time.perf_counter() - start,
                               notes, problems, problem.title, timings,
-                              [*vacuous_warnings(outcome.pairs), *outcome.warnings])
+                              [*vacuous_warnings(outcome.pairs), *outcome.warnings], calibration=learnt)
 
 
 def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.ndarray | None]]:
@@ -111,6 +118,7 @@ def jacobian_blocks(problem: Problem, config: CheckConfig, sides: tuple[str, ...
             by_input = {s.position: b for s, b in zip(plan.checked, blocks)}
             found[side] = [[by_input[s.position][o.offset : o.offset + o.size] if s.position in by_input else None
                             for s in plan.inputs] for o in plan.outputs]
+        _keep(config, executor.calibration)
         return found
 
 
@@ -132,7 +140,7 @@ def _nothing_to_check(plan: Plan, problem: Problem, config: CheckConfig, seconds
     note = (f"nothing to check: {empty} no elements, so the Jacobian has no entries "
             f"({plan.m} output x {plan.n} input elements); the check passes vacuously")
     return GradientReport(pairs, "none", "-", seconds, [*plan.notes, *problem.notes, note], [], problem.title,
-                          timings)
+                          timings, calibration=_received(config))
 
 
 def _empty_parts(plan: Plan) -> list[str]:
@@ -143,7 +151,20 @@ def _empty_parts(plan: Plan) -> list[str]:
 
 def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:
     with timed(timings, "route"):
-        return Executor(plan, config, choose_route(plan, config))
+        route, calibration = choose_route(plan, config, _received(config))
+        return Executor(plan, config, route, calibration)
+
+
+def _received(config: CheckConfig) -> _paths.Calibration:
+    """The calibration a check routes by: ``config.calibration``, else the process's shared one."""
+    return _paths.shared_calibration() if config.calibration is None else config.calibration
+
+
+def _keep(config: CheckConfig, learnt: _paths.Calibration | None) -> None:
+    """What a check that routed by the process's shared calibration learnt becomes the shared one
+    (the one place it changes); a check given its own leaves the shared one as it was."""
+    if config.calibration is None and learnt is not None:
+        _paths.keep_shared(learnt)
 
 
 # mode="auto" runs full Jacobians up to these sizes (elements of one Jacobian
@@ -165,11 +186,12 @@ BATCHED_FLOPS = 3e10
 BATCHED_ELEMENTS = 2e9
 
 
-def predict_full_seconds(plan: Plan, route: Route, budget: float, call_seconds) -> tuple[float, str]:
+def predict_full_seconds(plan: Plan, route: Route, calibration: _paths.Calibration, budget: float,
+                         call_seconds) -> tuple[float, str]:
     """(seconds, how) a full check of ``plan`` on ``route`` is predicted to take after routing.
 
     Eager path: routing's prediction of the eager loop (2n + a few calls of f at f's
-    measured eager call, corrected by what this process's eager checks took).  Traced
+    measured eager call, corrected by what earlier eager checks took: ``calibration``).  Traced
     paths: one kernel per checked input (one for all of them where routing batches them
     together, ``Route.joint_chunk``) plus the autodiff kernel, each costing what
     routing predicts for tracing one (from f's measured eager call and this process's
@@ -177,7 +199,7 @@ def predict_full_seconds(plan: Plan, route: Route, budget: float, call_seconds) 
     rows) at the cost above, with ``call_seconds()`` measuring one call of f's traced
     function -- only when the tracing alone fits ``budget``.
     """
-    eager, traced = _paths.CALIBRATION.predict(plan)
+    eager, traced = calibration.predict(plan)
     if route.path == EAGER:
         return eager, f"an eager loop of {2 * plan.n} calls of f at {plan.call_seconds * 1e3:.2g} ms"
     kernels = (1 if route.joint_chunk else len(plan.checked)) + 1  # differences (one for all inputs, or one each), autodiff
@@ -198,7 +220,8 @@ TIME_RULE_MIN_INPUTS = 16
 TIME_RULE_MIN_ELEMENTS = 20_000
 
 
-def choose_mode(plan: Plan, config: CheckConfig, route: Route, call_seconds, sparse=None) -> tuple[str, str]:
+def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _paths.Calibration, call_seconds,
+                sparse=None) -> tuple[str, str]:
     """("full" | "coloured" | "fast", why) for ``config.mode``.
 
     ``mode="auto"``: full Jacobians when they fit memory_budget, every input has at
@@ -220,7 +243,7 @@ def choose_mode(plan: Plan, config: CheckConfig, route: Route, call_seconds, spa
                             plan, config, route, call_seconds, sparse)
     if len(plan.checked) <= TIME_RULE_MIN_INPUTS and plan.n <= TIME_RULE_MIN_ELEMENTS:
         return "full", f"the full Jacobian ({entries:.3g} entries) fits memory_budget"
-    seconds, how = predict_full_seconds(plan, route, config.seconds, call_seconds)
+    seconds, how = predict_full_seconds(plan, route, calibration, config.seconds, call_seconds)
     if seconds > config.seconds:
         return _beyond_full(f"full Jacobians predicted to take {seconds:.3g} s ({how}), more than time_budget="
                             f"{config.seconds:g} s; pass mode='full' to run them anyway, or a larger time_budget",
@@ -289,7 +312,7 @@ def _traced_call_seconds(executor: Executor) -> float:
 def _require_memory(plan: Plan, config: CheckConfig) -> None:
     """mode='full' refuses a check whose Jacobians would not fit the memory it may hold."""
     entries = plan.m * plan.n
-    needed = FULL_BYTES_PER_ENTRY * entries
+    needed = config.table("FULL_BYTES_PER_ENTRY") * entries
     limit, what = _memory_limit(config)
     if needed > limit:
         raise ValueError(
@@ -317,9 +340,6 @@ def _require_coloured_memory(sparse, config: CheckConfig) -> None:
         )
 
 
-# Peak host memory of a full check per Jacobian entry: numerical, analytical, noise and
-# band (float64), f(x+h) and f(x-h) of the sweep (float64), the status (int8).
-FULL_BYTES_PER_ENTRY = 49
 # Coloured mode's full rerun (element verdicts for a reverse-mode gradient off the pattern) up to
 # this many Jacobian entries (a noisy f's full check at 67M entries, a bfloat16 conv 32x32x8, takes
 # ~50 s and ~4 GB); beyond, the pair fails with the probe's text.
@@ -327,10 +347,11 @@ FULL_RERUN_MAX_ENTRIES = 1 << 23
 
 
 def _memory_limit(config: CheckConfig) -> tuple[int, str]:
-    """The bytes a full check may hold: the larger of memory_budget and 4 GiB, but never more
+    """The bytes a full check may hold: the larger of memory_budget and HELD_MEMORY_FLOOR (4 GiB), but never more
     than the memory this machine has free (the full Jacobians are not the batched
     evaluations memory_budget sizes, so the budget alone would forbid common checks)."""
-    limit, what = max(config.budget, 4 << 30), "the larger of memory_budget and 4 GiB"
+    floor = int(config.table("HELD_MEMORY_FLOOR"))
+    limit, what = max(config.budget, floor), f"the larger of memory_budget and {floor / 2**30:.3g} GiB"
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not Linux: no reading

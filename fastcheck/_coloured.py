@@ -47,9 +47,7 @@ from fastcheck._refine import Evaluate, Rungs, descend
 from fastcheck._report import Dense, GradientCheckError, Nonzeros, Outcome, PairReport, _having, _index, kernel_failure
 from fastcheck._tables import (
     DEEP_LEVELS,
-    DENSE_REPORT_ENTRIES,
     MEASURED_NOISE_FACTOR,
-    NOISE_ALL,
     NOISE_FACTOR,
     NOISE_SAMPLE,
     PATTERN_MARGIN,
@@ -867,8 +865,10 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
 # -- the report -------------------------------------------------------------------------------------
 
 
-def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str) -> list[PairReport]:
-    """One ``PairReport`` per (output, input): over ``Dense`` arrays up to ``DENSE_REPORT_ENTRIES`` entries (zeros
+def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str,
+           dense_entries: int) -> list[PairReport]:
+    """One ``PairReport`` per (output, input): over ``Dense`` arrays up to ``dense_entries`` entries (the
+    ``DENSE_REPORT_ENTRIES`` table entry; zeros
     outside the pattern), else over the block's ``Nonzeros``, read off its compressed arrays."""
     pairs = []
     for block in blocks:
@@ -881,7 +881,7 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str)
                       (int(pattern.indptr[output.offset]), int(pattern.indptr[output.offset + output.size])))
             one_sided: dict = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
             storage: Dense | Nonzeros
-            if output.size * spec.size <= DENSE_REPORT_ENTRIES:
+            if output.size * spec.size <= dense_entries:
                 rows, cols, analytical, numerical, band = block.materialise(lo, hi)
                 rows = rows - output.offset
                 status = block.status[lo:hi]
@@ -1077,7 +1077,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
                 block.refine(plan, atol, rtol)
     side = "supplied" if supplied is not None else "reverse"
     with timed(timings, "report"):
-        pairs = _pairs(plan, blocks, atol, rtol, output_name, side)
+        pairs = _pairs(plan, blocks, atol, rtol, output_name, side, config.table("DENSE_REPORT_ENTRIES"))
     notes = [f"coloured mode: sparsity pattern {source}; "
              + "; ".join(f"{b.spec.name}: {b.pattern.nnz} structural nonzeros of {b.pattern.shape[0]} x "
                          f"{b.pattern.shape[1]}, {_counted(b.columns.colours, 'column colour')}" for b in blocks)
@@ -1133,7 +1133,7 @@ def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tupl
     """
     m = plan.m
     failing = np.unique(np.concatenate([b.pattern.at(np.flatnonzero(b.status))[0] for b in blocks]))
-    if m <= NOISE_ALL:
+    if m <= executor.config.table("NOISE_ALL"):
         return measured(executor, plan, _noise_line(blocks)), ""
     rng = np.random.default_rng(executor.config.seed + 4099)
     rows = np.union1d(failing, rng.choice(m, size=min(NOISE_SAMPLE, m), replace=False))

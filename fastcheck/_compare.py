@@ -150,7 +150,7 @@ class RankOne:
 
 
 def verdicts(analytical: np.ndarray, numerical: np.ndarray, noise, atol: float, rtol: float, out=None,
-             bands: bool = True):
+             bands: bool = True, block: int = VERDICT_BLOCK):
     """Status per element (OK / MISMATCH / ...NONFINITE) and the band each element had to meet
     (None without ``bands``).
 
@@ -159,12 +159,12 @@ def verdicts(analytical: np.ndarray, numerical: np.ndarray, noise, atol: float, 
     array costs its page faults again: 1.3 s at 67M entries on a 2-core VM).
 
     Jacobians of 10^7 entries are common, so the rule runs over blocks of rows
-    that fit in cache: one trip through memory instead of one per operation.
+    that fit in cache (``block`` elements): one trip through memory instead of one per operation.
     """
     status, band = out if out is not None else (np.empty(numerical.shape, np.int8),
                                                 np.empty(numerical.shape, np.float64) if bands else None)
     columns = numerical.shape[1] if numerical.ndim == 2 else 1
-    rows = max(1, VERDICT_BLOCK // max(1, columns))
+    rows = max(1, block // max(1, columns))
     for start in range(0, numerical.shape[0], rows):
         part = slice(start, start + rows)
         block_status, block_band = _block_verdicts(analytical[part], numerical[part], noise[part], atol, rtol)

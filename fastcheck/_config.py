@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from fastcheck import _tables
 from fastcheck._sparsity import given
 from fastcheck._tables import DEFAULT_TOLERANCES  # re-exported: the tolerance table users override
 
@@ -149,6 +150,34 @@ def validate_devices(devices) -> tuple[str, ...] | None:
     return names
 
 
+def _table_overrides(tables) -> tuple | None:
+    """``tables=`` as sorted (name, value) pairs; a ``TypeError`` / ``ValueError`` naming it."""
+    if tables is None:
+        return None
+    try:
+        pairs = dict(tables)
+    except (TypeError, ValueError):
+        raise TypeError(f"tables={tables!r} is not a mapping: pass a dict of tunables by name, e.g. "
+                        "{'NOISE_ALL': 1000}, or None.") from None
+    for name, value in pairs.items():
+        if name not in _tables.CONFIGURABLE:
+            raise ValueError(f"tables={pairs!r}: {name!r} is not a tunable a check reads from its options; "
+                             f"pass some of {', '.join(sorted(_tables.CONFIGURABLE))}.")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not np.isfinite(value) or value < 0:
+            raise ValueError(f"tables={pairs!r}: {name}={value!r} is not valid: pass a finite number >= 0 "
+                             f"(the default is {getattr(_tables, name)!r}).")
+    return tuple(sorted(pairs.items()))
+
+
+def _require_calibration(calibration) -> None:
+    from fastcheck._paths import Calibration  # routing's value (_paths reads this module)
+
+    if calibration is not None and not isinstance(calibration, Calibration):
+        raise TypeError(f"calibration={calibration!r} is not a Calibration: pass the report.calibration of an "
+                        "earlier check, fastcheck.testing.Calibration(), or None for the process's shared one.")
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckConfig:
     """Everything that decides how a check runs; frozen and hashable.
@@ -177,9 +206,17 @@ class CheckConfig:
     # or ``devices``: device names, a MirroredStrategy over them (stored as a tuple).
     strategy: Any = None
     devices: Any = None
+    # Routing's measured costs (a ``_paths.Calibration``); None: the process's shared one,
+    # which learns from every check that uses it.
+    calibration: Any = None
+    # Overrides of tunables in ``_tables`` by name (those in ``_tables.CONFIGURABLE``), stored
+    # as sorted (name, value) pairs; read through ``table``.
+    tables: Any = None
 
     def __post_init__(self):
         object.__setattr__(self, "sparsity", given(self.sparsity))
+        object.__setattr__(self, "tables", _table_overrides(self.tables))
+        _require_calibration(self.calibration)
         validate_strategy(self.strategy)
         object.__setattr__(self, "devices", validate_devices(self.devices))
         if self.strategy is not None and self.devices is not None:
@@ -252,6 +289,10 @@ class CheckConfig:
         """Relative step: ``eps``, else the cube root of the evaluations' relative noise
         (the machine epsilon of the evaluation dtype, or the measured noise when larger)."""
         return float(self.eps) if self.eps is not None else noise_epsilon ** (1.0 / 3.0)
+
+    def table(self, name: str):
+        """The tunable ``name`` of ``_tables``: the ``tables=`` override where given, else the table's value."""
+        return dict(self.tables or ()).get(name, getattr(_tables, name))
 
     def replace(self, **overrides) -> CheckConfig:
         return dataclasses.replace(self, **overrides)

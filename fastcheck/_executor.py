@@ -42,14 +42,15 @@ from fastcheck._paths import (
     GRAPH,
     LOOP,
     MEMORY_SAFETY,
+    Calibration,
     Progress,
     Route,
     cached,
     compile_kernel,
     is_compile_failure,
-    mark_traced,
     pad,
     plan_key,
+    shared_calibration,
 )
 from fastcheck._plan import Plan, _first_line, measure_precision, view
 from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
@@ -215,11 +216,13 @@ def _rows_kernel(plan: Plan, position: int, path: str, flat_function=None):
 class Executor:
     """Evaluates f in batches for one check; see the module docstring."""
 
-    def __init__(self, plan: Plan, config: CheckConfig, route: Route):
+    def __init__(self, plan: Plan, config: CheckConfig, route: Route, calibration: Calibration | None = None):
         # Kernels trace f as the route's probe did: with AutoGraph only when f needs it.
         plan = dataclasses.replace(plan, autograph=route.autograph) if route.autograph != plan.autograph else plan
         self.plan, self.config, self.route = plan, config, route
         self.chosen = route  # as routing chose it, before any fallback
+        # Routing's costs as this check found them (``_paths.Calibration``): what it returns.
+        self.calibration = shared_calibration() if calibration is None else calibration
         self.chunks = dict(route.chunks)  # input position -> perturbations per differences call
         itemsize = plan.eval_flat_dtype.size
         for spec in plan.checked:  # rows per fast-mode call
@@ -492,7 +495,7 @@ class Executor:
             return None
         if self.path == EAGER:
             groups = len(plan.checked) if len(plan.checked) <= SEPARATE_INPUTS else 1
-            calibration = _paths.CALIBRATION
+            calibration = self.calibration
             point_by_point = groups * NOISE_TABLES * 2 * NOISE_SIDE * plan.call_seconds * calibration.scale(EAGER)
             traced = calibration.tracing() + groups * NOISE_TABLES * plan.call_seconds
             if point_by_point <= LINE_MARGIN * traced:
@@ -515,7 +518,7 @@ class Executor:
                 moves.append(tf.constant(step.reshape(value.shape)))
             try:
                 if self.path == EAGER:
-                    mark_traced()
+                    self.calibration = self.calibration.after_trace()
                 out = view(kernel(self.values, tuple(moves), tf.constant(np.asarray(ts, np.float64))))
             except Exception:
                 if state["ran"]:

@@ -14,12 +14,14 @@ Paths, from fastest per element to cheapest to start:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import os
 import re
 import sys
 import time
+import typing
 import weakref
 
 import numpy as np
@@ -43,64 +45,94 @@ FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
 # dense n=256: 0.108 s traced as the first check in a process, 0.09 s after, 0.10 s
 # eager), whose eager dispatch of one small op takes REFERENCE_DISPATCH seconds.
 # An eager reverse-mode row costs about VJP_CALLS calls of f (tape walk, cotangent).  Both are Python-side work, so on
-# another machine they start scaled by its measured dispatch time; then
-# ``CALIBRATION`` corrects every prediction by what this process's checks actually
-# took (see ``Calibration``).
+# another machine they start scaled by its measured dispatch time; then the check's
+# ``Calibration`` corrects every prediction by what earlier checks actually took.
 TRACE_SECONDS = 0.08
 TRACE_CALLS = 40
 FIRST_TRACE_SECONDS = 0.05
 VJP_CALLS = 4
 REFERENCE_DISPATCH = 7.5e-6
-_traced = False  # whether this process has already traced a fastcheck kernel
 
 
+@functools.lru_cache(maxsize=1)
+def measured_dispatch() -> float:
+    """Seconds of one eager dispatch of a small op on this machine (measured once per process)."""
+    one = tf.constant(1.0)
+    tf.raw_ops.AddV2(x=one, y=one)  # the first call pays kernel lookup
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(20):
+            tf.raw_ops.AddV2(x=one, y=one)
+        times.append((time.perf_counter() - start) / 20)
+    return min(times)
+
+
+@dataclasses.dataclass(frozen=True)
 class Calibration:
-    """Routing costs of this process, measured rather than assumed.
+    """Routing's costs, measured rather than assumed, as a value.
 
-    ``dispatch`` is the eager dispatch time of one small op (measured once, on first
-    use). ``scale[path]`` is the geometric mean of actual/predicted seconds over the
-    last ``WINDOW`` checks that ran eagerly or traced, by which later predictions
-    are multiplied: a machine whose tracing is slower than the constants say routes
-    more checks eagerly, and the reverse.
+    A check receives one (``CheckConfig.calibration``; default: the process's shared one,
+    ``shared_calibration()``) and returns what it learnt as a new one
+    (``GradientReport.calibration``), which ``_check.run_check`` keeps as the shared one
+    when the check used it.
+
+    * ``dispatch``: the eager dispatch time of one small op (None: this machine's,
+      ``measured_dispatch``).
+    * ``cache``: bytes of the CPU's last-level cache (None: this machine's, ``cache_bytes``).
+    * ``traced``: whether a fastcheck kernel was traced before (the first trace in a
+      process pays TensorFlow's warm-up, FIRST_TRACE_SECONDS).
+    * ``eager_ratios``, ``traced_ratios``: actual/predicted seconds of the last ``WINDOW``
+      checks that ran eagerly or traced; their geometric mean (``scale``) multiplies later
+      predictions: a machine whose tracing is slower than the constants say routes more
+      checks eagerly, and the reverse.
     """
 
-    WINDOW = 8
+    dispatch: float | None = None
+    cache: int | None = None
+    traced: bool = False
+    eager_ratios: tuple[float, ...] = ()
+    traced_ratios: tuple[float, ...] = ()
 
-    def __init__(self):
-        self._dispatch: float | None = None
-        self.ratios: dict[str, list[float]] = {EAGER: [], "traced": []}
+    WINDOW: typing.ClassVar[int] = 8
 
     @property
-    def dispatch(self) -> float:
-        if self._dispatch is None:
-            one = tf.constant(1.0)
-            tf.raw_ops.AddV2(x=one, y=one)  # the first call pays kernel lookup
-            times = []
-            for _ in range(5):
-                start = time.perf_counter()
-                for _ in range(20):
-                    tf.raw_ops.AddV2(x=one, y=one)
-                times.append((time.perf_counter() - start) / 20)
-            self._dispatch = min(times)
-        return self._dispatch
+    def dispatch_seconds(self) -> float:
+        return measured_dispatch() if self.dispatch is None else self.dispatch
+
+    @property
+    def cache_size(self) -> int:
+        return cache_bytes() if self.cache is None else self.cache
+
+    def ratios(self, kind: str) -> tuple[float, ...]:
+        return self.eager_ratios if kind == EAGER else self.traced_ratios
 
     def scale(self, kind: str) -> float:
-        ratios = self.ratios[kind]
+        ratios = self.ratios(kind)
         return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
 
-    def learn(self, kind: str, predicted: float, actual: float) -> None:
-        if predicted > 0 and actual > 0:
-            self.ratios[kind] = [*self.ratios[kind], actual / predicted][-self.WINDOW :]
+    def learn(self, kind: str, predicted: float, actual: float) -> Calibration:
+        """This calibration with ``actual / predicted`` seconds of a ``kind`` ("eager", "traced") check learnt."""
+        if not (predicted > 0 and actual > 0):
+            return self
+        ratios = (*self.ratios(kind), actual / predicted)[-self.WINDOW :]
+        if kind == EAGER:
+            return dataclasses.replace(self, eager_ratios=ratios)
+        return dataclasses.replace(self, traced_ratios=ratios)
+
+    def after_trace(self) -> Calibration:
+        """This calibration once a kernel has been traced in the process."""
+        return self if self.traced else dataclasses.replace(self, traced=True)
 
     def predict(self, plan: Plan) -> tuple[float, float]:
-        """(eager loop, traced) seconds predicted for a full check of ``plan`` in this process."""
+        """(eager loop, traced) seconds predicted for a full check of ``plan``."""
         passes = 1 if plan.m == 1 else min(plan.n, plan.m)
         eager = (2 * plan.n + VJP_CALLS * passes + 1) * plan.call_seconds
         traced = self.tracing() + TRACE_CALLS * plan.call_seconds * self.scale("traced")
         return eager * self.scale(EAGER), traced
 
     def tracing(self) -> float:
-        """Seconds predicted for tracing a check's kernels in this process (its first trace pays TensorFlow's warm-up)."""
+        """Seconds predicted for tracing a check's kernels (the first trace in a process pays TensorFlow's warm-up)."""
         # Tracing is Python-side work, but it grows less than eager dispatch does: on an AMD EPYC
         # whose processes measured 14-33 us per dispatch (3.5x the reference at their median), the
         # first graph-path check of dense n=256 took 0.23-0.30 s whatever the process measured,
@@ -108,12 +140,11 @@ class Calibration:
         # 0.46-0.70 s, and dense n=512 ran eagerly in 0.76 s against 0.30 s traced.  Hence the
         # square root.  Clipped: one measurement under a momentary load must not make tracing
         # look 100x dearer.
-        machine = min(max((self.dispatch / REFERENCE_DISPATCH) ** 0.5, 0.5), 4.0)
-        return (TRACE_SECONDS + (0.0 if _traced else FIRST_TRACE_SECONDS)) * machine * self.scale("traced")
+        machine = min(max((self.dispatch_seconds / REFERENCE_DISPATCH) ** 0.5, 0.5), 4.0)
+        return (TRACE_SECONDS + (0.0 if self.traced else FIRST_TRACE_SECONDS)) * machine * self.scale("traced")
 
-
-    def learn_from(self, route: Route, path: str, seconds: float) -> None:
-        """Learn from a finished check: ``seconds`` spent on routing and both Jacobians on ``path``.
+    def learn_from(self, route: Route, path: str, seconds: float) -> Calibration:
+        """This calibration after a finished check: ``seconds`` spent on routing and both Jacobians on ``path``.
 
         An eager check teaches only when its predicted loop is long enough (EAGER_LEARN_SECONDS)
         for the calls of f to dominate: a check of a few calls costs a few milliseconds of
@@ -126,18 +157,44 @@ class Calibration:
         """
         eager, traced = route.predicted
         if not eager or not traced or path != route.path:
-            return  # not predicted (jit_compile given), or a fallback changed the path
+            return self  # not predicted (jit_compile given), or a fallback changed the path
         # Ratios are against the uncorrected prediction, so the correction settles instead of drifting.
         if path == EAGER:
             if eager >= EAGER_LEARN_SECONDS * self.scale(EAGER):
-                self.learn(EAGER, eager / self.scale(EAGER), seconds)
+                return self.learn(EAGER, eager / self.scale(EAGER), seconds)
         elif max(eager, traced) < CLOSE_CALL * min(eager, traced):
-            self.learn("traced", traced / self.scale("traced"), seconds)
+            return self.learn("traced", traced / self.scale("traced"), seconds)
+        return self
 
 
 CLOSE_CALL = 4.0
 EAGER_LEARN_SECONDS = 0.02
-CALIBRATION = Calibration()
+# The process's calibration: what its checks learnt, for the checks that follow (the module-level
+# default of ``CheckConfig.calibration``); only ``keep_shared`` replaces it.
+_shared = Calibration()
+
+
+def shared_calibration() -> Calibration:
+    """The process's calibration: what the checks that used it learnt."""
+    return _shared
+
+
+def keep_shared(calibration: Calibration) -> None:
+    """Make ``calibration`` the process's (``_check`` calls this once per check that used the shared one)."""
+    global _shared
+    _shared = calibration
+
+
+@contextlib.contextmanager
+def routing_calibration(calibration: Calibration | None = None):
+    """Within the block, checks without ``calibration=`` route by ``calibration`` (default: a fresh
+    ``Calibration()``) and learn into it; the process's own calibration is back after the block."""
+    before = _shared
+    keep_shared(Calibration() if calibration is None else calibration)
+    try:
+        yield
+    finally:
+        keep_shared(before)
 
 
 # Below this many element-evaluations of batched work, XLA's compile time
@@ -334,23 +391,21 @@ def cached(key: tuple, make):
     return value
 
 
-def mark_traced() -> None:
-    global _traced
-    _traced = True
-
-
 def is_cached(key: tuple) -> bool:
     return key in _cache
 
 
-def choose_route(plan: Plan, config: CheckConfig) -> Route:
+def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> tuple[Route, Calibration]:
+    """The route for ``plan``, predicted by ``calibration``, and the calibration after routing
+    (which traced f's probe, unless it chose the eager path for a small check)."""
     n, m = plan.n, plan.m
-    predicted_eager, predicted_traced = CALIBRATION.predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
+    predicted_eager, predicted_traced = calibration.predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
     if config.jit_compile == "auto" and predicted_eager < predicted_traced:
         return Route(EAGER, f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing {predicted_traced * 1e3:.0f} ms"
-                     + ("" if _traced else " (the first trace in this process)"),
-                     {s.position: s.size for s in plan.checked}, m, 0, predicted=(predicted_eager, predicted_traced))
-    mark_traced()
+                     + ("" if calibration.traced else " (the first trace in this process)"),
+                     {s.position: s.size for s in plan.checked}, m, 0,
+                     predicted=(predicted_eager, predicted_traced)), calibration
+    calibration = calibration.after_trace()
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
     except (Exception, Raised) as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly
@@ -361,7 +416,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         cause: BaseException = error.error if isinstance(error, Raised) else error
         first_line = (str(cause).strip().splitlines() or [""])[0][:120]
         return Route(EAGER, f"f cannot be traced ({type(cause).__name__}: {first_line}): evaluated eagerly",
-                     {s.position: s.size for s in plan.checked}, m, 0, traceable=False)
+                     {s.position: s.size for s in plan.checked}, m, 0, traceable=False), calibration
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.
@@ -370,7 +425,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     chunk_reason = "to fit memory_budget"
     # The working set of a call: f's shared data, and per perturbation its x+ and x- rows
     # with their intermediates (see MIN_CACHED_CHUNK).
-    cache = cache_bytes()
+    cache = calibration.cache_size
     cache_rows = (cache - probe.shared_bytes) // (2 * (plan.n + probe.written) * itemsize)
     memory_bound = probe.flops < MEMORY_BOUND_INTENSITY * elements
     if memory_bound or cache_rows >= MIN_CACHED_CHUNK:
@@ -405,10 +460,10 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         path, reason = XLA, f"batched work of {work:.2g} element-evaluations pays for XLA compilation"
     else:
         path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
-    traced_seconds = predicted_traced or CALIBRATION.predict(plan)[1]
+    traced_seconds = predicted_traced or calibration.predict(plan)[1]
     joint = joint_chunk(plan, path, chunk_rows, traced_seconds) if not (has_loops or op_types & JOINT_UNVECTORISED_OPS) else 0
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
-                 probe.autograph, (predicted_eager, predicted_traced), joint)
+                 probe.autograph, (predicted_eager, predicted_traced), joint), calibration
 
 
 # Full mode's differences run through one kernel for all checked inputs instead of one per

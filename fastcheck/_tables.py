@@ -123,3 +123,17 @@ VJP_PROBE_WEIGHTS = (-4.0, -2.0, -1.0, 1.0, 2.0, 4.0)  # the dense cotangent's v
 VJP_PROBE_ROUNDING = 64.0  # unit roundoffs of the native dtype per unit of sum_i |u_i a_ij|
 NOISE_SAMPLE = 512  # rows whose noise is measured besides the failing nonzeros' (f's relative noise as a whole)
 NOISE_ALL = 1 << 17  # up to this many outputs the noise is measured on all (the other modes' sigma, their verdicts)
+
+# -- the memory a check may hold (``_check``) --------------------------------------------------------
+# Full mode's peak host memory per Jacobian entry: numerical, analytical, noise and band (float64),
+# f(x+h) and f(x-h) of the sweep (float64), the status (int8).
+FULL_BYTES_PER_ENTRY = 49
+# The arrays a check holds (full Jacobians, coloured mode's per-nonzero arrays) may use the larger of
+# memory_budget (which sizes the batched evaluations) and this, never more than the free memory.
+HELD_MEMORY_FLOOR = 4 << 30
+
+# -- overridable per check ---------------------------------------------------------------------------
+# The tunables a check reads from its options (``CheckConfig.table``), so ``tables={name: value}``
+# overrides them for that check: for experiments with a threshold, and for tests that reach a branch
+# (coloured mode's sampled noise, its sparse report, a check too large to hold) on a small problem.
+CONFIGURABLE = frozenset({"NOISE_ALL", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR"})

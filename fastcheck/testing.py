@@ -9,6 +9,18 @@ Example (a test module)::
     class MyOpTest(GradientTestCase, tf.test.TestCase):
         def test_gradient(self):
             self.assertGradientsClose(my_op, np.random.default_rng(0).normal(size=(3, 4)))
+
+Routing (eager or traced path, and ``mode="auto"``'s time prediction) learns from the checks
+a process ran (``Calibration``).  A test suite whose tests must route alike whichever ran
+before gives each test a fresh calibration, e.g. with pytest::
+
+    @pytest.fixture(autouse=True)
+    def fresh_routing_calibration():
+        with fastcheck.testing.routing_calibration(fastcheck.testing.Calibration(traced=True)):
+            yield
+
+and a single check takes its own with ``calibration=`` (``Calibration(dispatch=7.5e-6)``: a
+machine with the reference dispatch time; ``Calibration(cache=8 << 20)``: an 8 MiB cache).
 """
 
 from __future__ import annotations
@@ -20,6 +32,9 @@ from typing import NoReturn
 import tensorflow as tf
 
 import fastcheck
+from fastcheck._paths import Calibration, routing_calibration
+
+__all__ = ["Calibration", "GradientTestCase", "routing_calibration"]
 
 _GRAPH_NOTE = (
     "fastcheck checked this eagerly beside the test's graph (in its own thread): f, the model and the data must not use "

@@ -34,14 +34,13 @@ def rng():
 
 
 @pytest.fixture(autouse=True)
-def fresh_routing_calibration(monkeypatch):
+def fresh_routing_calibration():
     """Each test routes as the first check of a process would (after the first trace): what
     earlier tests taught the process's calibration must not change a later test's path."""
-    from fastcheck import _paths
+    from fastcheck.testing import Calibration, routing_calibration
 
-    calibration = _paths.Calibration()
-    calibration._dispatch = _paths.CALIBRATION.dispatch  # measured once per worker
-    monkeypatch.setattr(_paths, "CALIBRATION", calibration)
+    with routing_calibration(Calibration(traced=True)):
+        yield
 
 
 @pytest.fixture

@@ -274,12 +274,10 @@ def _noisy(x):
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["correct", "one element wrong"])
-def test_noise_measured_on_a_sample_of_rows_gives_the_verdicts_of_measuring_every_row(wrong, monkeypatch):
+def test_noise_measured_on_a_sample_of_rows_gives_the_verdicts_of_measuring_every_row(wrong):
     # More outputs than NOISE_ALL (lowered here): the noise is measured on the failing rows plus a sample.
     # (This f is too quantised for any mode to pass it -- mode="full" fails it too --;
     # what is tested is that sampling changes the verdicts no more than the estimator's own spread.)
-    from fastcheck import _coloured
-
     n, index = 6000, 4321
     # Its own generator: under the module's RNG the draw depends on which tests ran before, and on some draws
     # (2 of 6 seeds, at 0284ef0 and since) the float16 rounding's kinks leave the planted element
@@ -296,11 +294,9 @@ def test_noise_measured_on_a_sample_of_rows_gives_the_verdicts_of_measuring_ever
 
             return y, grad
 
-    monkeypatch.setattr(_coloured, "NOISE_ALL", 1000)
-    sampled = fastcheck.check_gradients(f, x, mode="coloured")
+    sampled = fastcheck.check_gradients(f, x, mode="coloured", tables={"NOISE_ALL": 1000})
     assert any("sampled ones" in note for note in sampled.notes), sampled.notes
-    monkeypatch.setattr(_coloured, "NOISE_ALL", 10**9)
-    everything = fastcheck.check_gradients(f, x, mode="coloured")
+    everything = fastcheck.check_gradients(f, x, mode="coloured", tables={"NOISE_ALL": 10**9})
     assert not any("sampled ones" in note for note in everything.notes)
     # The noise of each output is estimated from random directions, drawn over the sub-vector
     # here: borderline elements of this hopeless f may flip either way, nothing more.
@@ -430,17 +426,15 @@ def _one_entry_wrong(f, row, col, delta):
 @pytest.mark.parametrize("report_kind", ["dense", "sparse"])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("name", ["layer_norm", "l2_normalize", "batch_normalization"])
-def test_one_wrong_entry_of_a_normalisation_is_located(name, dtype, report_kind, monkeypatch):
-    from fastcheck import _coloured
-
-    if report_kind == "sparse":  # the report reads values off the compressed arrays
-        monkeypatch.setattr(_coloured, "DENSE_REPORT_ENTRIES", 0)
+def test_one_wrong_entry_of_a_normalisation_is_located(name, dtype, report_kind):
+    # A sparse report reads values off the compressed arrays: every pair is one past 0 dense entries.
+    tables = {"DENSE_REPORT_ENTRIES": 0} if report_kind == "sparse" else None
     f, _ = NORMALISATIONS[name]
     # Its own data, not the module's RNG (whose draws depend on which tests ran before): about 1 draw
     # in 100 leaves float32 layer norm's defect entry unresolved (undecidable, not a pass).
     x = tf.constant(np.random.default_rng(11).normal(size=(32, 8)), dtype)
     row, col = (8 * 5 + 2, 8 * 5 + 6) if name != "batch_normalization" else (8 * 7 + 3, 8 * 20 + 3)
-    report = fastcheck.check_gradients(_one_entry_wrong(f, row, col, 0.05), x, mode="coloured")
+    report = fastcheck.check_gradients(_one_entry_wrong(f, row, col, 0.05), x, mode="coloured", tables=tables)
     assert report.verdict == "fail", str(report)
     (pair,) = report.pairs
     assert pair.sparse == (report_kind == "sparse")
@@ -536,19 +530,19 @@ def test_a_wrong_column_gets_full_modes_verdicts(relative):
     assert set(np.argwhere(pc.status == 1)[:, 1].tolist()) == {77}
 
 
-def test_a_gradient_that_runs_once_per_pass_is_checked_on_the_eager_path(monkeypatch):
+def test_a_gradient_that_runs_once_per_pass_is_checked_on_the_eager_path():
     # On the eager path every row colour's VJP reused one forward pass on a persistent tape: a custom
     # gradient that calls tape.gradient on a non-persistent tape it closes over raised RuntimeError at
     # the second colour ("f raised RuntimeError ..."), whenever routing chose the eager path (a loaded
     # machine, a process whose tracing looked dear).
-    from fastcheck import _paths
+    from fastcheck.testing import Calibration
 
-    monkeypatch.setattr(_paths.CALIBRATION, "predict", lambda plan: (0.0, 1.0))  # the eager path
+    dear_tracing = Calibration(traced=True, traced_ratios=(1e6,))  # traced checks took 10^6 x their prediction
     rng = np.random.default_rng(5)
     x = tf.constant(rng.normal(size=(1, 8, 8, 4)), tf.float32)
     kernel = tf.constant(rng.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
     report = fastcheck.check_gradients(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x,
-                                       mode="coloured")
+                                       mode="coloured", calibration=dear_tracing)
     (pair,) = report.pairs
     assert report.path == "eager" and report.verdict == "fail", str(report)
     assert set(np.argwhere(pair.status == 1)[:, 1].tolist()) == {77}
@@ -568,14 +562,14 @@ def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(noise_measuremen
     np.testing.assert_array_equal(batched, pointwise)
 
 
-def test_explicit_coloured_mode_refuses_what_it_cannot_hold(monkeypatch):
-    from fastcheck import _check
-
-    monkeypatch.setattr(_check, "_memory_limit", lambda config: (4096, "a limit set by the test"))
+def test_explicit_coloured_mode_refuses_what_it_cannot_hold():
     x = tf.constant(RNG.normal(size=(64, 32)), tf.float64)
+    # A check may hold memory_budget (4 KiB here), with no floor under it.
+    small = {"memory_budget": 4096, "tables": {"HELD_MEMORY_FLOOR": 0}}
     with pytest.raises(ValueError, match=r"mode='coloured' needs about .* GiB .*2,048 structural nonzeros.*mode='fast'"):
-        fastcheck.check_gradients(tf.sin, x, mode="coloured")
-    assert fastcheck.check_gradients(tf.sin, x, mode="fast").ok  # the mode the message names fits
+        fastcheck.check_gradients(tf.sin, x, mode="coloured", **small)
+    assert fastcheck.check_gradients(tf.sin, x, mode="coloured").ok  # within the default floor (4 GiB)
+    assert fastcheck.check_gradients(tf.sin, x, mode="fast", **small).ok  # the mode the message names fits
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["correct", "one entry sign-flipped"])
@@ -639,14 +633,12 @@ def _vjp_defects():
 
 @pytest.mark.parametrize("fits", [True, False], ids=["full rerun", "pair fails"])
 @pytest.mark.parametrize("name", ["transpose", "ignores_dy", "leaks"])
-def test_a_vjp_off_the_pattern_fails(name, fits, monkeypatch):
+def test_a_vjp_off_the_pattern_fails(name, fits):
     # Each row colour's VJP is read only at the pattern's nonzeros: these passed with max abs error 0.
-    from fastcheck import _check
-
-    if not fits:  # full Jacobians "do not fit": the pair itself fails, with the problem
-        monkeypatch.setattr(_check, "FULL_BYTES_PER_ENTRY", 1 << 60)
+    # Where full Jacobians "do not fit" (2^60 bytes an entry), the pair itself fails, with the problem.
+    tables = None if fits else {"FULL_BYTES_PER_ENTRY": 1 << 60}
     f, x = _vjp_defects()[name]
-    report = fastcheck.check_gradients(f, x, mode="coloured")
+    report = fastcheck.check_gradients(f, x, mode="coloured", tables=tables)
     assert report.verdict == "fail", str(report)
     assert "is not the transpose of f's Jacobian" in str(report)
     if fits:  # element verdicts from the full rerun, as mode="full" gives them

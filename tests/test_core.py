@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -287,25 +288,35 @@ def test_no_retrace_on_second_check():
     assert len(traces) == count, "the second check with the same shapes retraced f"
 
 
-def test_repeated_check_reuses_the_compiled_autodiff_kernel(monkeypatch):
-    from fastcheck import _autodiff
-
+def test_repeated_check_reuses_the_compiled_autodiff_kernel():
+    # A gradient whose eager rows are slow: after the first row the eager loop is predicted past its
+    # limit, so the first check compiles the reverse-mode kernel.  A repeated check uses that kernel
+    # at once: no eager row at all.
     w = tf.constant(RNG.normal(size=(8, 300)))
-    f = lambda x: tf.tanh(tf.linalg.matvec(w, x))  # noqa: E731
+    eager_rows = []
+
+    @tf.custom_gradient
+    def slow_tanh(z):
+        y = tf.tanh(z)
+
+        def grad(dy):
+            if tf.executing_eagerly():  # a compiled kernel runs the graph traced from it, not this Python
+                eager_rows.append(1)
+                time.sleep(0.3)
+            return dy * (1 - y * y)
+
+        return y, grad
+
+    def f(x):
+        return slow_tanh(tf.linalg.matvec(w, x))
+
     x = tf.constant(RNG.normal(size=300))
     first = fastcheck.check_gradients(f, x, jit_compile=False)
-    assert first.ok and first.path == "graph"
-    # Make sure the first check compiled its reverse-mode kernel (a fast eager pass may skip it).
-    monkeypatch.setattr(_autodiff, "EAGER_SECONDS", 0.0)
-    assert fastcheck.check_gradients(f, x, jit_compile=False).ok
-    monkeypatch.undo()
-
-    def no_eager(self, limit=None):
-        raise AssertionError("a repeated check ran eager autodiff passes despite a compiled kernel")
-
-    monkeypatch.setattr(_autodiff.AutodiffJacobian, "_eager", no_eager)
+    assert first.ok and first.path == "graph", str(first)
+    assert len(eager_rows) == 1, eager_rows  # the eager loop's first row, then the compiled kernel
     again = fastcheck.check_gradients(f, x, jit_compile=False)
     assert again.ok
+    assert len(eager_rows) == 1, "a repeated check ran eager autodiff passes despite a compiled kernel"
 
 
 @pytest.mark.parametrize("mode", ["full", "fast"])
@@ -415,7 +426,8 @@ def _route(f, x, **options):
 
     config = _config.CheckConfig(**options)
     plan = _plan.build_plan(f, [x], config)
-    return _paths.choose_route(plan, config)
+    calibration = _paths.shared_calibration() if config.calibration is None else config.calibration
+    return _paths.choose_route(plan, config, calibration)[0]
 
 
 def test_probe_counts_flops_of_products_and_convolutions():
@@ -437,82 +449,83 @@ def test_probe_counts_flops_of_products_and_convolutions():
         assert product <= probe.flops <= product + 8 * probe.elements, (name, probe.flops, probe.elements)
 
 
-@pytest.mark.parametrize("cache_mib", [4, 16])
-def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib, monkeypatch, tmp_path):
+@pytest.mark.parametrize("cache_mib", [64, 128])  # 67 and 135 perturbations a call, over MIN_CACHED_CHUNK
+def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib):
     # The cache is read from the OS, not assumed: a 64 MiB constant on a CPU with a 32 MiB L3 put the
     # 20,000-parameter MLP's calls past its cache (15.3 s; 5.9 s at the L3's size).
     from fastcheck import _config, _paths, _plan
+    from fastcheck.testing import Calibration
 
     assert _paths._bytes("32768K") == 32 << 20 and _paths._bytes("1M") == 1 << 20 and _paths._bytes("512") == 512
-    assert _paths.cache_bytes() > 0
-    monkeypatch.setattr(_paths, "cache_bytes", lambda: cache_mib << 20)
-    monkeypatch.setattr(_paths, "MIN_CACHED_CHUNK", 1)
+    assert _paths.cache_bytes() > 0 and Calibration().cache_size == _paths.cache_bytes()
     a = tf.constant(RNG.normal(size=(20, 1)))
     x = tf.constant(RNG.normal(size=1000))
 
     def f(x):
         return tf.reduce_sum(tf.tanh(a * x[None, :]) ** 2, axis=1)
 
-    route = _route(f, x, jit_compile=False)
+    route = _route(f, x, jit_compile=False, calibration=Calibration(cache=cache_mib << 20))
     assert f"within the CPU's {cache_mib} MiB cache (f is memory-bound" in route.chunk_reason
     probe = _paths.probe_graph(_plan.build_plan(f, [x], _config.CheckConfig()))
     assert probe.shared_bytes == 20 * 8 and probe.written <= probe.elements
     assert route.chunks[0] == max(1, ((cache_mib << 20) - 160) // (2 * (1000 + probe.written) * 8)) > 1
 
 
-def test_calls_keep_their_working_set_in_cache(monkeypatch):
+def test_calls_keep_their_working_set_in_cache():
     # tanh(W x) is compute-bound, but its sweep still ran 1.5x faster with each call's W, x+ and x- rows
     # in the CPU's cache than in the largest calls the budget allows (n=16384: 3.2 s against 4.9 s).
     from fastcheck import _config, _paths, _plan
+    from fastcheck.testing import Calibration
 
-    monkeypatch.setattr(_paths, "cache_bytes", lambda: 8 << 20)
+    machine = Calibration(cache=8 << 20)  # a CPU with an 8 MiB cache
     x = tf.constant(RNG.normal(size=4000))
     w = tf.constant(RNG.normal(size=(64, 4000)))
 
     def f(x):
         return tf.tanh(tf.linalg.matvec(w, x))
 
-    route = _route(f, x, jit_compile=True)
+    route = _route(f, x, jit_compile=True, calibration=machine)
     probe = _paths.probe_graph(_plan.build_plan(f, [x], _config.CheckConfig()))
     # The reshapes around the product are views: not counted as written.
     assert probe.shared_bytes == 64 * 4000 * 8 and probe.written < 4000 < probe.elements
     assert route.flops_per_eval >= _paths.MEMORY_BOUND_INTENSITY * route.elements_per_eval
     assert route.chunks[0] == ((8 << 20) - 64 * 4000 * 8) // (2 * (4000 + probe.written) * 8)
     assert route.chunk_reason == "to keep each call's working set within the CPU's 8 MiB cache"
-    report = fastcheck.check_gradients(f, x, jit_compile=True)
+    report = fastcheck.check_gradients(f, x, jit_compile=True, calibration=machine)
     assert report.ok and any("working set within" in note for note in report.notes), str(report)
     # Shared data that alone nearly fill the cache leave the budget's chunk.
     big = tf.constant(RNG.normal(size=(256, 4000)))
-    route = _route(lambda x: tf.tanh(tf.linalg.matvec(big, x)), x, jit_compile=True)
+    route = _route(lambda x: tf.tanh(tf.linalg.matvec(big, x)), x, jit_compile=True, calibration=machine)
     assert route.chunk_reason == "to fit memory_budget"
 
 
-def test_memory_bound_function_gets_cache_sized_calls_and_still_passes(monkeypatch):
+def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
     from fastcheck import _paths
+    from fastcheck.testing import Calibration
 
-    monkeypatch.setattr(_paths, "cache_bytes", lambda: 32 << 20)
+    machine = Calibration(cache=32 << 20)  # a CPU with a 32 MiB cache
     a = tf.constant(RNG.normal(size=(20, 1)))
 
     def f(x):  # 3 FLOPs or so per intermediate element: memory-bound
         return tf.reduce_sum(tf.tanh(a * x[None, :]) ** 2, axis=1)
 
     x = tf.constant(RNG.normal(size=1000))
-    route = _route(f, x, jit_compile=False)
+    route = _route(f, x, jit_compile=False, calibration=machine)
 
     assert route.flops_per_eval < _paths.MEMORY_BOUND_INTENSITY * route.elements_per_eval
     assert route.chunks[0] < 1000 and "working set within" in route.chunk_reason
-    assert (2 * route.chunks[0] * (1000 + route.elements_per_eval) * 8 <= _paths.cache_bytes()
+    assert (2 * route.chunks[0] * (1000 + route.elements_per_eval) * 8 <= 32 << 20
             or route.chunks[0] == _paths.MIN_CACHED_CHUNK)
-    report = fastcheck.check_gradients(f, x, jit_compile=False)
+    report = fastcheck.check_gradients(f, x, jit_compile=False, calibration=machine)
     assert report.ok, str(report)
     assert any("working set within" in note for note in report.notes), report.notes
     # A compute-bound f of the same size whose working set fits the cache keeps the budget's chunk.
     w = tf.constant(RNG.normal(size=(256, 1000)))
-    dense = _route(lambda x: tf.tanh(tf.linalg.matvec(w, x)), x, jit_compile=False)
+    dense = _route(lambda x: tf.tanh(tf.linalg.matvec(w, x)), x, jit_compile=False, calibration=machine)
     assert dense.chunk_reason == "to fit memory_budget"
 
 
-def test_blocked_verdicts_match_the_rule_everywhere(monkeypatch):
+def test_blocked_verdicts_match_the_rule_everywhere():
     from fastcheck import _compare
 
     a = RNG.normal(size=(37, 53))
@@ -523,8 +536,7 @@ def test_blocked_verdicts_match_the_rule_everywhere(monkeypatch):
                         np.where(~np.isfinite(a), _compare.ANALYTICAL_NONFINITE,
                                  (np.abs(a - n) > 1e-8 + 1e-6 * np.abs(n) + np.where(np.isfinite(noise), noise, 0)).astype(int)))
     for block in (1, 53, 100, 1 << 20):
-        monkeypatch.setattr(_compare, "VERDICT_BLOCK", block)
-        status, band = _compare.verdicts(a, n, noise, 1e-8, 1e-6)
+        status, band = _compare.verdicts(a, n, noise, 1e-8, 1e-6, block=block)
         np.testing.assert_array_equal(status, expected)
         assert status[np.isfinite(a) & np.isfinite(n)].sum() > 0
 
@@ -561,58 +573,89 @@ def test_scalar_output_beside_an_empty_output(jit_compile):
     np.testing.assert_allclose(report.pairs[-1].analytical, [np.cos(x.numpy())], rtol=1e-12)
 
 
-def test_first_trace_in_a_process_counts_tensorflow_warm_up(monkeypatch):
+def test_first_trace_in_a_process_counts_tensorflow_warm_up():
     from fastcheck import _config, _paths, _plan
+    from fastcheck.testing import Calibration
 
     config = _config.CheckConfig()
     plan = _plan.build_plan(lambda x: tf.reduce_sum(tf.sin(x)), [tf.constant(RNG.normal(size=100))], config)
     plan = dataclasses.replace(plan, call_seconds=7e-4)  # eager loop: 205 calls = 0.144 s; tracing: 0.108 s, or 0.158 s the first time
-    _paths.CALIBRATION._dispatch = _paths.REFERENCE_DISPATCH  # on a machine like the reference one
-    monkeypatch.setattr(_paths, "_traced", False)
-    first = _paths.choose_route(plan, config)
-    assert first.path == "eager" and "first trace in this process" in first.reason
-    monkeypatch.setattr(_paths, "_traced", True)
-    assert _paths.choose_route(plan, config).path == "graph"
+    fresh = Calibration(dispatch=_paths.REFERENCE_DISPATCH)  # a process on a machine like the reference one
+    first, after = _paths.choose_route(plan, config, fresh)
+    assert first.path == "eager" and "first trace in this process" in first.reason and after == fresh
+    route, after = _paths.choose_route(plan, config, dataclasses.replace(fresh, traced=True))
+    assert route.path == "graph" and after.traced
+    # Routing that traces f's probe says so in the calibration it returns.
+    assert _paths.choose_route(plan, config.replace(jit_compile=False), fresh)[1].traced
 
 
-def test_routing_predictions_follow_this_process_measured_costs(monkeypatch):
+def test_routing_predictions_follow_this_process_measured_costs():
     from fastcheck import _config, _paths, _plan
+    from fastcheck.testing import Calibration
 
-    calibration = _paths.Calibration()
-    calibration._dispatch = _paths.REFERENCE_DISPATCH  # a machine like the reference one
-    monkeypatch.setattr(_paths, "CALIBRATION", calibration)
-    monkeypatch.setattr(_paths, "_traced", True)
+    calibration = Calibration(dispatch=_paths.REFERENCE_DISPATCH, traced=True)  # a machine like the reference one
     config = _config.CheckConfig()
     plan = _plan.build_plan(lambda x: tf.reduce_sum(tf.sin(x)), [tf.constant(RNG.normal(size=100))], config)
     plan = dataclasses.replace(plan, call_seconds=4e-4)  # eager loop: 205 calls = 0.082 s; tracing: 0.096 s
-    assert _paths.choose_route(plan, config).path == "eager"
+    assert _paths.choose_route(plan, config, calibration)[0].path == "eager"
     # This process's eager loops take three times what was predicted: tracing wins now.
     for _ in range(3):
-        calibration.learn("eager", 1.0, 3.0)
-    route = _paths.choose_route(plan, config)
+        calibration = calibration.learn("eager", 1.0, 3.0)
+    route = _paths.choose_route(plan, config, calibration)[0]
     assert route.path == "graph" and route.predicted[0] == pytest.approx(0.246, rel=1e-6)
     # A machine whose eager dispatch is ten times slower than the reference traces sqrt(10) times slower.
-    calibration._dispatch = 10 * _paths.REFERENCE_DISPATCH
-    assert calibration.tracing() == pytest.approx(_paths.TRACE_SECONDS * 10**0.5)
-    assert _paths.choose_route(plan, config).path == "eager"
+    slow = dataclasses.replace(calibration, dispatch=10 * _paths.REFERENCE_DISPATCH)
+    assert slow.tracing() == pytest.approx(_paths.TRACE_SECONDS * 10**0.5)
+    assert _paths.choose_route(plan, config, slow)[0].path == "eager"
     # A long traced sweep (eager predicted far slower) says nothing about tracing; a close call does.
-    calibration.learn_from(dataclasses.replace(route, predicted=(10.0, route.predicted[1])), "graph", 5.0)
-    assert calibration.ratios["traced"] == []
-    calibration.learn_from(route, "graph", 2 * route.predicted[1])
+    assert calibration.learn_from(dataclasses.replace(route, predicted=(10.0, route.predicted[1])), "graph",
+                                  5.0).traced_ratios == ()
+    calibration = calibration.learn_from(route, "graph", 2 * route.predicted[1])
     assert calibration.scale("traced") == pytest.approx(2.0)
     # Predictions made after that carry the correction; the same cost again keeps it (no drift).
     corrected = dataclasses.replace(route, predicted=(0.2, 0.4))  # 0.4 s = 2 x the uncorrected 0.2 s
-    calibration.learn_from(corrected, "graph", 0.4)
+    calibration = calibration.learn_from(corrected, "graph", 0.4)
     assert calibration.scale("traced") == pytest.approx(2.0)
-    calibration.learn_from(route, "eager", 1.0)  # a fallback changed the path: not a measurement of either
-    assert len(calibration.ratios["eager"]) == 3
+    # A fallback changed the path: not a measurement of either.
+    assert calibration.learn_from(route, "eager", 1.0) == calibration and len(calibration.eager_ratios) == 3
     # A tiny eager check's milliseconds of fixed work would read as a slow loop (5-20x on the
     # verdict corpus): only loops long enough for f's calls to dominate teach.
     eager_route = dataclasses.replace(route, path="eager", predicted=(0.001, 0.1))
-    calibration.learn_from(eager_route, "eager", 0.01)
-    assert len(calibration.ratios["eager"]) == 3
-    calibration.learn_from(dataclasses.replace(eager_route, predicted=(3 * 0.05, 0.1)), "eager", 0.05)
-    assert calibration.ratios["eager"][-1] == pytest.approx(1.0)
+    assert calibration.learn_from(eager_route, "eager", 0.01) == calibration
+    calibration = calibration.learn_from(dataclasses.replace(eager_route, predicted=(3 * 0.05, 0.1)), "eager", 0.05)
+    assert calibration.eager_ratios[-1] == pytest.approx(1.0)
+
+
+def test_a_check_returns_what_it_learnt_and_only_the_shared_calibration_keeps_it():
+    from fastcheck.testing import Calibration, routing_calibration
+
+    f = lambda x: tf.tanh(x) * 2.0  # noqa: E731
+    x = tf.constant(RNG.normal(size=50))
+    with routing_calibration(Calibration()):  # the process's calibration as a new process has it
+        small = fastcheck.check_gradients(f, x)  # an eager loop: nothing traced
+        assert small.ok and small.path == "eager" and not small.calibration.traced, str(small)
+        given = fastcheck.check_gradients(f, x, jit_compile=False, calibration=Calibration())
+        assert given.ok and given.path == "graph" and given.calibration.traced  # what that check learnt ...
+        assert not fastcheck.check_gradients(f, x).calibration.traced  # ... stays with it
+        assert fastcheck.check_gradients(f, x, jit_compile=False).calibration.traced
+        assert fastcheck.check_gradients(f, x).calibration.traced  # the shared one keeps what its checks learnt
+    with pytest.raises(TypeError, match="calibration='fresh' is not a Calibration"):
+        fastcheck.check_gradients(f, x, calibration="fresh")
+
+
+def test_tables_override_only_the_tunables_a_check_reads_from_its_options():
+    from fastcheck import _config, _tables
+
+    config = _config.CheckConfig(tables={"NOISE_ALL": 5})
+    assert hash(config) and config.table("NOISE_ALL") == 5 and config.replace(seed=1).table("NOISE_ALL") == 5
+    assert _config.CheckConfig().table("NOISE_ALL") == _tables.NOISE_ALL
+    x = tf.constant(RNG.normal(size=5))
+    with pytest.raises(ValueError, match="'REFINE_LEVELS' is not a tunable a check reads from its options"):
+        fastcheck.check_gradients(tf.sin, x, tables={"REFINE_LEVELS": 8})
+    with pytest.raises(ValueError, match="NOISE_ALL=-1 is not valid"):
+        fastcheck.check_gradients(tf.sin, x, tables={"NOISE_ALL": -1})
+    with pytest.raises(TypeError, match="tables=3 is not a mapping"):
+        fastcheck.check_gradients(tf.sin, x, tables=3)
 
 
 def test_checks_do_not_keep_the_function_alive_or_warn_about_retracing(caplog):
@@ -665,15 +708,11 @@ def test_seeded_random_ops_never_run_under_xla(jit_compile):
 
 
 def test_convolutions_run_without_xla_on_cpu():
-    from fastcheck import _config, _paths, _plan
-
     kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)))
     f = lambda x: tf.tanh(tf.nn.conv2d(x, kernel, 1, "SAME"))  # noqa: E731
     x = tf.constant(RNG.normal(size=(1, 32, 32, 4)))
-    config = _config.CheckConfig(device="/CPU:0")
-    route = _paths.choose_route(_plan.build_plan(f, [x], config), config)
+    route = _route(f, x, device="/CPU:0")
     assert route.path == "graph" and "Conv2D" in route.reason
     # The same work without a convolution goes to XLA.
-    dense = _paths.choose_route(_plan.build_plan(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64), [x], config),
-                                config)
+    dense = _route(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64), x, device="/CPU:0")
     assert dense.path == "xla", dense.reason
