@@ -39,8 +39,8 @@ import tensorflow as tf
 from fastcheck import _compare, _sparsity
 from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
-from fastcheck._executor import Executor, evaluate_rows, measured, timed, view
-from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, is_compile_failure, pad
+from fastcheck._executor import Batch, Executor, evaluate_rows, measured, timed, view
+from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, pad
 from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
 from fastcheck._refine import Evaluate, Rungs, descend
@@ -237,9 +237,10 @@ class _Columns:
         self.x = view(value).reshape(-1)
         self.h = _steps(plan, executor.config, self.x)
         self.step = self.h.astype(self.dtype)
-        self.chunk = max(1, min(_shared(executor.chunks[position], held, executor.config.budget), max(self.colours, 1)))
-        self.key = ("coloured", position)
-        executor.chunks[self.key] = self.chunk
+        chunk = max(1, min(_shared(executor.chunks[position], held, executor.config.budget), max(self.colours, 1)))
+        name = plan.inputs[position].name
+        self.batch = Batch("coloured differences", ("coloured", position), chunk, subject=name, moves=name,
+                           item=f"perturbation of {name}")
         self.evaluations = 0
         self._constants: tuple | None = None
         self._zeros: tf.Tensor | None = None
@@ -291,7 +292,7 @@ class _Columns:
                     out.append((y if wanted is None or not sides else y[wanted])[None, :])
                 consume(slice(k, k + 1), *out) if sides else consume(slice(k, k + 1), np.subtract(*out, dtype=np.float64))
 
-        executor._batched(what, self.key, len(ids), call, eager)
+        executor.chunked(dataclasses.replace(self.batch, what=what), len(ids), call, eager)
 
     def constants(self) -> tuple:
         """The colour labels and steps as tensors, made once (10^7 elements: 80 MB to copy)."""
@@ -395,34 +396,21 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
         # pass per colour costs less than that difference.
         chunk = 1
     labels_t = tf.constant(row_labels.astype(np.int32))
-    done = False
-    while executor.path != EAGER and not done:
-        try:
-            start = 0
-            while start < colours:
-                path = _kernel_path(executor, 4 * colours)
-                kernel = executor.kernel(("coloured vjp", chunk, path),
-                                         lambda size=chunk, path=path: _vjp_kernel(executor.plan, path, size))
-                count = min(chunk, colours - start)
-                part = slice(start, start + count)
-                try:
-                    out = kernel(executor.native, labels_t, tf.constant(pad(ids[part], chunk), tf.int32))
-                except tf.errors.ResourceExhaustedError:
-                    if chunk == 1:
-                        raise MemoryError("f ran out of memory computing one VJP") from None
-                    chunk //= 2
-                    executor.note(f"coloured mode: out of memory at {2 * chunk} VJPs per call; retried with {chunk}")
-                    continue
-                consume(part, [view(b)[:count] for b in out])
-                start += count
-            done = True
-        except Exception as error:
-            if not is_compile_failure(error) or not executor.fall_back(error, "coloured VJPs"):
-                raise
-    if not done:
+
+    def call(size, part, count):
+        path = _kernel_path(executor, 4 * colours)
+        kernel = executor.kernel(("coloured vjp", size, path), lambda: _vjp_kernel(executor.plan, path, size))
+        out = kernel(executor.native, labels_t, tf.constant(pad(ids[part], size), tf.int32))
+        consume(part, [view(b)[:count] for b in out])
+
+    def eager():
         vjp = _eager_vjp(executor, plan, [s.position for s in plan.checked])
         for colour in ids:
             consume(slice(colour, colour + 1), [g.numpy()[None, :] for g in vjp(row_labels == colour)])
+
+    batch = Batch("coloured VJPs", "coloured vjp", chunk, subject="coloured mode", unit="VJPs", item="VJP",
+                  advice="pass a smaller problem or a device with more memory.", spread=False, progress=False)
+    executor.chunked(batch, colours, call, eager)
     return [_Analytical(block, row_labels) for block in compressed]
 
 
@@ -963,27 +951,26 @@ LAYOUT_KEY = "coloured layout"
 
 
 def layout(executor: Executor, plan: Plan) -> Layout:
-    """The patterns and colourings of this check, found once per executor (``executor.memo``):
+    """The patterns and colourings of this check, found once per executor (``Executor.once``):
     mode choice (``prospect``) and the check itself share them.  Raises ``UnknownSparsity``
     (remembered too) when there is no pattern."""
-    found = executor.memo.get(LAYOUT_KEY)
+    found = executor.once(LAYOUT_KEY, lambda: _found_layout(executor, plan))
     if isinstance(found, _sparsity.UnknownSparsity):
         raise found
-    if found is not None:
-        return found
+    return found
+
+
+def _found_layout(executor: Executor, plan: Plan) -> Layout | _sparsity.UnknownSparsity:
     try:
         patterns, source = find_patterns(executor, plan)
     except _sparsity.UnknownSparsity as error:
-        executor.memo[LAYOUT_KEY] = error
-        raise
+        return error
     seed = executor.config.seed
     labels = [_sparsity.colour(p, tuple(s.real_view.shape), seed) for p, s in zip(patterns, plan.checked)]
     output_shape = (tuple(plan.outputs[0].shape) + ((2,) if plan.outputs[0].dtype.is_complex else ())
                     if len(plan.outputs) == 1 else (plan.m,))
     row_labels = _sparsity.row_colour(patterns, output_shape, seed)
-    result = Layout(patterns, source, labels, row_labels)
-    executor.memo[LAYOUT_KEY] = result
-    return result
+    return Layout(patterns, source, labels, row_labels)
 
 
 # Evaluations of f a coloured check allows for beyond its sweep: the pattern probe (two

@@ -2,19 +2,22 @@
 
 It owns the execution state of one check -- the route (a frozen value, replaced
 when a path cannot run f), the chunk sizes (halved when a call runs out of
-memory) and the events that become report notes -- and offers two batched
-evaluations over the same chunk loop:
+memory) and the events that become report notes -- and runs the one chunk loop,
+``chunked(batch, total, call, eager)``: ``call`` over chunks of the items, halved
+on out-of-memory, falling back xla -> graph/loop -> loop -> eager as
+``Route.following`` says, each retry and fallback an event (``OutOfMemory``,
+``FellBack``). Every strategy's batched evaluations go through it: full mode's
+differences (below), fast mode's directions (``_fast.Joint``), coloured mode's
+colours and VJPs (``_coloured``). Full mode's:
 
 * ``differences(position, idx, delta)``: ``f(x + d_j e_j)`` and ``f(x - d_j e_j)``
   for chosen (j, d_j) pairs of one input (full mode's columns, refinements), the
   one-hot perturbations built inside the kernel so no [2k, n] batch crosses from
   the host; it also returns the span actually taken,
   ``(x_j + d_j) - (x_j - d_j)`` in the evaluation dtype.
-* ``rows(position, batch)``: f at each row of a [b, n] batch of values of one input
-  (fast mode's probes, blocks and columns).
+* ``quotients(position, idx, delta)``: the first sweep's difference quotients.
 
-Both run as one ``vectorized_map`` (or ``map_fn`` on the loop path) per chunk,
-and fall back xla -> graph/loop -> loop -> eager as ``Route.following`` says.
+Both run as one ``vectorized_map`` (or ``map_fn`` on the loop path) per chunk.
 Where routing says so (``Route.joint_chunk``), the differences of every checked
 input go through one kernel whose rows carry all of them (``_joint_kernel``): one
 trace and compile instead of one per input, which for a model of 39 variables was
@@ -29,6 +32,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Hashable
 
 import numpy as np
 import tensorflow as tf
@@ -56,7 +60,7 @@ from fastcheck._plan import Plan, _first_line, measure_precision, view
 from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
 
 # Fast mode evaluates at most this many rows per call: one compiled kernel then serves
-# probes, bisection blocks and element columns alike.
+# probes, bisection blocks and element columns alike (``_fast.Joint``).
 FAST_ROWS = 16
 
 
@@ -208,9 +212,55 @@ def _f_kernel(f, autograph: bool):
     return tf.function(lambda *args: f(*args), autograph=autograph, reduce_retracing=True)
 
 
-def _rows_kernel(plan: Plan, position: int, path: str, flat_function=None):
-    return compile_kernel(lambda values, batch: evaluate_rows(plan, position, path, values, batch, flat_function), path,
-                          plan.autograph)
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """What a batched evaluation tells ``Executor.chunked``: where its chunk is kept, where it starts,
+    and the facts its notes and errors name."""
+
+    what: str  # the evaluations, as a fallback note names them ("numerical differences")
+    key: Hashable  # the executor keeps the chunk under it: a later batch of the key starts at the halved one
+    chunk: int  # items per call, for a key the executor holds no chunk of yet
+    subject: str  # what an out-of-memory note is about: the input moved, or the mode
+    unit: str = "evaluations"  # what a call's items are, in that note
+    item: str = "evaluation"  # what one item is, in the error when a single one does not fit
+    advice: str = "pass mode='fast' or a smaller problem."  # that error's fix
+    moves: str | None = None  # the input the items perturb (None: every checked input), when f's shape changes
+    spread: bool = True  # with strategy=: split over the replicas, on the path the workers agreed on
+    progress: bool = True  # a progress bar over a long batch
+
+
+@dataclasses.dataclass(frozen=True)
+class OutOfMemory:
+    """A call of ``chunk`` items ran out of memory; the batch went on at ``retried`` (a report note)."""
+
+    subject: str
+    chunk: int
+    retried: int
+    unit: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FellBack:
+    """``path`` could not run f for ``what`` (``error``: its type and first line); ``following`` took over."""
+
+    path: str
+    following: str
+    what: str
+    error: str
+
+
+def joined(parts: list):
+    """The chunks' results as one: tensors (or tuples of them) concatenated along the items, arrays
+    likewise; None where the calls filled the caller's arrays (or there were none)."""
+    if not parts or all(part is None for part in parts):
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], tuple):
+        return tuple(joined(list(column)) for column in zip(*parts))
+    if isinstance(parts[0], tf.Tensor):
+        return tf.concat(parts, 0)
+    return np.concatenate(parts)
 
 
 class Executor:
@@ -223,19 +273,19 @@ class Executor:
         self.chosen = route  # as routing chose it, before any fallback
         # Routing's costs as this check found them (``_paths.Calibration``): what it returns.
         self.calibration = shared_calibration() if calibration is None else calibration
-        self.chunks = dict(route.chunks)  # input position -> perturbations per differences call
-        itemsize = plan.eval_flat_dtype.size
-        for spec in plan.checked:  # rows per fast-mode call
-            per_row = (spec.size + plan.m + 2 * max(route.elements_per_eval, 1)) * itemsize * 2
-            self.chunks[("rows", spec.position)] = int(max(2, min(FAST_ROWS, config.budget // per_row)))
-        self.events: list[str] = []  # fallbacks and retries, in the order they happened
+        # Items per call of each batch (``Batch.key``; an input's position: its differences), written
+        # here only: set by a batch's first call, halved on out-of-memory; read through ``chunk``.
+        self.chunks: dict = dict(route.chunks)
+        # What happened, in order: fallbacks and retries (``FellBack``, ``OutOfMemory``) and the
+        # notes of the strategies and replicas (text); the report turns them into notes.
+        self.events: list[str | OutOfMemory | FellBack] = []
         # strategy= / devices=: each chunk split over the strategy's replicas (``_distribute``);
         # None runs every call here, on one device.
         spread = spread_for(config)
         self.share = Share(spread, self.events) if spread is not None else None
         self._lock = threading.Lock()  # kernel lookups from the replicas' threads
-        # What one check computes once and hands from mode choice to strategy (the coloured
-        # layout: patterns and colourings); dies with the check, unlike the kernel cache.
+        # What one check computes once and hands from mode choice to strategy (``once``: the
+        # coloured layout, patterns and colourings); dies with the check, unlike the kernel cache.
         self.memo: dict = {}
         self.values = tuple(plan.eval_values())
         self.native = tuple(plan.native_values())
@@ -250,7 +300,7 @@ class Executor:
     def path(self) -> str:
         return self.route.path
 
-    def note(self, event: str) -> None:
+    def note(self, event: str | OutOfMemory | FellBack) -> None:
         self.events.append(event)
 
     def fall_back(self, error: Exception, what: str) -> bool:
@@ -258,10 +308,16 @@ class Executor:
         following = self.route.following
         if following is None or not is_compile_failure(error):
             return False
-        self.note(f"{self.path} failed for {what} ({type(error).__name__}: {_first_line(error, 120)}); "
-                  f"fell back to {following}")
+        self.note(FellBack(self.path, following, what, f"{type(error).__name__}: {_first_line(error, 120)}"))
         self.route = dataclasses.replace(self.route, path=following)
         return True
+
+    def once(self, key: str, make):
+        """``make()`` for ``key``, made once per check: what mode choice finds and the strategy reuses
+        (coloured mode's layout), what the eager loops learn of f (element-wise, f at x)."""
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
 
     def kernel(self, key: tuple, make):
         """The compiled kernel for ``key`` under this check's plan, configuration and current path."""
@@ -270,54 +326,60 @@ class Executor:
         tap = self.share.current_tap() if self.share is not None else None
         return kernel if tap is None else tap.wrap(kernel)  # across workers: recorded or replayed
 
-    # -- the shared chunk loop -------------------------------------------------
+    # -- the chunk loop ---------------------------------------------------------
 
-    def _batched(self, what: str, chunk_key, total: int, call, eager):
-        """``call(chunk, part, count)`` over chunks of ``total`` items on a traced path.
+    def chunk(self, key) -> int | None:
+        """Items per call that batches of ``key`` run at now (halved by each out-of-memory), None before any."""
+        return self.chunks.get(key)
 
-        A call that runs out of memory halves the chunk and is retried; a path that
-        cannot run f falls back to the next; on the eager path ``eager()`` runs instead.
-        Returns the list of per-chunk results (per replica share with ``strategy=``).
+    def chunked(self, batch: Batch, total: int, call, eager):
+        """Every batched evaluation of f: ``call(chunk, part, count)`` over chunks of ``total`` items.
+
+        The chunk starts at what ``batch.key`` holds (``batch.chunk`` for a new key). A call that
+        runs out of memory halves it and is retried (an ``OutOfMemory`` event); a path that cannot run
+        f falls back to the next (``FellBack``) and the batch starts again there; on the eager path
+        ``eager()`` runs instead. With ``strategy=`` (and ``batch.spread``) each chunk is split over
+        the replicas. Returns the calls' results joined (``joined``), or ``eager()``'s.
         """
-        if self.share is not None:  # across workers: every worker takes the same path
-            agreed = self.share.agree_on_path(self.path, what, total)
+        if self.share is not None and batch.spread:  # across workers: every worker takes the same path
+            agreed = self.share.agree_on_path(self.path, batch.what, total)
             if agreed != self.path:
                 self.route = dataclasses.replace(self.route, path=agreed)
+        self.chunks.setdefault(batch.key, batch.chunk)
         while self.path != EAGER:
             try:
-                return self._chunks(chunk_key, total, call, what)
+                return joined(self._chunks(batch, total, call))
             except ShapeChangeError:
                 raise
             except Exception as error:
-                if not self.fall_back(error, what):
+                if not self.fall_back(error, batch.what):
                     raise
-        return [eager()]
+        return eager()
 
-    def _chunks(self, chunk_key, total: int, call, what: str = "") -> list:
-        position = chunk_key[1] if isinstance(chunk_key, tuple) else chunk_key
-        name = self.plan.inputs[position].name
+    def _chunks(self, batch: Batch, total: int, call) -> list:
         results, start = [], 0
-        progress = Progress(self.config.progress, total, "perturbations")
+        progress = Progress(self.config.progress if batch.progress else False, total, "perturbations")
         while start < total:
-            chunk = self.chunks[chunk_key]
+            chunk = self.chunks[batch.key]
             count = min(chunk, total - start)
             try:
-                if self.share is None:
+                if self.share is None or not batch.spread:
                     results.append(call(chunk, slice(start, start + count), count))
                 else:  # the chunk split over the replicas, each share at most ceil(chunk / replicas)
-                    label = "perturbations" if "differences" in what else what
-                    results.extend(self.share.wave(label, call, self.share.spread.sub_chunk(chunk), start, count, what))
+                    label = "perturbations" if "differences" in batch.what else batch.what
+                    results.extend(self.share.wave(label, call, self.share.spread.sub_chunk(chunk), start, count,
+                                                   batch.what))
             except tf.errors.ResourceExhaustedError:
                 if chunk == 1:
-                    raise MemoryError(f"f ran out of memory evaluating a single perturbation of {name}; "
-                                      "pass mode='fast' or a smaller problem.") from None
-                self.chunks[chunk_key] = chunk // 2  # the footprint estimate was too low
-                self.note(f"{name}: out of memory at {chunk} evaluations per call; retried with {chunk // 2}")
+                    raise MemoryError(f"f ran out of memory evaluating a single {batch.item}; {batch.advice}") from None
+                self.chunks[batch.key] = chunk // 2  # the footprint estimate was too low
+                self.note(OutOfMemory(batch.subject, chunk, chunk // 2, batch.unit))
                 continue
             except tf.errors.InvalidArgumentError as error:
                 if "ensure_shape" in str(error).lower() or "EnsureShape" in str(error):
+                    moved = "its inputs were" if batch.moves is None else f"{batch.moves} was"
                     raise ShapeChangeError(
-                        f"The output shape of f changed when {name} was perturbed; fastcheck needs outputs whose shapes "
+                        f"The output shape of f changed when {moved} perturbed; fastcheck needs outputs whose shapes "
                         "do not depend on input values "
                         "(avoid tf.boolean_mask/tf.where with one argument on perturbed values)."
                     ) from None
@@ -326,6 +388,12 @@ class Executor:
             progress.advance(count)
         progress.close()
         return results
+
+    def _differences_batch(self, position: int) -> Batch:
+        key = self._differences_key(position)
+        name = self.plan.inputs[position].name
+        return Batch("numerical differences", key, self.chunks[key], subject=name, moves=name,
+                     item=f"perturbation of {name}")
 
     # -- full mode: columns ----------------------------------------------------
 
@@ -346,8 +414,8 @@ class Executor:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 return (plus - minus) / spans[None, :], spans
 
-        parts = self._batched("numerical differences", self._differences_key(position), len(idx), call, eager)
-        return parts[0] if parts[0] is not None else (quotient, span)
+        eager_result = self.chunked(self._differences_batch(position), len(idx), call, eager)
+        return eager_result if eager_result is not None else (quotient, span)  # the calls filled the arrays
 
     def differences(self, position: int, idx: np.ndarray, delta: np.ndarray):
         """f(x + d e_j) and f(x - d e_j) as [m, len(idx)] float64, and the spans [len(idx)]."""
@@ -363,9 +431,9 @@ class Executor:
                 target[:, part] = view(result)[:, :count]
             span[part] = view(out[2])[:count]
 
-        parts = self._batched("numerical differences", self._differences_key(position), len(idx), call,
-                              lambda: self._eager_differences(position, idx, delta))
-        return parts[0] if parts[0] is not None else (plus, minus, span)
+        eager_result = self.chunked(self._differences_batch(position), len(idx), call,
+                                    lambda: self._eager_differences(position, idx, delta))
+        return eager_result if eager_result is not None else (plus, minus, span)  # the calls filled the arrays
 
     def _joint_on(self) -> bool:
         return self.joint and self.path in (_paths.XLA, GRAPH)
@@ -410,19 +478,18 @@ class Executor:
         checked input; found once per f, signatures and configuration)."""
         if self.path != EAGER or self.share is not None or not self.route.traceable:
             return False
-        if "elementwise" not in self.memo:
-            self.memo["elementwise"] = elementwise(self.plan, self.config, self.values, self.native)
-        return self.memo["elementwise"]
+        return self.once("elementwise", lambda: elementwise(self.plan, self.config, self.values, self.native))
 
     def _centre(self) -> np.ndarray:
         """f at x on the numerical side, as the eager loop calls it (flat, float64): planning's evaluation
         at the point in that precision (f of one output leaf: the same call, the same numbers)."""
-        if "centre" not in self.memo:
-            centre = self.plan.eval_output
-            if centre is None or np.shape(centre) != (self.plan.m,):
-                centre = self.plan.call_flat_numpy(list(self.values), self.plan.eval_upcast)
-            self.memo["centre"] = np.asarray(centre, np.float64)
-        return self.memo["centre"]
+        def centre() -> np.ndarray:
+            found = self.plan.eval_output
+            if found is None or np.shape(found) != (self.plan.m,):
+                found = self.plan.call_flat_numpy(list(self.values), self.plan.eval_upcast)
+            return np.asarray(found, np.float64)
+
+        return self.once("centre", centre)
 
     def _eager_differences(self, position, idx, delta):
         plan = self.plan
@@ -530,34 +597,6 @@ class Executor:
             return out[:count], out[count:]
 
         return line
-
-    # -- fast mode: rows -------------------------------------------------------
-
-    def rows(self, position: int, batch: tf.Tensor) -> tf.Tensor:
-        """f at each row of ``batch`` ([b, n_k] values of input ``position``, evaluation dtype): [b, m] float64."""
-        key = ("rows", position)
-
-        def call(chunk, part, count):
-            kernel = self.kernel(("rows", position, chunk),
-                                 lambda: _rows_kernel(self.plan, position, self.path, self.route.flat_function))
-            block = batch[part]
-            if count < chunk:  # one static batch size: one kernel
-                block = tf.concat([block, tf.repeat(block[-1:], chunk - count, axis=0)], 0)
-            return tf.cast(kernel(self.values, block)[:count], tf.float64)
-
-        def eager():
-            values, shape = list(self.values), self.values[position].shape
-            out = []
-            for i in range(int(batch.shape[0])):
-                values[position] = tf.reshape(batch[i], shape)
-                out.append(tf.cast(self.plan.call_flat(values, self.plan.eval_upcast), tf.float64))
-            return tf.stack(out)
-
-        parts = self._batched("fast-mode evaluations", key, int(batch.shape[0]), call, eager)
-        return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-
-    def rows_per_call(self, position: int) -> int:
-        return self.chunks[("rows", position)]
 
 
 def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:

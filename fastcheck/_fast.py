@@ -76,8 +76,8 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _compare, _flat
-from fastcheck._executor import FAST_ROWS, Executor, ShapeChangeError, measured, timed
-from fastcheck._paths import EAGER, GRAPH, XLA, is_compile_failure
+from fastcheck._executor import FAST_ROWS, Batch, Executor, ShapeChangeError, measured, timed
+from fastcheck._paths import GRAPH, XLA
 from fastcheck._plan import Plan
 from fastcheck._refine import Evaluate, Rungs, descend
 from fastcheck._report import Comparison, Element, Outcome, PairReport, Projections
@@ -313,6 +313,10 @@ def _vjp(plan: Plan, values, u) -> tf.Tensor:
     return tf.concat([tf.reshape(tf.cast(_densify(g), F64), [-1]) for g in grads], 0)
 
 
+# The executor's chunk of fast mode's directions (``Joint``).
+JOINT_ROWS = "joint rows"
+
+
 class Joint:
     """Numerical directional derivatives along joint directions, and their autodiff counterparts.
 
@@ -343,9 +347,17 @@ class Joint:
         # Per row: the direction and realised direction (float64), both perturbed points, both outputs,
         # and f's intermediates twice over.
         per_row = (16 * self.n + 2 * (self.n + route.elements_per_eval) * itemsize + 16 * plan.m) * 2
-        self.rows_per_call = int(max(1, min(FAST_ROWS, self.config.budget // max(per_row, 1))))
+        rows = int(max(1, min(FAST_ROWS, self.config.budget // max(per_row, 1))))
+        self.batch = Batch("fast-mode evaluations", JOINT_ROWS, rows, subject="fast mode", unit="probes",
+                           item="fast-mode probe", advice="pass a smaller problem or a device with more memory.",
+                           spread=False, progress=False)
         # Directions per reverse-mode J d call: the probes, or one bisection level's blocks.
         self.jvp_rows = max(self.config.probes, BLOCKS)
+
+    @property
+    def rows_per_call(self) -> int:
+        """Directions per call of f's kernel: as sized to the budget, halved by each out-of-memory."""
+        return self.executor.chunk(JOINT_ROWS) or self.batch.chunk
 
     def with_plan(self, plan: Plan) -> Joint:
         """The same inputs and kernels, with the steps and noise of ``plan`` (after measuring f's noise)."""
@@ -366,50 +378,20 @@ class Joint:
         return estimate, realised, plus, minus, noise
 
     def _evaluate(self, directions: tf.Tensor, steps: tf.Tensor):
-        """f(x + s d), f(x - s d) [b, m] float64 and the realised directions [b, n], in chunks of
-        ``rows_per_call``; halved on out-of-memory, falling back path by path like the executor.
+        """f(x + s d), f(x - s d) [b, m] float64 and the realised directions [b, n]: the executor's
+        chunk loop (``rows_per_call`` rows a call), its kernel moving every checked input at once."""
+        executor = self.executor
+        self.evaluations += 2 * int(directions.shape[0])
 
-        The executor's chunk loop for points that move every checked input (``Executor.rows``
-        moves one input), kept here until the executor offers it.
-        """
-        executor, total = self.executor, int(directions.shape[0])
-        self.evaluations += 2 * total
-        while executor.path != EAGER:
-            try:
-                # XLA's compilation (seconds for a model) does not pay off over a few dozen
-                # evaluations: graph mode, unless jit_compile=True asks for XLA.
-                path = GRAPH if executor.path == XLA and self.config.jit_compile is not True else executor.path
-                kernel = executor.kernel(("joint directional", path), lambda path=path: _directional_kernel(
-                    executor.plan, path, executor.route.flat_function))
-                parts, start = [], 0
-                while start < total:
-                    count = min(self.rows_per_call, total - start)
-                    try:
-                        parts.append(kernel(executor.values, directions[start : start + count], steps[start : start + count]))
-                    except tf.errors.ResourceExhaustedError:
-                        if self.rows_per_call == 1:
-                            raise MemoryError("f ran out of memory evaluating a single fast-mode probe; "
-                                              "pass a smaller problem or a device with more memory.") from None
-                        self.rows_per_call //= 2
-                        executor.note(f"fast mode: out of memory at {2 * self.rows_per_call} probes per call; "
-                                      f"retried with {self.rows_per_call}")
-                        continue
-                    start += count
-                return tuple(tf.concat(column, 0) if len(parts) > 1 else column[0] for column in zip(*parts))
-            except ShapeChangeError:
-                raise
-            except tf.errors.InvalidArgumentError as error:
-                if "ensure_shape" in str(error).lower() or "EnsureShape" in str(error):
-                    raise ShapeChangeError(
-                        "The output shape of f changed when its inputs were perturbed; fastcheck needs outputs whose "
-                        "shapes do not depend on input values (avoid tf.boolean_mask/tf.where with one argument on "
-                        "perturbed values).") from None
-                if not executor.fall_back(error, "fast-mode evaluations"):
-                    raise
-            except Exception as error:
-                if not is_compile_failure(error) or not executor.fall_back(error, "fast-mode evaluations"):
-                    raise
-        return self._eager(directions, steps)
+        def call(chunk, part, count):
+            # XLA's compilation (seconds for a model) does not pay off over a few dozen
+            # evaluations: graph mode, unless jit_compile=True asks for XLA.
+            path = GRAPH if executor.path == XLA and self.config.jit_compile is not True else executor.path
+            kernel = executor.kernel(("joint directional", path), lambda: _directional_kernel(
+                executor.plan, path, executor.route.flat_function))
+            return kernel(executor.values, directions[part], steps[part])
+
+        return executor.chunked(self.batch, int(directions.shape[0]), call, lambda: self._eager(directions, steps))
 
     def _eager(self, directions: tf.Tensor, steps: tf.Tensor):
         plan, rows = self.executor.plan, []

@@ -30,6 +30,7 @@ from fastcheck._compare import (
 )
 from fastcheck._compare import diagnose as _diagnose
 from fastcheck._config import MACHINE_EPSILON
+from fastcheck._executor import FellBack, OutOfMemory
 from fastcheck._plan import InputSpec, Plan, _first_line
 from fastcheck._tables import RESOLUTION_RTOLS
 
@@ -1058,13 +1059,23 @@ def _aggregated_notes(notes: list[str], names: list[str]) -> list[str]:
     return result
 
 
+def event_note(event: str | OutOfMemory | FellBack) -> str:
+    """An executor's event as the report's note (strategies' and replicas' notes are text already)."""
+    if isinstance(event, OutOfMemory):
+        return (f"{event.subject}: out of memory at {event.chunk} {event.unit} per call; "
+                f"retried with {event.retried}")
+    if isinstance(event, FellBack):
+        return f"{event.path} failed for {event.what} ({event.error}); fell back to {event.following}"
+    return event
+
+
 def run_notes(outcome: Outcome, executor, config, mode: str, why: str, problem_notes=()) -> list[str]:
     """The report's notes, in the order the check learnt them."""
     plan, route = outcome.plan, executor.route
     notes = [*plan.notes, *problem_notes, *_precision_notes(plan, config, outcome.atol, outcome.rtol),
              f"mode: {mode} ({why})",
              f"path: {route.path} ({route.reason}{'' if mode == 'full' else '; routed, before the mode was chosen, for a full check'})",
-             *executor.events, *outcome.notes]
+             *map(event_note, executor.events), *outcome.notes]
     for spec in plan.checked:
         chunk = executor.chunks.get(spec.position, spec.size)
         if mode == "full" and route.path != "eager" and 0 < chunk < spec.size:

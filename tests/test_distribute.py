@@ -230,14 +230,15 @@ def test_strategy_and_devices_together_are_refused_and_other_entry_points_take_t
 def test_out_of_memory_halves_the_chunk_and_each_share_runs_on_its_replica():
     from fastcheck._check import _executor
     from fastcheck._config import CheckConfig
+    from fastcheck._executor import Batch
     from fastcheck._paths import kernel_plan
     from fastcheck._plan import build_plan
+    from fastcheck._report import event_note
 
     config = CheckConfig(jit_compile=False, devices=["/CPU:0"])
     x = tf.constant(np.linspace(0, 1, 50))
     executor = _executor(kernel_plan(build_plan(tf.sin, [x], config)), config, {})
-    executor.chunks[0] = 16
-    seen = np.zeros(50, int)
+    seen, starts = np.zeros(50, int), []
 
     def call(chunk, part, count):
         if chunk > 8:
@@ -245,10 +246,10 @@ def test_out_of_memory_halves_the_chunk_and_each_share_runs_on_its_replica():
         assert count == part.stop - part.start <= chunk
         assert tf.constant(0.0).device.endswith("CPU:0")  # under the replica's device scope
         seen[part] += 1
-        return part.start
+        starts.append(part.start)
 
-    starts = executor._batched("numerical differences", 0, 50, call, lambda: None)
-    assert starts == [0, 8, 16, 24, 32, 40, 48] and np.all(seen == 1)
-    notes = "\n".join(executor.events)
+    assert executor.chunked(Batch("numerical differences", "test", 16, subject="x"), 50, call, lambda: None) is None
+    assert starts == [0, 8, 16, 24, 32, 40, 48] and np.all(seen == 1) and executor.chunk("test") == 8
+    notes = "\n".join(map(event_note, executor.events))
     assert "out of memory at 16 evaluations per call; retried with 8" in notes
     assert "distributed over 1 replica (MirroredStrategy on CPU:0): 50 perturbations" in notes
