@@ -21,11 +21,9 @@ import tensorflow as tf
 from fastcheck._executor import Executor, view
 from fastcheck._paths import EAGER, LOOP, cached, compile_kernel, is_cached, pad, plan_key
 from fastcheck._plan import Plan, _first_line
+from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS
 
 ZERO = tf.UnconnectedGradients.ZERO
-# Eager passes run when predicted (from the first pass) to finish within these.
-EAGER_SECONDS = 0.25
-EAGER_LOOP_SECONDS = 30.0
 
 
 def _densify(gradient):

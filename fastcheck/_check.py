@@ -17,11 +17,24 @@ from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._paths import EAGER, VJP_CALLS, Route, choose_route, kernel_plan
+from fastcheck._paths import EAGER, Route, choose_route, kernel_plan
 from fastcheck._plan import Plan, _first_line, build_plan
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
 from fastcheck._report import Dense, GradientReport, PairReport, describe_nonfinite, run_notes, vacuous_warnings
+from fastcheck._tables import (
+    BATCHED_ELEMENTS,
+    BATCHED_FLOPS,
+    BATCHED_PER_CALL,
+    COLOURED_MAX_COLUMN_SHARE,
+    COLOURED_SECONDS_PER_NONZERO,
+    FULL_MAX_ENTRIES_PER_GIB,
+    FULL_MAX_INPUT,
+    FULL_RERUN_MAX_ENTRIES,
+    TIME_RULE_MIN_ELEMENTS,
+    TIME_RULE_MIN_INPUTS,
+    VJP_CALLS,
+)
 
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
@@ -167,25 +180,6 @@ def _keep(config: CheckConfig, learnt: _paths.Calibration | None) -> None:
         _paths.keep_shared(learnt)
 
 
-# mode="auto" runs full Jacobians up to these sizes (elements of one Jacobian
-# block, and elements of one input), and within config.seconds (time_budget) of
-# predicted time; random projections beyond.
-FULL_MAX_ENTRIES_PER_GIB = 25_000_000
-FULL_MAX_INPUT = 200_000
-# One batched evaluation of a full sweep (vectorized_map chunks) costs about
-# max(BATCHED_PER_CALL single calls of f's traced function, flops / BATCHED_FLOPS +
-# elements / BATCHED_ELEMENTS), with f's FLOPs and intermediate elements as the route's
-# probe counted them.  Measured on an AMD EPYC x 2 with TF 2.21, per evaluation, predicted /
-# measured: dense 4096 0.08 / 0.05 ms, dense 16384 0.13 / 0.09, MLP 20,000 0.12 / 0.14,
-# MLP 100,000 0.44 / 0.46, conv 32x32x4 0.1 / 0.13, MobileNetV2 in float64 0.85 / 0.45.
-# (The call alone misses memory-bound f, whose batches gain little -- MLP 100,000: 0.45 of
-# a 1.07 ms call; the FLOPs and elements alone miss small convolutions -- 4 channels run
-# 17x slower per element than MobileNetV2's.)
-BATCHED_PER_CALL = 1 / 8
-BATCHED_FLOPS = 3e10
-BATCHED_ELEMENTS = 2e9
-
-
 def predict_full_seconds(plan: Plan, route: Route, calibration: _paths.Calibration, budget: float,
                          call_seconds) -> tuple[float, str]:
     """(seconds, how) a full check of ``plan`` on ``route`` is predicted to take after routing.
@@ -211,13 +205,6 @@ def predict_full_seconds(plan: Plan, route: Route, calibration: _paths.Calibrati
     evaluations = 2 * plan.n + (VJP_CALLS * plan.m if plan.m > 1 else 0)
     return tracing + evaluations * per_eval, (f"{kernels} kernels to trace at ~{traced:.2g} s and {evaluations:.3g} "
                                               f"batched evaluations at ~{per_eval * 1e3:.2g} ms")
-
-
-# The time rule applies only to checks this large: a small one is cheap in full whatever
-# a momentary load makes its measured costs look like (one slow call must not turn a
-# 16-element check into projections).
-TIME_RULE_MIN_INPUTS = 16
-TIME_RULE_MIN_ELEMENTS = 20_000
 
 
 def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _paths.Calibration, call_seconds,
@@ -250,14 +237,6 @@ def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _pat
                             plan, config, route, call_seconds, sparse)
     return "full", (f"the full Jacobian ({entries:.3g} entries) fits memory_budget, and is predicted to take "
                     f"{seconds:.2g} s, within time_budget={config.seconds:g} s")
-
-
-# Coloured mode in auto: at most this share of the columns as colours (beyond it the
-# Jacobian is too dense for compression to pay), and this much host time per structural
-# nonzero on top of f's evaluations (measured, AMD EPYC x 2: 0.35 us at 10^7 elementwise
-# nonzeros, 0.5-0.7 us for a 3x3 convolution's 3.75e7).
-COLOURED_MAX_COLUMN_SHARE = 1 / 16
-COLOURED_SECONDS_PER_NONZERO = 1e-6
 
 
 def _beyond_full(why: str, plan: Plan, config: CheckConfig, route: Route, call_seconds, sparse) -> tuple[str, str]:
@@ -338,12 +317,6 @@ def _require_coloured_memory(sparse, config: CheckConfig) -> None:
             f"{found['row_colours']} VJPs, more than the {limit / 2**30:.3g} GiB it may hold ({what}). Pass mode='fast' "
             "(random projections: memory linear in the sizes), or a larger memory_budget if the machine has the memory."
         )
-
-
-# Coloured mode's full rerun (element verdicts for a reverse-mode gradient off the pattern) up to
-# this many Jacobian entries (a noisy f's full check at 67M entries, a bfloat16 conv 32x32x8, takes
-# ~50 s and ~4 GB); beyond, the pair fails with the probe's text.
-FULL_RERUN_MAX_ENTRIES = 1 << 23
 
 
 def _memory_limit(config: CheckConfig) -> tuple[int, str]:

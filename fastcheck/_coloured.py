@@ -46,6 +46,7 @@ from fastcheck._precision import Noise, measure_noise
 from fastcheck._refine import Evaluate, Rungs, descend
 from fastcheck._report import Dense, GradientCheckError, Nonzeros, Outcome, PairReport, _having, _index, kernel_failure
 from fastcheck._tables import (
+    BYTES_PER_NONZERO,
     DEEP_LEVELS,
     MEASURED_NOISE_FACTOR,
     NOISE_FACTOR,
@@ -54,8 +55,11 @@ from fastcheck._tables import (
     PATTERN_PROBES,
     REFINE_LEVELS,
     REFINE_RATIO,
+    VERDICT_CHUNK,
+    VJP_LOOP_SECONDS,
     VJP_PROBE_ROUNDING,
     VJP_PROBE_WEIGHTS,
+    XLA_MIN_EVALUATIONS,
 )
 
 INCONSISTENT_HINT = ("the reverse-mode gradient disagrees with f's Jacobian along a dense random cotangent (see the "
@@ -67,12 +71,6 @@ WRONG_PATTERN_HINT = ("the sparsity pattern misses dependencies of f (see the pr
 
 
 # -- kernels -------------------------------------------------------------------------------
-
-# Coloured kernels run few evaluations (2 per colour): XLA's compilation (0.4 s for an
-# elementwise f at 10^7 elements, whose graph kernel also runs faster) pays only from this many.
-XLA_MIN_EVALUATIONS = 512
-# Row colours times one eager call of f up to which the VJPs run one colour per call (see ``_analytical``).
-VJP_LOOP_SECONDS = 0.05
 
 
 def _kernel_path(executor: Executor, evaluations: int) -> str:
@@ -484,12 +482,6 @@ def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
 def _verdicts(a, numerical, noise, atol, rtol):
     status, band = _compare.verdicts(a[None, :], numerical[None, :], noise[None, :], atol, rtol)
     return status[0], band[0]
-
-
-# Nonzeros handled per block: every per-nonzero quantity but the status (values, noise,
-# bands, indices) exists one block at a time -- float64 temporaries per block, not per
-# nonzero, and they stay in cache.
-VERDICT_CHUNK = 1 << 16
 
 
 @dataclasses.dataclass
@@ -999,13 +991,6 @@ def held_bytes(found: Layout, plan: Plan) -> int:
     narrow = 4 if plan.eval_dtype.size <= 4 else 8
     return int(sum(p.nnz for p in found.patterns) * BYTES_PER_NONZERO + narrow * sum(found.colours) * plan.m
                + plan.native_flat_dtype.size * found.row_colours * plan.n + sum(p.bytes for p in found.patterns))
-
-
-# Host bytes per structural nonzero held through a check: its status (int8).  Everything
-# else lives compressed -- the colours' differences [C, m] (float64) and the VJPs [R, n]
-# (native dtype), about one value per nonzero each for a good colouring -- or exists one
-# block of ``VERDICT_CHUNK`` nonzeros at a time.
-BYTES_PER_NONZERO = 1
 
 
 def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name) -> Outcome:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fastcheck._tables import (
+    FACTOR_ELEMENTS,
     FLAT_ROUNDINGS,
     JUMP_VISIBLE,
     KINK_VISIBLE,
@@ -25,7 +26,9 @@ from fastcheck._tables import (
     QUANTA,
     RESOLUTION_NOISE_SHARE,
     RESOLUTION_RTOLS,
+    ROW_BLOCK,
     UNSTEADY_VISIBLE,
+    VERDICT_BLOCK,
 )
 
 OK, MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, NONDIFFERENTIABLE, UNRESOLVED, DISCONTINUOUS = 0, 1, 2, 3, 4, 5, 6
@@ -56,8 +59,6 @@ STATUS_NAMES = {
 FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)
 # Statuses that say "the numerics cannot decide here", as opposed to "the gradient is wrong".
 UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)
-# Elements per block of the element-wise rule (a few arrays of it stay in cache).
-VERDICT_BLOCK = 1 << 14
 
 
 def flat(numerical: np.ndarray, spans: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -469,7 +470,6 @@ FLAT_HINT = ("f's output does not move beyond its rounding at these elements whi
              "a surrogate gradient, e.g. a straight-through estimator, which no difference quotient can check), or "
              "float32 rounding inside f swallows the change (check with a float64 numerical side); if f should not "
              "depend on these elements, the gradient flows where f does not.")
-FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis needs
 
 
 def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, size: int | None = None) -> str | None:
@@ -538,10 +538,6 @@ def _transposed(analytical: np.ndarray, numerical: np.ndarray, bad: np.ndarray) 
     if not np.allclose(analytical[rows, cols], numerical[cols, rows], rtol=1e-4, atol=1e-8):
         return False
     return bool(np.allclose(analytical, numerical.T, rtol=1e-4, atol=1e-8))
-
-
-# Rows per block when a pass over an [m, n] Jacobian is memory-bound.
-ROW_BLOCK = 256
 
 
 def directions_agree(jvp: np.ndarray, directions: list, numerical: list, band: list) -> bool:

@@ -21,9 +21,12 @@ import tensorflow as tf
 
 from fastcheck import _tables
 from fastcheck._sparsity import given
-from fastcheck._tables import DEFAULT_TOLERANCES  # re-exported: the tolerance table users override
-
-DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes
+from fastcheck._tables import (
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_PROBES,
+    DEFAULT_TIME_BUDGET,
+    DEFAULT_TOLERANCES,  # re-exported: the tolerance table users override
+)
 
 # Machine epsilon per dtype, as data (bfloat16 is not a numpy dtype).
 MACHINE_EPSILON = {
@@ -50,9 +53,6 @@ MODES = ("auto", "full", "fast", "coloured")
 # Which autodiff side is checked: reverse mode (VJPs, what training uses) always,
 # forward mode (JVPs) as an extra check where TensorFlow supports it ("auto").
 AUTODIFF = ("auto", "reverse", "forward", "both")
-DEFAULT_PROBES = 4
-# mode="auto" runs the full Jacobians only when they are predicted to take at most this long.
-DEFAULT_TIME_BUDGET = 60.0  # seconds
 
 
 def real_dtype(dtype: tf.DType) -> tf.DType:

@@ -35,6 +35,7 @@ from fastcheck._config import CheckConfig
 from fastcheck._paths import cached, plan_key
 from fastcheck._plan import Plan
 from fastcheck._sparsity import Dep, _Tracer
+from fastcheck._tables import MIN_ELEMENTS
 
 # Element-wise ops besides _sparsity's (which walks forward graphs): the gradient kernels of
 # element-wise ops, and unary special functions.
@@ -43,8 +44,6 @@ GRADIENT_ELEMENTWISE = frozenset({
     "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad", "SoftsignGrad", "GeluGrad",
     "BesselI0e", "BesselI1e", "BesselI0", "BesselI1", "Polygamma", "Zeta", "Conj", "Real",
 })
-# Below this many elements the loops are as cheap as the structure's graph.
-MIN_ELEMENTS = 2
 
 
 class _Walker(_Tracer):

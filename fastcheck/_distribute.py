@@ -39,10 +39,7 @@ import tensorflow as tf
 
 from fastcheck._paths import EAGER
 from fastcheck._raised import Raised
-
-# A collective waits this long for the other workers (a worker computing a long chunk
-# keeps the others waiting; one that took another path would otherwise hang them).
-COLLECTIVE_TIMEOUT_SECONDS = 600.0
+from fastcheck._tables import COLLECTIVE_TIMEOUT_SECONDS
 
 _OK, _OUT_OF_MEMORY, _FAILED = 0, 1, 2
 

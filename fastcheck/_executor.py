@@ -45,7 +45,6 @@ from fastcheck._paths import (
     EAGER,
     GRAPH,
     LOOP,
-    MEMORY_SAFETY,
     Calibration,
     Progress,
     Route,
@@ -58,10 +57,7 @@ from fastcheck._paths import (
 )
 from fastcheck._plan import Plan, _first_line, measure_precision, view
 from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
-
-# Fast mode evaluates at most this many rows per call: one compiled kernel then serves
-# probes, bisection blocks and element columns alike (``_fast.Joint``).
-FAST_ROWS = 16
+from fastcheck._tables import LINE_MARGIN, MEMORY_SAFETY
 
 
 class ShapeChangeError(ValueError):
@@ -187,10 +183,6 @@ def _line_kernel(plan: Plan):
 # Noise tables of one measurement, at least: NOISE_DIRECTIONS directions per group of inputs,
 # NOISE_SCALES fine scales and one coarser one.  Each is 2 NOISE_SIDE calls of f point by point.
 NOISE_TABLES = NOISE_DIRECTIONS * (NOISE_SCALES + 1)
-# On the eager path the line kernel is traced only where the calls it saves are predicted to
-# cost this many times its tracing: the routing's trace estimate is a whole check's, and some
-# f trace far slower than it (TFP's lbeta, vectorised: 0.5 s against 0.16 s predicted).
-LINE_MARGIN = 2.0
 
 
 def measured(executor: Executor, plan: Plan, line=None) -> Plan:

@@ -76,7 +76,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _compare, _flat
-from fastcheck._executor import FAST_ROWS, Batch, Executor, ShapeChangeError, measured, timed
+from fastcheck._executor import Batch, Executor, ShapeChangeError, measured, timed
 from fastcheck._paths import GRAPH, XLA
 from fastcheck._plan import Plan
 from fastcheck._refine import Evaluate, Rungs, descend
@@ -86,6 +86,7 @@ from fastcheck._tables import (
     BLOCKS,
     DEEP_LEVELS,
     DILUTION,
+    FAST_ROWS,
     FLAT_ROUNDINGS,
     LOCALISE_DRAWS,
     MAX_LOCALISED_INPUTS,

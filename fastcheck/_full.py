@@ -35,6 +35,8 @@ from fastcheck._tables import (
     EDGE_LEVELS,
     FINEST_HOLDS,
     FINEST_ROUNDING,
+    FORWARD_MIN_EVALUATIONS,
+    FORWARD_PROBES,
     MEASURED_NOISE_FACTOR,
     REFINE_LEVELS,
     REFINE_RATIO,
@@ -704,11 +706,7 @@ def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[Pair
 SMALL_CHECK_FORWARD_NOTE = ("forward mode (JVP) not checked: the check ran eagerly, and TensorFlow's forward mode "
                             "traces a helper function per op, which on checks this small costs more than the check "
                             "itself; pass autodiff='both' to check it")
-# ... nor on traced checks of fewer first-sweep evaluations than this: there the helpers'
-# traces cost a third of the check or more (dense n=1024, a new function in a warm process:
-# 0.05-0.07 s of 0.2 s; TFP's betainc at 300 elements: 1.1 s of 1.5 s), for a side training
-# does not use and that cannot see custom gradients.
-FORWARD_MIN_EVALUATIONS = 4096
+# ... nor on traced checks of fewer first-sweep evaluations than FORWARD_MIN_EVALUATIONS (``_tables``).
 FEW_EVALUATIONS_FORWARD_NOTE = ("forward mode (JVP) not checked: TensorFlow's forward mode traces a helper function "
                                 "per op (10-30 ms each, ~1 s for some TFP special functions), a large share of a check "
                                 f"of fewer than {FORWARD_MIN_EVALUATIONS} evaluations; pass autodiff='both' to check it")
@@ -716,9 +714,6 @@ FEW_EVALUATIONS_FORWARD_NOTE = ("forward mode (JVP) not checked: TensorFlow's fo
 # (TFP's special functions in the corpus: 0.25-2.5 s, as much as the rest of the check).
 LOOPS_FORWARD_NOTE = ("forward mode (JVP) not checked: f contains while_loops, through which TensorFlow's forward "
                       "mode runs op by op and iteration by iteration; pass autodiff='both' to check it")
-# Random directions of the forward-mode (JVP) check in autodiff="auto": one random
-# sign vector over every column catches a wrong JVP column with probability ~1.
-FORWARD_PROBES = 1
 
 
 def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[list[PairReport], str]:

@@ -50,6 +50,7 @@ import tensorflow as tf
 
 from fastcheck._config import PRECISION_EPSILON
 from fastcheck._plan import _first_line
+from fastcheck._tables import FLOAT64_COPY_ROUNDINGS
 from fastcheck._variables import (
     attribute_paths,
     library_state_restored,
@@ -63,20 +64,6 @@ from fastcheck._variables import (
 # tf_keras random layers draw from stateless ops seeded from this while the loss is computed
 # (a layer's own integer seed is used when it has one).
 _FIXED_SEED = 1234
-
-# The float64 copy of a model stands in for it on the numerical side when its loss
-# equals the model's within this many float32 roundings (machine epsilons) of the
-# loss's magnitude.  A float32 forward pass rounds every op's result (relative error
-# eps / 2 each); those errors reach the loss scaled by the network's conditioning and
-# mostly cancel.  Measured: MobileNetV2 (alpha 0.35) at random init 0.1 eps, with its
-# batch-norm statistics calibrated on 256 images 9 eps; a small ReLU6 CNN or a
-# Transformer encoder block 0.1 to 2 eps.  256 eps (3e-5 relative), the allowance of the
-# real-vs-stateless comparison in ``training_gradients``, leaves a wide margin.  Beyond
-# it the copy computes another function (a dtype-dependent layer), or the model's
-# float32 evaluation is so ill-conditioned (MobileNetV2 with statistics of 4 images:
-# 4000 eps, and float32 gradients 1% from exact) that exact derivatives would judge its
-# float32 rounding, not its gradient code, at float32 tolerances.
-FLOAT64_COPY_ROUNDINGS = 256
 
 
 def variable_name(variable) -> str:

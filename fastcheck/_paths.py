@@ -30,28 +30,31 @@ import tensorflow as tf
 from fastcheck._config import CheckConfig
 from fastcheck._plan import Plan
 from fastcheck._raised import Raised, call_carrying_own
+from fastcheck._tables import (
+    CACHE_BYTES,
+    CLOSE_CALL,
+    EAGER_LEARN_SECONDS,
+    FIRST_TRACE_SECONDS,
+    JOINT_CALL_PERTURBATIONS,
+    JOINT_ELEMENTS_PER_SECOND,
+    JOINT_EXTRA_ELEMENTS,
+    JOINT_MIN_CHUNK,
+    MEMORY_BOUND_INTENSITY,
+    MEMORY_SAFETY,
+    MIN_CACHED_CHUNK,
+    PROGRESS_SECONDS,
+    REFERENCE_DISPATCH,
+    TRACE_CALLS,
+    TRACE_SECONDS,
+    VJP_CALLS,
+    XLA_MIN_WORK,
+)
 
 XLA, GRAPH, LOOP, EAGER = "xla", "graph", "loop", "eager"
 # Each path falls back to the next when it cannot run f: XLA cannot compile
 # some ops, pfor cannot convert some, and a function that calls .numpy() or
 # Python-side effects cannot be traced at all but still runs eagerly.
 FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
-
-# Tracing, pfor conversion and the first run of a batched kernel cost about
-# TRACE_SECONDS + TRACE_CALLS eager calls of f, and the first traced check in a
-# process pays TensorFlow's own warm-up of tracing, pfor and graph optimisation,
-# FIRST_TRACE_SECONDS more -- on the machine where they were measured (AMD EPYC,
-# TF 2.21 CPU, kernels traced without AutoGraph; routing and both Jacobians of
-# dense n=256: 0.108 s traced as the first check in a process, 0.09 s after, 0.10 s
-# eager), whose eager dispatch of one small op takes REFERENCE_DISPATCH seconds.
-# An eager reverse-mode row costs about VJP_CALLS calls of f (tape walk, cotangent).  Both are Python-side work, so on
-# another machine they start scaled by its measured dispatch time; then the check's
-# ``Calibration`` corrects every prediction by what earlier checks actually took.
-TRACE_SECONDS = 0.08
-TRACE_CALLS = 40
-FIRST_TRACE_SECONDS = 0.05
-VJP_CALLS = 4
-REFERENCE_DISPATCH = 7.5e-6
 
 
 @functools.lru_cache(maxsize=1)
@@ -167,8 +170,6 @@ class Calibration:
         return self
 
 
-CLOSE_CALL = 4.0
-EAGER_LEARN_SECONDS = 0.02
 # The process's calibration: what its checks learnt, for the checks that follow (the module-level
 # default of ``CheckConfig.calibration``); only ``keep_shared`` replaces it.
 _shared = Calibration()
@@ -197,13 +198,6 @@ def routing_calibration(calibration: Calibration | None = None):
         keep_shared(before)
 
 
-# Below this many element-evaluations of batched work, XLA's compile time
-# (0.2-0.4 s on CPU) does not pay off.  Measured cold on TF 2.21 CPU: graph mode
-# wins on dense tanh(W x) up to n = 2048 (work 1e7) and on the 3x3 convolution
-# of 16x16x4 (8e6); XLA wins from dense n = 4096 (3.6e7: its sweep runs at
-# 3x graph mode's FLOP rate, since pfor's transposes fuse into the dot) and on
-# the 5,000-parameter MLP (2.3e8).
-XLA_MIN_WORK = 20_000_000
 def _runs_on_cpu(config: CheckConfig) -> bool:
     """Whether the check's kernels run on a CPU (``device``, or no GPU to place them on)."""
     if config.device is not None:
@@ -221,21 +215,6 @@ XLA_SLOW_OPS = frozenset({"Betainc", "Igamma", "Igammac", "IgammaGradA"})
 # ... and on CPU only: XLA's CPU convolutions against TensorFlow's oneDNN ones, cold,
 # AMD EPYC: conv 3x3 of 32x32x4 2.71 s graph against 3.08 s XLA, of 16x16x4 0.46 against 0.65.
 XLA_SLOW_CPU_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
-# Each call's working set -- f's shared constants and variables, the chunk's x+ and x-
-# rows and their intermediates -- is kept within the CPU's last-level cache (``cache_bytes``)
-# where that still leaves MIN_CACHED_CHUNK perturbations per call (to amortise the ~0.5 ms
-# per call).  Measured on an AMD EPYC with a 32 MiB L3, XLA sweeps of tanh(W x), float64:
-# n=16384, m=64 3.2-3.4 s at 94-112 perturbations per call (the cache's size) against
-# 4.9-5.2 s at 581 (memory_budget's); n=4096 m=64 0.23 s against 0.33 s; n=4096 m=256
-# 0.51 against 0.66; n=8192 m=128 1.29 against 1.9 (the largest calls are never fastest).
-# A memory-bound f (fewer FLOPs than MEMORY_BOUND_INTENSITY per intermediate element) gets
-# cache-sized calls even when its shared data leave less than that: the 20,000-parameter
-# MLP (15 FLOPs per element) ran 8.1-8.6 s at 24-32 perturbations per call and 14.4-14.9 s
-# at 40-96 (a cliff where its working set passes the 32 MiB); the 32x32x4 convolution (19)
-# 0.79 s at 268 against 1.26 s at 1092.  CACHE_BYTES where the OS does not say.
-MEMORY_BOUND_INTENSITY = 32
-CACHE_BYTES = 64 << 20
-MIN_CACHED_CHUNK = 32
 
 
 @functools.lru_cache(maxsize=1)
@@ -262,11 +241,6 @@ def _bytes(text: str) -> int:
     return int(text[:-1] if scale > 1 else text) * scale
 
 
-# Working memory of one perturbed evaluation, relative to its traced tensors
-# (pfor keeps some intermediates of both the plus and minus halves alive).
-MEMORY_SAFETY = 2
-
-PROGRESS_SECONDS = 2.0
 _CACHE_SIZE = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
 
@@ -466,26 +440,10 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> t
                  probe.autograph, (predicted_eager, predicted_traced), joint), calibration
 
 
-# Full mode's differences run through one kernel for all checked inputs instead of one per
-# input when that saves more tracing than it costs: each of its evaluations carries every
-# checked input as a batched row (x+ and x- written, read back by f's batched ops: about
-# JOINT_EXTRA_ELEMENTS elements per element of the n, at JOINT_ELEMENTS_PER_SECOND), where a
-# per-input kernel carries one input and shares the rest.  Each per-input kernel costs a trace
-# and, on the XLA path, a compile.  Measured on a 2-core Xeon (TF 2.21), the float64 copy of a
-# 2-layer keras-hub BertBackbone (39 variables, n = 21,984, XLA): per input 0.35-0.5 s of tracing
-# and pfor plus 0.9-1.8 s of XLA compilation, at 60 us per evaluation -- a 30-37 s sweep at load
-# ~2, 61-65 s at load ~6; the joint kernel ~1 s + ~1-2 s once, at 60-100 us per evaluation, a
-# 4.4-4.9 s sweep at load ~2.  The joint kernel's calls are padded to its chunk per input (the
-# executor's calls are per input): the chunk minimises the padded perturbations plus
-# JOINT_CALL_PERTURBATIONS per call (the ~0.5 ms a call costs).
-JOINT_EXTRA_ELEMENTS = 3
 # pfor converts these with a while_loop when their filter and their input are both batched, as
 # they are in a joint kernel past the first layer (MobileNetV2: Conv2D, DepthwiseConv2dNative);
 # the executor also hands back to per-input kernels wherever a joint kernel's trace has a loop.
 JOINT_UNVECTORISED_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
-JOINT_ELEMENTS_PER_SECOND = 2e9
-JOINT_CALL_PERTURBATIONS = 4
-JOINT_MIN_CHUNK = 8
 
 
 def joint_chunk(plan: Plan, path: str, chunk_rows: int, traced_seconds: float) -> int:

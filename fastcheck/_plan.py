@@ -30,12 +30,7 @@ from fastcheck._config import (
     real_dtype,
 )
 from fastcheck._precision import Noise, low_precision_op, measure_noise, tensorfloat32_op
-from fastcheck._tables import NOISY_EPSILONS
-
-# A third call times f when one call is cheaper than this (seconds).
-CALL_TIMING_LIMIT = 0.05
-# precision="auto" upcasts the numerical side to float64 up to this many input elements.
-UPCAST_MAX_ELEMENTS = 1_000_000
+from fastcheck._tables import CALL_TIMING_LIMIT, NOISY_EPSILONS, UPCAST_MAX_ELEMENTS
 
 
 @dataclasses.dataclass

@@ -19,8 +19,9 @@ import tensorflow as tf
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._model import RANDOM_IN_TRAINING, model_loss_function, training_gradients
 from fastcheck._model import preserved_variables as preserved_variables  # run_check restores through it
-from fastcheck._plan import UPCAST_MAX_ELEMENTS, Plan, normalize_inputs, to_real_view
+from fastcheck._plan import Plan, normalize_inputs, to_real_view
 from fastcheck._structure import flatten, needs_flattening
+from fastcheck._tables import UPCAST_MAX_ELEMENTS
 
 
 @dataclasses.dataclass(frozen=True)

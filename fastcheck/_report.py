@@ -32,7 +32,7 @@ from fastcheck._compare import diagnose as _diagnose
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import FellBack, OutOfMemory
 from fastcheck._plan import InputSpec, Plan, _first_line
-from fastcheck._tables import RESOLUTION_RTOLS
+from fastcheck._tables import COLLAPSE_PASSING, RESOLUTION_RTOLS, SUMMARY_CHUNK, UNDECIDED_DETAILS, WORST_KEPT
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
 FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
@@ -78,11 +78,6 @@ class Chunk(NamedTuple):
     numerical: np.ndarray
     band: np.ndarray | None  # None where not asked for
     relative: bool = True  # whether the run enters max_rel_error (a probe's element-wise J d does not)
-
-
-# Values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each
-# (a dense 16384 x 16384 pair is 2 GB an array).
-SUMMARY_CHUNK = 1 << 20
 
 
 @dataclasses.dataclass(eq=False)
@@ -259,8 +254,6 @@ COUNT_KEYS = (("mismatches", MISMATCH), ("analytical_nonfinite", ANALYTICAL_NONF
               ("numerical_nonfinite", NUMERICAL_NONFINITE), ("not_differentiable", NONDIFFERENTIABLE),
               ("unresolved", UNRESOLVED), ("discontinuous", DISCONTINUOUS), ("kinks_unresolved", UNRESOLVED_KINK),
               ("flat", FLAT))
-# Worst elements kept by the one summary pass (the text asks for 3).
-WORST_KEPT = 8
 
 
 @dataclasses.dataclass(eq=False)
@@ -980,10 +973,6 @@ TWIN_LINE = ("judged through the float64 twin of the gradient: its allowance is 
 TWIN_PROBES_LINE = ("probes compared through the float64 twin of the gradient (the same gradient code at the float64 "
                     "point, within float32's tolerance of the gradient) under float64's rule, as float32's atol could "
                     "not resolve a 1% error here")
-# Past this many passing pairs, the text collapses them to one line by layer.
-COLLAPSE_PASSING = 20
-# Past this many undecidable fast-mode pairs, their details are one line.
-UNDECIDED_DETAILS = 4
 UNDECIDED_PROBES_HINT = (
     "an undecidable probe crosses kinks of f (ReLU-like activations) closer to the point than any step resolves, "
     "as in a freshly initialised deep network whose activations have shrunk to ~1e-11; no gradient was found wrong "

@@ -40,11 +40,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-# A traced pattern (or one intermediate tensor's dependencies) with more than this many
-# (element, input element) pairs is "dense / unknown": a coloured check would not pay.
-NONZERO_BUDGET = 50_000_000
-# The greedy colouring runs when the sum of squared row lengths is at most this.
-GREEDY_WORK = 20_000_000
+from fastcheck._tables import FOLD_DEPTH, GREEDY_WORK, NONZERO_BUDGET
 
 
 def _unique(values: np.ndarray) -> np.ndarray:
@@ -439,8 +435,7 @@ def _stack(deps: list, sizes: list[int]) -> Dep:
     return Dep(indptr, cols, bool(injective), group=group)
 
 
-# Constant folding (``_Tracer.constant``): how deep a chain of ops it follows, and ops it never runs.
-FOLD_DEPTH = 32
+# Ops constant folding (``_Tracer.constant``) never runs (its depth: ``_tables.FOLD_DEPTH``).
 NO_FOLD = frozenset({"PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If", "StatelessIf"})
 
 

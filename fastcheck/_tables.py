@@ -1,10 +1,12 @@
-"""The judge's tunables, as data: every threshold of the rule, the step ladders, the noise
-measurement and the modes' search, each with one line of where its value comes from.
+"""The package's tunables, as data: every threshold of the rule, the step ladders, the noise
+measurement and the modes' search, and every number of routing (path choice and its time
+model), the memory model, mode choice, execution blocks and the report, each with one line
+of where its value comes from.
 
 The rule (``_compare``), the strategies (``_full``, ``_fast``, ``_coloured``), the flat test
-(``_flat``) and the noise measurement (``_precision``) read them from here; nothing else
-defines a number that changes a verdict.  Measurements behind the values are in
-``docs/measurements.md``.
+(``_flat``), the noise measurement (``_precision``), routing (``_paths``, ``_check``) and the
+rest read them from here; no other module defines a numeric tunable (only names, enums,
+texts, seeds and cache sizes).  Measurements behind the values are in ``docs/measurements.md``.
 """
 
 from __future__ import annotations
@@ -124,6 +126,88 @@ VJP_PROBE_ROUNDING = 64.0  # unit roundoffs of the native dtype per unit of sum_
 NOISE_SAMPLE = 512  # rows whose noise is measured besides the failing nonzeros' (f's relative noise as a whole)
 NOISE_ALL = 1 << 17  # up to this many outputs the noise is measured on all (the other modes' sigma, their verdicts)
 
+# -- routing: path choice and its time model (``_paths``, ``_autodiff``, ``_executor``, ``_full``) ------
+# Tracing, pfor conversion and the first run of a batched kernel cost about TRACE_SECONDS + TRACE_CALLS eager
+# calls of f, and the first traced check in a process pays TensorFlow's own warm-up, FIRST_TRACE_SECONDS more --
+# on the machine where they were measured (AMD EPYC, TF 2.21 CPU, kernels traced without AutoGraph; routing and
+# both Jacobians of dense n=256: 0.108 s traced as the first check in a process, 0.09 s after, 0.10 s eager),
+# whose eager dispatch of one small op takes REFERENCE_DISPATCH seconds.  An eager reverse-mode row costs about
+# VJP_CALLS calls of f (tape walk, cotangent).  Both are Python-side work, so on another machine they start
+# scaled by its measured dispatch time; then the check's ``Calibration`` corrects them by what checks took.
+TRACE_SECONDS = 0.08
+TRACE_CALLS = 40
+FIRST_TRACE_SECONDS = 0.05
+VJP_CALLS = 4
+REFERENCE_DISPATCH = 7.5e-6
+CLOSE_CALL = 4.0  # a traced check teaches the calibration only where eager and traced were predicted this close
+EAGER_LEARN_SECONDS = 0.02  # an eager check teaches it only where its predicted loop takes this long
+CALL_TIMING_LIMIT = 0.05  # seconds: a third call times f when one call is cheaper than this (``_plan``)
+# Where XLA does not pay: three rules, one per kind of work, in different units (not one number).
+# Routing (``_paths.choose_route``): below XLA_MIN_WORK element-evaluations of batched work XLA's compile time
+# (0.2-0.4 s on CPU) does not pay off.  Measured cold on TF 2.21 CPU: graph mode wins on dense tanh(W x) up to
+# n = 2048 (work 1e7) and on the 3x3 convolution of 16x16x4 (8e6); XLA wins from dense n = 4096 (3.6e7: its
+# sweep runs at 3x graph mode's FLOP rate, since pfor's transposes fuse into the dot) and on the 5,000-parameter
+# MLP (2.3e8).
+XLA_MIN_WORK = 20_000_000
+# Coloured kernels (``_coloured._kernel_path``) run few evaluations (2 per colour): XLA's compilation (0.4 s
+# for an elementwise f at 10^7 elements, whose graph kernel also runs faster) pays only from this many.
+XLA_MIN_EVALUATIONS = 512
+# (Fast mode's probes, ``_fast.Joint._evaluate``, never pay it -- a few dozen evaluations: graph mode unless
+# jit_compile=True; no number.)
+# Full mode's differences run through one kernel for all checked inputs instead of one per input when that saves
+# more tracing than it costs (``_paths.joint_chunk``): each of its evaluations carries every checked input as a
+# batched row (x+ and x- written, read back by f's batched ops: about JOINT_EXTRA_ELEMENTS elements per element
+# of the n, at JOINT_ELEMENTS_PER_SECOND), where a per-input kernel carries one input and shares the rest.  Each
+# per-input kernel costs a trace and, on the XLA path, a compile.  Measured on a 2-core Xeon (TF 2.21), the
+# float64 copy of a 2-layer keras-hub BertBackbone (39 variables, n = 21,984, XLA): per input 0.35-0.5 s of
+# tracing and pfor plus 0.9-1.8 s of XLA compilation, at 60 us per evaluation -- a 30-37 s sweep at load ~2,
+# 61-65 s at load ~6; the joint kernel ~1 s + ~1-2 s once, at 60-100 us per evaluation, a 4.4-4.9 s sweep at
+# load ~2.  The joint kernel's calls are padded to its chunk per input (the executor's calls are per input): the
+# chunk (at least JOINT_MIN_CHUNK) minimises the padded perturbations plus JOINT_CALL_PERTURBATIONS per call
+# (the ~0.5 ms a call costs).
+JOINT_EXTRA_ELEMENTS = 3
+JOINT_ELEMENTS_PER_SECOND = 2e9
+JOINT_CALL_PERTURBATIONS = 4
+JOINT_MIN_CHUNK = 8
+# Eager autodiff passes (``_autodiff``) run when predicted (from the first pass) to finish within these.
+EAGER_SECONDS = 0.25
+EAGER_LOOP_SECONDS = 30.0
+VJP_LOOP_SECONDS = 0.05  # row colours x one eager call of f up to which coloured VJPs run one colour per call
+# On the eager path the line kernel (``_executor``) is traced only where the calls it saves are predicted to
+# cost this many times its tracing: the routing's trace estimate is a whole check's, and some f trace far
+# slower than it (TFP's lbeta, vectorised: 0.5 s against 0.16 s predicted).
+LINE_MARGIN = 2.0
+MIN_ELEMENTS = 2  # ``_diagonal``: below this many elements the loops are as cheap as the structure's graph
+# autodiff="auto" probes forward mode (``_full``) only on traced checks of at least this many first-sweep
+# evaluations: below, the ForwardAccumulator's helper traces cost a third of the check or more (dense n=1024, a
+# new function in a warm process: 0.05-0.07 s of 0.2 s; TFP's betainc at 300 elements: 1.1 s of 1.5 s), for a
+# side training does not use and that cannot see custom gradients.
+FORWARD_MIN_EVALUATIONS = 4096
+FORWARD_PROBES = 1  # random sign vectors of that JVP check: one over every column catches a wrong column w.p. ~1
+
+# -- memory model (``_paths``, ``_coloured``, ``_config``) ---------------------------------------------
+DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes: memory_budget=None, which sizes the batched evaluations
+# Each call's working set -- f's shared constants and variables, the chunk's x+ and x- rows and their
+# intermediates -- is kept within the CPU's last-level cache (``_paths.cache_bytes``) where that still leaves
+# MIN_CACHED_CHUNK perturbations per call (to amortise the ~0.5 ms per call).  Measured on an AMD EPYC with a
+# 32 MiB L3, XLA sweeps of tanh(W x), float64: n=16384, m=64 3.2-3.4 s at 94-112 perturbations per call (the
+# cache's size) against 4.9-5.2 s at 581 (memory_budget's); n=4096 m=64 0.23 s against 0.33 s; n=4096 m=256
+# 0.51 against 0.66; n=8192 m=128 1.29 against 1.9 (the largest calls are never fastest).  A memory-bound f
+# (fewer FLOPs than MEMORY_BOUND_INTENSITY per intermediate element) gets cache-sized calls even when its shared
+# data leave less than that: the 20,000-parameter MLP (15 FLOPs per element) ran 8.1-8.6 s at 24-32
+# perturbations per call and 14.4-14.9 s at 40-96 (a cliff where its working set passes the 32 MiB); the
+# 32x32x4 convolution (19) 0.79 s at 268 against 1.26 s at 1092.  CACHE_BYTES where the OS does not say.
+MEMORY_BOUND_INTENSITY = 32
+CACHE_BYTES = 64 << 20
+MIN_CACHED_CHUNK = 32
+# Working memory of one perturbed evaluation, relative to its traced tensors (pfor keeps some intermediates of
+# both the plus and minus halves alive).
+MEMORY_SAFETY = 2
+# Host bytes per structural nonzero held through a coloured check: its status (int8).  Everything else lives
+# compressed -- the colours' differences [C, m] (float64) and the VJPs [R, n] (native dtype), about one value per
+# nonzero each for a good colouring -- or exists one block of ``VERDICT_CHUNK`` nonzeros at a time.
+BYTES_PER_NONZERO = 1
+
 # -- the memory a check may hold (``_check``) --------------------------------------------------------
 # Full mode's peak host memory per Jacobian entry: numerical, analytical, noise and band (float64),
 # f(x+h) and f(x-h) of the sweep (float64), the status (int8).
@@ -132,8 +216,80 @@ FULL_BYTES_PER_ENTRY = 49
 # memory_budget (which sizes the batched evaluations) and this, never more than the free memory.
 HELD_MEMORY_FLOOR = 4 << 30
 
+# -- mode choice (``_check``, ``_config``, ``_plan``, ``_model``, ``_sparsity``) -----------------------
+DEFAULT_PROBES = 4  # fast mode's random probes per check (probes=)
+DEFAULT_TIME_BUDGET = 60.0  # seconds: mode="auto" runs full Jacobians only when predicted to take at most this long
+# mode="auto" runs full Jacobians up to these sizes (elements of one Jacobian block per GiB of memory_budget,
+# and elements of one input), and within config.seconds (time_budget) of predicted time; projections beyond.
+FULL_MAX_ENTRIES_PER_GIB = 25_000_000
+FULL_MAX_INPUT = 200_000
+# One batched evaluation of a full sweep (vectorized_map chunks) costs about max(BATCHED_PER_CALL single calls of
+# f's traced function, flops / BATCHED_FLOPS + elements / BATCHED_ELEMENTS), with f's FLOPs and intermediate
+# elements as the route's probe counted them.  Measured on an AMD EPYC x 2 with TF 2.21, per evaluation,
+# predicted / measured: dense 4096 0.08 / 0.05 ms, dense 16384 0.13 / 0.09, MLP 20,000 0.12 / 0.14, MLP
+# 100,000 0.44 / 0.46, conv 32x32x4 0.1 / 0.13, MobileNetV2 in float64 0.85 / 0.45.  (The call alone misses
+# memory-bound f, whose batches gain little -- MLP 100,000: 0.45 of a 1.07 ms call; the FLOPs and elements
+# alone miss small convolutions -- 4 channels run 17x slower per element than MobileNetV2's.)
+BATCHED_PER_CALL = 1 / 8
+BATCHED_FLOPS = 3e10
+BATCHED_ELEMENTS = 2e9
+# The time rule applies only to checks this large: a small one is cheap in full whatever a momentary load makes
+# its measured costs look like (one slow call must not turn a 16-element check into projections).
+TIME_RULE_MIN_INPUTS = 16
+TIME_RULE_MIN_ELEMENTS = 20_000
+# Coloured mode in auto: at most this share of the columns as colours (beyond it the Jacobian is too dense for
+# compression to pay), and this much host time per structural nonzero on top of f's evaluations (measured, AMD
+# EPYC x 2: 0.35 us at 10^7 elementwise nonzeros, 0.5-0.7 us for a 3x3 convolution's 3.75e7).
+COLOURED_MAX_COLUMN_SHARE = 1 / 16
+COLOURED_SECONDS_PER_NONZERO = 1e-6
+# Coloured mode's full rerun (element verdicts for a reverse-mode gradient off the pattern) up to this many
+# Jacobian entries (a noisy f's full check at 67M entries, a bfloat16 conv 32x32x8, takes ~50 s and ~4 GB);
+# beyond, the pair fails with the probe's text.
+FULL_RERUN_MAX_ENTRIES = 1 << 23
+# A traced pattern (or one intermediate tensor's dependencies) with more than this many (element, input element)
+# pairs is "dense / unknown": a coloured check would not pay (``_sparsity``).
+NONZERO_BUDGET = 50_000_000
+GREEDY_WORK = 20_000_000  # the greedy colouring runs when the sum of squared row lengths is at most this
+FOLD_DEPTH = 32  # constant folding (``_sparsity._Tracer.constant``): how deep a chain of ops it follows
+UPCAST_MAX_ELEMENTS = 1_000_000  # precision="auto" upcasts the numerical side to float64 up to this many input elements
+# The float64 copy of a model (``_model``) stands in for it on the numerical side when its loss equals the
+# model's within this many float32 roundings (machine epsilons) of the loss's magnitude.  A float32 forward pass
+# rounds every op's result (relative error eps / 2 each); those errors reach the loss scaled by the network's
+# conditioning and mostly cancel.  Measured: MobileNetV2 (alpha 0.35) at random init 0.1 eps, with its batch-norm
+# statistics calibrated on 256 images 9 eps; a small ReLU6 CNN or a Transformer encoder block 0.1 to 2 eps.
+# 256 eps (3e-5 relative), the allowance of the real-vs-stateless comparison in ``training_gradients``, leaves a
+# wide margin.  Beyond it the copy computes another function (a dtype-dependent layer), or the model's float32
+# evaluation is so ill-conditioned (MobileNetV2 with statistics of 4 images: 4000 eps, and float32 gradients 1%
+# from exact) that exact derivatives would judge its float32 rounding, not its gradient code, at float32
+# tolerances.
+FLOAT64_COPY_ROUNDINGS = 256
+
+# -- execution blocks ------------------------------------------------------------------------------
+# Fast mode evaluates at most this many rows per call: one compiled kernel then serves probes, bisection blocks
+# and element columns alike (``_fast.Joint``).
+FAST_ROWS = 16
+VERDICT_BLOCK = 1 << 14  # ``_compare``: elements per block of the element-wise rule (a few arrays of it stay in cache)
+ROW_BLOCK = 256  # ``_compare``: rows per block when a pass over an [m, n] Jacobian is memory-bound
+# ``_coloured``: nonzeros handled per block: every per-nonzero quantity but the status (values, noise, bands,
+# indices) exists one block at a time -- float64 temporaries per block, not per nonzero, and they stay in cache.
+VERDICT_CHUNK = 1 << 16
+# ``_report``: values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each (a dense
+# 16384 x 16384 pair is 2 GB an array).
+SUMMARY_CHUNK = 1 << 20
+PROGRESS_SECONDS = 2.0  # ``_paths.Progress``: a sweep shows progress (on a terminal) when predicted to take longer
+# ``_distribute``: a collective waits this long for the other workers (a worker computing a long chunk keeps the
+# others waiting; one that took another path would otherwise hang them).
+COLLECTIVE_TIMEOUT_SECONDS = 600.0
+
+# -- report (``_report``, ``_compare``) ------------------------------------------------------------
+WORST_KEPT = 8  # worst elements kept by the one summary pass (the text asks for 3)
+COLLAPSE_PASSING = 20  # past this many passing pairs, the text collapses them to one line by layer
+UNDECIDED_DETAILS = 4  # past this many undecidable fast-mode pairs, their details are one line
+FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis needs
+
 # -- overridable per check ---------------------------------------------------------------------------
 # The tunables a check reads from its options (``CheckConfig.table``), so ``tables={name: value}``
 # overrides them for that check: for experiments with a threshold, and for tests that reach a branch
 # (coloured mode's sampled noise, its sparse report, a check too large to hold) on a small problem.
 CONFIGURABLE = frozenset({"NOISE_ALL", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR"})
+

@@ -474,7 +474,7 @@ def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib):
 def test_calls_keep_their_working_set_in_cache():
     # tanh(W x) is compute-bound, but its sweep still ran 1.5x faster with each call's W, x+ and x- rows
     # in the CPU's cache than in the largest calls the budget allows (n=16384: 3.2 s against 4.9 s).
-    from fastcheck import _config, _paths, _plan
+    from fastcheck import _config, _paths, _plan, _tables
     from fastcheck.testing import Calibration
 
     machine = Calibration(cache=8 << 20)  # a CPU with an 8 MiB cache
@@ -488,7 +488,7 @@ def test_calls_keep_their_working_set_in_cache():
     probe = _paths.probe_graph(_plan.build_plan(f, [x], _config.CheckConfig()))
     # The reshapes around the product are views: not counted as written.
     assert probe.shared_bytes == 64 * 4000 * 8 and probe.written < 4000 < probe.elements
-    assert route.flops_per_eval >= _paths.MEMORY_BOUND_INTENSITY * route.elements_per_eval
+    assert route.flops_per_eval >= _tables.MEMORY_BOUND_INTENSITY * route.elements_per_eval
     assert route.chunks[0] == ((8 << 20) - 64 * 4000 * 8) // (2 * (4000 + probe.written) * 8)
     assert route.chunk_reason == "to keep each call's working set within the CPU's 8 MiB cache"
     report = fastcheck.check_gradients(f, x, jit_compile=True, calibration=machine)
@@ -500,7 +500,7 @@ def test_calls_keep_their_working_set_in_cache():
 
 
 def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
-    from fastcheck import _paths
+    from fastcheck import _tables
     from fastcheck.testing import Calibration
 
     machine = Calibration(cache=32 << 20)  # a CPU with a 32 MiB cache
@@ -512,10 +512,10 @@ def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
     x = tf.constant(RNG.normal(size=1000))
     route = _route(f, x, jit_compile=False, calibration=machine)
 
-    assert route.flops_per_eval < _paths.MEMORY_BOUND_INTENSITY * route.elements_per_eval
+    assert route.flops_per_eval < _tables.MEMORY_BOUND_INTENSITY * route.elements_per_eval
     assert route.chunks[0] < 1000 and "working set within" in route.chunk_reason
     assert (2 * route.chunks[0] * (1000 + route.elements_per_eval) * 8 <= 32 << 20
-            or route.chunks[0] == _paths.MIN_CACHED_CHUNK)
+            or route.chunks[0] == _tables.MIN_CACHED_CHUNK)
     report = fastcheck.check_gradients(f, x, jit_compile=False, calibration=machine)
     assert report.ok, str(report)
     assert any("working set within" in note for note in report.notes), report.notes
@@ -574,13 +574,13 @@ def test_scalar_output_beside_an_empty_output(jit_compile):
 
 
 def test_first_trace_in_a_process_counts_tensorflow_warm_up():
-    from fastcheck import _config, _paths, _plan
+    from fastcheck import _config, _paths, _plan, _tables
     from fastcheck.testing import Calibration
 
     config = _config.CheckConfig()
     plan = _plan.build_plan(lambda x: tf.reduce_sum(tf.sin(x)), [tf.constant(RNG.normal(size=100))], config)
     plan = dataclasses.replace(plan, call_seconds=7e-4)  # eager loop: 205 calls = 0.144 s; tracing: 0.108 s, or 0.158 s the first time
-    fresh = Calibration(dispatch=_paths.REFERENCE_DISPATCH)  # a process on a machine like the reference one
+    fresh = Calibration(dispatch=_tables.REFERENCE_DISPATCH)  # a process on a machine like the reference one
     first, after = _paths.choose_route(plan, config, fresh)
     assert first.path == "eager" and "first trace in this process" in first.reason and after == fresh
     route, after = _paths.choose_route(plan, config, dataclasses.replace(fresh, traced=True))
@@ -590,10 +590,10 @@ def test_first_trace_in_a_process_counts_tensorflow_warm_up():
 
 
 def test_routing_predictions_follow_this_process_measured_costs():
-    from fastcheck import _config, _paths, _plan
+    from fastcheck import _config, _paths, _plan, _tables
     from fastcheck.testing import Calibration
 
-    calibration = Calibration(dispatch=_paths.REFERENCE_DISPATCH, traced=True)  # a machine like the reference one
+    calibration = Calibration(dispatch=_tables.REFERENCE_DISPATCH, traced=True)  # a machine like the reference one
     config = _config.CheckConfig()
     plan = _plan.build_plan(lambda x: tf.reduce_sum(tf.sin(x)), [tf.constant(RNG.normal(size=100))], config)
     plan = dataclasses.replace(plan, call_seconds=4e-4)  # eager loop: 205 calls = 0.082 s; tracing: 0.096 s
@@ -604,8 +604,8 @@ def test_routing_predictions_follow_this_process_measured_costs():
     route = _paths.choose_route(plan, config, calibration)[0]
     assert route.path == "graph" and route.predicted[0] == pytest.approx(0.246, rel=1e-6)
     # A machine whose eager dispatch is ten times slower than the reference traces sqrt(10) times slower.
-    slow = dataclasses.replace(calibration, dispatch=10 * _paths.REFERENCE_DISPATCH)
-    assert slow.tracing() == pytest.approx(_paths.TRACE_SECONDS * 10**0.5)
+    slow = dataclasses.replace(calibration, dispatch=10 * _tables.REFERENCE_DISPATCH)
+    assert slow.tracing() == pytest.approx(_tables.TRACE_SECONDS * 10**0.5)
     assert _paths.choose_route(plan, config, slow)[0].path == "eager"
     # A long traced sweep (eager predicted far slower) says nothing about tracing; a close call does.
     assert calibration.learn_from(dataclasses.replace(route, predicted=(10.0, route.predicted[1])), "graph",

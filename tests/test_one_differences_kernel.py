@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import fastcheck
-from fastcheck import _paths
+from fastcheck import _paths, _tables
 
 RNG = np.random.default_rng(3)
 SHAPES = [(6, 5), (5,), (5, 4), (4,), (4, 3), (3,), (7,)]
@@ -75,6 +75,6 @@ def test_joint_chunk_rule():
     assert _paths.joint_chunk(Plan, _paths.LOOP, 64, 1.0) == 0  # map_fn reuses f's one trace already
     assert _paths.joint_chunk(Plan, _paths.XLA, 64, 0.0) == 0  # nothing to save
     chunk = _paths.joint_chunk(Plan, _paths.XLA, 64, 1.0)
-    assert _paths.JOINT_MIN_CHUNK <= chunk <= max(plan_sizes)
+    assert _tables.JOINT_MIN_CHUNK <= chunk <= max(plan_sizes)
     Plan.checked = Plan.checked[:1]
     assert _paths.joint_chunk(Plan, _paths.XLA, 64, 1.0) == 0  # one input: its own kernel
