@@ -63,7 +63,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
     timings: dict[str, float] = {}
     with _on_device(config.device), preserved_variables(problem.variables):
         with timed(timings, "plan"):
-            plan = kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names, problem.computes_in))
+            plan = kernel_plan(build_plan(problem.f, problem.inputs, _planning(problem, config), problem.names, problem.computes_in))
         if plan.nondeterministic:
             problems = [plan.nondeterministic, *([problem.if_random] if problem.if_random else [])]
             return GradientReport([], "none", "-", time.perf_counter() - start, [*plan.notes, *problem.notes],
@@ -120,7 +120,7 @@ def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.
 def jacobian_blocks(problem: Problem, config: CheckConfig, sides: tuple[str, ...]) -> dict:
     """``jacobians`` of each side in ``sides`` ("numerical", "analytical"), from one plan and executor."""
     with _on_device(config.device), preserved_variables(problem.variables):
-        plan = kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names, problem.computes_in))
+        plan = kernel_plan(build_plan(problem.f, problem.inputs, _planning(problem, config), problem.names, problem.computes_in))
         if plan.empty:  # the blocks are empty arrays of their shapes
             return {side: [[np.zeros((o.size, s.size)) if s.checked else None for s in plan.inputs]
                            for o in plan.outputs] for side in sides}
@@ -160,6 +160,11 @@ def _empty_parts(plan: Plan) -> list[str]:
     """Notes on the outputs and checked inputs with no elements, in a check of the others."""
     empty = [o.name for o in plan.outputs if not o.size] + [s.name for s in plan.checked if not s.size]
     return [f"nothing to check for {name}: it has no elements (its pairs' Jacobians are empty)" for name in empty]
+
+
+def _planning(problem: Problem, config: CheckConfig) -> CheckConfig:
+    """The configuration the plan is built with: native precision where the problem has no float64 evaluation."""
+    return config.replace(precision="native") if problem.native and config.precision == "auto" else config
 
 
 def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:

@@ -116,6 +116,7 @@ class ModelLoss:
     training: bool
     notes: tuple = ()
     computes_in: tuple | None = None  # (precision, reason): the model computes below its variables' dtype
+    native: bool = False  # no float64 evaluation of the loss exists; its note says why
 
 
 def model_loss_function(model, loss_fn, data, variables=None, *, training: bool = False,
@@ -290,7 +291,8 @@ def _model_loss_function(model, loss_fn, data, variables=None, *, training: bool
     prefix = ("numerical side on a float64 copy of the model: " if twin is not None else
               "numerical side in the model's own precision: ")
     return ModelLoss(f if twin is None else _by_dtype(f, twin), values, names, chosen, every, real, training,
-                     (*notes, prefix + note), float64_copy.computes_in if twin is not None else None)
+                     (*notes, prefix + note), float64_copy.computes_in if twin is not None else None,
+                     native=twin is None)
 
 
 def _assert_loss_runs(model, x, y, compute, every, training: bool) -> None:

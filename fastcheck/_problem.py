@@ -42,6 +42,9 @@ class Problem:
     # Whether f's reverse mode at the float64 point is the analytical side's code run in float64 (``_full._twin``):
     # f's own gradient, a model's loss on its float64 copy; not a user's supplied gradients.
     twin: bool = True
+    # f has no float64 evaluation (a model whose float64 copy failed; the problem's note says why): the plan
+    # does not try one (calling the float32 model with float64 values fails again, with a second note).
+    native: bool = False
 
     @property
     def variables(self) -> list:
@@ -99,14 +102,14 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
             _assert_stateless_gradient(gradient, loss)
         return Problem(gradient, loss.values,
                        f"{title} (order=2: Hessian of the loss)", names=loss.names, protect=tuple(loss.every),
-                       notes=notes, if_random=if_random, computes_in=loss.computes_in)
+                       notes=notes, if_random=if_random, computes_in=loss.computes_in, native=loss.native)
     # Called inside the check, after the determinism test, with every variable restored afterwards.
     supplied = _supplied_gradients(loss.values, lambda *_: training_gradients(loss))
     return Problem(_summed(loss.f), loss.values, title, supplied=supplied, names=loss.names,
                    protect=tuple(loss.every), output_name="loss", kind="reverse",
                    notes=("analytical side: tape.gradient of the loss over the model's own variables, as a training "
                           "step computes it (custom gradients with variables= included)", *notes), if_random=if_random,
-                   computes_in=loss.computes_in)
+                   computes_in=loss.computes_in, native=loss.native)
 
 
 def _variables_in(inputs) -> list:

@@ -134,6 +134,8 @@ def test_a_subclassed_model_whose_constructor_fixes_the_dtype_gets_a_float64_cop
     assert report.ok and copy_note(report) is None, str(report)
     reason = next(note for note in report.notes if note.startswith(NATIVE_NOTE))
     assert "float32" in reason, reason  # the layer that keeps computing in float32 is named
+    # One note says why the numerical side stays float32 (the plan tries no float64 evaluation of its own).
+    assert [note for note in report.notes if note.startswith("numerical side")] == [reason], report.notes
 
 
 def tiny_gpt2(keras_hub):
