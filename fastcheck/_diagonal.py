@@ -56,15 +56,7 @@ class _Walker(_Tracer):
 def _walk(graph, source, target, n: int) -> bool:
     """Whether each element of ``target`` (n elements) depends on the same element of ``source`` at most."""
     walker = _Walker(n, 4 * n + 16, {internal.ref(): external for external, internal in graph.captures})
-    deps: dict = {source.ref(): Dep.identity(n, 0)}
-    for op in graph.get_operations():
-        if op.type == "Placeholder":
-            continue
-        ins = [deps.get(t.ref()) for t in op.inputs]
-        if all(d is None for d in ins) or not op.outputs:
-            continue
-        for tensor, dep in zip(op.outputs, walker.op(op, ins)):
-            deps[tensor.ref()] = dep
+    deps = walker.walk(graph, {source.ref(): Dep.identity(n, 0)})
     dep = deps.get(target.ref())
     if dep is None:  # no dependence at all: zero blocks, diagonal too
         return True

@@ -496,40 +496,37 @@ class Executor:
         spans = np.empty(len(idx))
         values = list(self.values)
         for row, (j, d) in enumerate(zip(idx, delta)):
-            outs = []
-            for sign in (1, -1):
-                moved = flat.copy()
-                moved[j] = flat[j] + dtype.type(sign * d)
-                values[position] = tf.constant(moved.reshape(shape))
-                y = plan.call_flat_numpy(values, plan.eval_upcast)
-                if y.shape != (m,):
-                    raise ShapeChangeError(
-                        f"The output shape of f changed when {plan.inputs[position].name} was perturbed at element {j}; "
-                        "fastcheck needs outputs whose shapes do not depend on input values."
-                    )
-                outs.append(y)
-            pluses[:, row], minuses[:, row] = outs
+            pluses[:, row], minuses[:, row] = (
+                self._moved_call(values, position, flat, shape, j, dtype.type(sign * d), f" at element {j}")
+                for sign in (1, -1))
             spans[row] = float(flat[j] + dtype.type(d)) - float(flat[j] - dtype.type(d))
         return pluses, minuses, spans
+
+    def _moved_call(self, values: list, position: int, flat: np.ndarray, shape, columns, offsets, where: str = ""):
+        """f's outputs [m] with ``columns`` of input ``position`` (``flat``) moved by ``offsets``; ``values``
+        is the call's list of inputs, its ``position`` replaced.  Raises if the output shape changed."""
+        plan = self.plan
+        moved = flat.copy()
+        moved[columns] = flat[columns] + offsets
+        values[position] = tf.constant(moved.reshape(shape))
+        y = plan.call_flat_numpy(values, plan.eval_upcast)
+        if y.shape != (plan.m,):
+            raise ShapeChangeError(
+                f"The output shape of f changed when {plan.inputs[position].name} was perturbed{where}; "
+                "fastcheck needs outputs whose shapes do not depend on input values."
+            )
+        return y
 
     def _elementwise_differences(self, position, idx, delta, flat, shape, dtype):
         """``_eager_differences`` of an element-wise f (``_diagonal``): every column of ``idx`` moved in
         one call per side; output j of it is output j of the one-column call, the others are f(x)."""
-        plan, m, k = self.plan, self.plan.m, len(idx)
+        k = len(idx)
         centre = self._centre()
         values = list(self.values)
         cols = np.arange(k)
         sides = []
         for sign in (1, -1):
-            moved = flat.copy()
-            moved[idx] = flat[idx] + (sign * np.asarray(delta, np.float64)).astype(dtype)
-            values[position] = tf.constant(moved.reshape(shape))
-            y = plan.call_flat_numpy(values, plan.eval_upcast)
-            if y.shape != (m,):
-                raise ShapeChangeError(
-                    f"The output shape of f changed when {plan.inputs[position].name} was perturbed; "
-                    "fastcheck needs outputs whose shapes do not depend on input values."
-                )
+            y = self._moved_call(values, position, flat, shape, idx, (sign * np.asarray(delta, np.float64)).astype(dtype))
             block = np.repeat(centre[:, None], k, axis=1)
             block[idx, cols] = y[idx]
             sides.append(block)

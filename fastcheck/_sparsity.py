@@ -624,9 +624,11 @@ class _Tracer:
 
     def run(self, graph, inputs: list) -> dict:
         """Deps of every tensor of ``graph`` reachable from ``inputs`` (one Dep or None per graph input)."""
-        deps: dict = {}
-        for tensor, dep in zip(graph.inputs, inputs):
-            deps[tensor.ref()] = dep
+        return self.walk(graph, {tensor.ref(): dep for tensor, dep in zip(graph.inputs, inputs)})
+
+    def walk(self, graph, deps: dict) -> dict:
+        """``deps`` (tensor ref -> Dep of the tensors the walk starts from) with every tensor of ``graph``
+        reachable from them added, op by op in graph order."""
         for op in graph.get_operations():
             if op.type == "Placeholder":
                 continue
