@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from fastcheck import _paths
+from fastcheck import _calibration
 from fastcheck._coloured import check_coloured, prospect
 from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
@@ -173,19 +173,19 @@ def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:
         return Executor(plan, config, route, calibration)
 
 
-def _received(config: CheckConfig) -> _paths.Calibration:
+def _received(config: CheckConfig) -> _calibration.Calibration:
     """The calibration a check routes by: ``config.calibration``, else the process's shared one."""
-    return _paths.shared_calibration() if config.calibration is None else config.calibration
+    return _calibration.shared_calibration() if config.calibration is None else config.calibration
 
 
-def _keep(config: CheckConfig, learnt: _paths.Calibration | None) -> None:
+def _keep(config: CheckConfig, learnt: _calibration.Calibration | None) -> None:
     """What a check that routed by the process's shared calibration learnt becomes the shared one
     (the one place it changes); a check given its own leaves the shared one as it was."""
     if config.calibration is None and learnt is not None:
-        _paths.keep_shared(learnt)
+        _calibration.keep_shared(learnt)
 
 
-def predict_full_seconds(plan: Plan, route: Route, calibration: _paths.Calibration, budget: float,
+def predict_full_seconds(plan: Plan, route: Route, calibration: _calibration.Calibration, budget: float,
                          call_seconds) -> tuple[float, str]:
     """(seconds, how) a full check of ``plan`` on ``route`` is predicted to take after routing.
 
@@ -212,7 +212,7 @@ def predict_full_seconds(plan: Plan, route: Route, calibration: _paths.Calibrati
                                               f"batched evaluations at ~{per_eval * 1e3:.2g} ms")
 
 
-def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _paths.Calibration, call_seconds,
+def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _calibration.Calibration, call_seconds,
                 sparse=None) -> tuple[str, str]:
     """("full" | "coloured" | "fast", why) for ``config.mode``.
 

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _tables
+from fastcheck._calibration import Calibration
 from fastcheck._sparsity import given
 from fastcheck._tables import (
     DEFAULT_MEMORY_BUDGET,
@@ -171,8 +172,6 @@ def _table_overrides(tables) -> tuple | None:
 
 
 def _require_calibration(calibration) -> None:
-    from fastcheck._paths import Calibration  # routing's value (_paths reads this module)
-
     if calibration is not None and not isinstance(calibration, Calibration):
         raise TypeError(f"calibration={calibration!r} is not a Calibration: pass the report.calibration of an "
                         "earlier check, fastcheck.testing.Calibration(), or None for the process's shared one.")
@@ -206,7 +205,7 @@ class CheckConfig:
     # or ``devices``: device names, a MirroredStrategy over them (stored as a tuple).
     strategy: Any = None
     devices: Any = None
-    # Routing's measured costs (a ``_paths.Calibration``); None: the process's shared one,
+    # Routing's measured costs (a ``_calibration.Calibration``); None: the process's shared one,
     # which learns from every check that uses it.
     calibration: Any = None
     # Overrides of tunables in ``_tables`` by name (those in ``_tables.CONFIGURABLE``), stored

@@ -38,14 +38,13 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _paths
+from fastcheck._calibration import EAGER, Calibration, shared_calibration
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._diagonal import elementwise
 from fastcheck._distribute import Share, spread_for
 from fastcheck._paths import (
-    EAGER,
     GRAPH,
     LOOP,
-    Calibration,
     Progress,
     Route,
     cached,
@@ -53,7 +52,6 @@ from fastcheck._paths import (
     is_compile_failure,
     pad,
     plan_key,
-    shared_calibration,
 )
 from fastcheck._plan import Plan, _first_line, measure_precision, view
 from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
@@ -263,7 +261,7 @@ class Executor:
         plan = dataclasses.replace(plan, autograph=route.autograph) if route.autograph != plan.autograph else plan
         self.plan, self.config, self.route = plan, config, route
         self.chosen = route  # as routing chose it, before any fallback
-        # Routing's costs as this check found them (``_paths.Calibration``): what it returns.
+        # Routing's costs as this check found them (``_calibration.Calibration``): what it returns.
         self.calibration = shared_calibration() if calibration is None else calibration
         # Items per call of each batch (``Batch.key``; an input's position: its differences), written
         # here only: set by a batch's first call, halved on out-of-memory; read through ``chunk``.

@@ -199,6 +199,9 @@ DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes: memory_budget=None, which sizes the ba
 # 32x32x4 convolution (19) 0.79 s at 268 against 1.26 s at 1092.  CACHE_BYTES where the OS does not say.
 MEMORY_BOUND_INTENSITY = 32
 CACHE_BYTES = 64 << 20
+# Entries of the compiled-kernel cache (LRU; a function's kernels also leave it when f is collected): the
+# value _paths always had, not tuned by a measurement.
+KERNEL_CACHE_ENTRIES = 64
 MIN_CACHED_CHUNK = 32
 # Working memory of one perturbed evaluation, relative to its traced tensors (pfor keeps some intermediates of
 # both the plus and minus halves alive).

@@ -32,7 +32,7 @@ from typing import NoReturn
 import tensorflow as tf
 
 import fastcheck
-from fastcheck._paths import Calibration, routing_calibration
+from fastcheck._calibration import Calibration, routing_calibration
 
 __all__ = ["Calibration", "GradientTestCase", "routing_calibration"]
 

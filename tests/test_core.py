@@ -426,7 +426,7 @@ def _route(f, x, **options):
 
     config = _config.CheckConfig(**options)
     plan = _plan.build_plan(f, [x], config)
-    calibration = _paths.shared_calibration() if config.calibration is None else config.calibration
+    calibration = _paths.shared_calibration() if config.calibration is None else config.calibration  # re-exported
     return _paths.choose_route(plan, config, calibration)[0]
 
 
@@ -453,11 +453,12 @@ def test_probe_counts_flops_of_products_and_convolutions():
 def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib):
     # The cache is read from the OS, not assumed: a 64 MiB constant on a CPU with a 32 MiB L3 put the
     # 20,000-parameter MLP's calls past its cache (15.3 s; 5.9 s at the L3's size).
-    from fastcheck import _config, _paths, _plan
+    from fastcheck import _calibration, _config, _paths, _plan
     from fastcheck.testing import Calibration
 
-    assert _paths._bytes("32768K") == 32 << 20 and _paths._bytes("1M") == 1 << 20 and _paths._bytes("512") == 512
-    assert _paths.cache_bytes() > 0 and Calibration().cache_size == _paths.cache_bytes()
+    bytes_of = _calibration._bytes
+    assert bytes_of("32768K") == 32 << 20 and bytes_of("1M") == 1 << 20 and bytes_of("512") == 512
+    assert _calibration.cache_bytes() > 0 and Calibration().cache_size == _calibration.cache_bytes()
     a = tf.constant(RNG.normal(size=(20, 1)))
     x = tf.constant(RNG.normal(size=1000))
 
