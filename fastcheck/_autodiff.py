@@ -18,12 +18,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._executor import Executor, view
-from fastcheck._paths import EAGER, LOOP, cached, compile_kernel, is_cached, pad, plan_key
+from fastcheck._executor import Batch, Executor, view
+from fastcheck._paths import EAGER, LOOP, compile_kernel, pad
 from fastcheck._plan import Plan, _first_line
 from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS
 
 ZERO = tf.UnconnectedGradients.ZERO
+_EAGER = object()  # what a batch's eager fallback returns: the eager loops take over
 
 
 def _densify(gradient):
@@ -127,65 +128,66 @@ class AutodiffJacobian:
         # eager attempt (two workers must take the same steps, and write the same report).
         timed_attempt = self.executor.path == EAGER or self.executor.share is None
         result = None if self._compiled() or not timed_attempt else self._eager(limit)
-        if result is not None:
-            return result
-        while self.executor.path != EAGER:
-            try:
-                return self._batched()
-            except Exception as error:
-                if not self.executor.fall_back(error, "autodiff"):
-                    raise
-        return self._eager()
-
-    def _key(self, *parts):
-        return plan_key(self.plan, self.config) + ("autodiff", self.executor.path, self.twin) + parts
+        if result is None and self.executor.path != EAGER:
+            result = self._batched()
+        return self._eager() if result is None else result
 
     def _keys(self) -> list[tuple]:
-        """Cache keys of the kernels ``_batched`` would use on the current path."""
-        plan = self.plan
+        """The executor's kernel keys ``_batched`` would use on the current path (chunk sizes as they stand)."""
+        plan, chunks = self.plan, self.executor.chunks
         if plan.m == 1 and not self.forward:
-            return [self._key("gradient")]
+            return [("autodiff", self.twin, "gradient")]
         if self.forward:
-            return [self._key("forward", s.position, self.executor.chunks[s.position]) for s in plan.checked]
-        return [self._key("reverse", self.executor.route.output_chunk)]
+            return [("autodiff", self.twin, "forward", s.position, chunks.get(("forward", s.position), chunks[s.position]))
+                    for s in plan.checked]
+        return [("autodiff", self.twin, "reverse", chunks.get("reverse rows", self.executor.route.output_chunk))]
 
     def _compiled(self) -> bool:
-        return self.executor.path != EAGER and all(is_cached(key) for key in self._keys())
+        return self.executor.path != EAGER and all(self.executor.is_compiled(key) for key in self._keys())
 
     def _batched(self):
-        plan, path = self.plan, self.executor.path
-        keys = self._keys()
+        """The Jacobian from batched kernels on the executor's path, chunked by its one chunk loop; None when
+        a fallback reached the eager path (the caller's loops take over)."""
+        plan, executor = self.plan, self.executor
         if plan.m == 1 and not self.forward:
-            kernel = cached(keys[0], lambda: _gradient_kernel(plan, path))
-            return [g.numpy().astype(np.float64) for g in kernel(self.values)]
+            def gradient(chunk, part, count):
+                kernel = executor.kernel(("autodiff", self.twin, "gradient"), lambda: _gradient_kernel(plan, executor.path))
+                return [g.numpy().astype(np.float64) for g in kernel(self.values)]
+
+            batch = Batch("gradient", "gradient", 1, subject="reverse mode", unit="gradients", item="gradient",
+                          spread=False)
+            grads = executor.chunked(batch, 1, gradient, eager=lambda: _EAGER)
+            return None if grads is _EAGER else grads
         if self.forward:
             result = []
-            for spec, key in zip(plan.checked, keys):
-                chunk = self.executor.chunks[spec.position]
-                kernel = cached(key, lambda p=spec.position, c=chunk: _forward_kernel(plan, p, c, path))
-                columns = []
-                for start in range(0, spec.size, chunk):
-                    idx = np.arange(start, min(start + chunk, spec.size))
-                    out = kernel(self.values, tf.constant(pad(idx, chunk), tf.int32))
-                    columns.append(out.numpy()[: len(idx)].astype(np.float64))
-                result.append(np.concatenate(columns).T)
-            return result
-        chunk = self.executor.route.output_chunk
-        kernel = cached(keys[0], lambda: _reverse_kernel(plan, path))
-        blocks = [np.empty((plan.m, spec.size)) for spec in plan.checked]  # rows land in place
-        if self.executor.share is not None:  # strategy=: each chunk of rows split over the local replicas
-            def call(sub, part, count):
-                idx = tf.constant(pad(np.arange(part.start, part.stop), sub), tf.int32)
-                for block, rows in zip(blocks, kernel(self.values, idx)):
-                    block[part] = view(rows)[:count]
+            for spec in plan.checked:
+                columns = np.empty((plan.m, spec.size))  # columns land in place
 
-            self.executor.share.rows("reverse-mode rows", plan.m, chunk, call)
-            return blocks
-        for start in range(0, plan.m, chunk):
-            idx = np.arange(start, min(start + chunk, plan.m))
-            for block, rows in zip(blocks, kernel(self.values, tf.constant(pad(idx, chunk), tf.int32))):
-                block[start : start + len(idx)] = view(rows)[: len(idx)]
-        return blocks
+                def call(chunk, part, count, position=spec.position, columns=columns):
+                    kernel = executor.kernel(("autodiff", self.twin, "forward", position, chunk),
+                                             lambda: _forward_kernel(plan, position, chunk, executor.path))
+                    out = kernel(self.values, tf.constant(pad(np.arange(part.start, part.stop), chunk), tf.int32))
+                    columns[:, part] = view(out)[:count].T
+
+                batch = Batch("forward-mode columns", ("forward", spec.position), executor.chunks[spec.position],
+                              subject=spec.name, unit="columns", item=f"forward-mode column of {spec.name}",
+                              spread=False)
+                if executor.chunked(batch, spec.size, call, eager=lambda: _EAGER) is _EAGER:
+                    return None
+                result.append(columns)
+            return result
+        blocks = [np.empty((plan.m, spec.size)) for spec in plan.checked]  # rows land in place
+
+        def rows(chunk, part, count):
+            kernel = executor.kernel(("autodiff", self.twin, "reverse", chunk), lambda: _reverse_kernel(plan, executor.path))
+            for block, out in zip(blocks, kernel(self.values, tf.constant(pad(np.arange(part.start, part.stop), chunk),
+                                                                          tf.int32))):
+                block[part] = view(out)[:count]
+
+        # With strategy=: each chunk of rows split over this worker's local replicas (every worker computes all).
+        batch = Batch("reverse-mode rows", "reverse rows", executor.route.output_chunk, subject="reverse mode",
+                      unit="rows", item="reverse-mode row", spread=False, local=True)
+        return None if executor.chunked(batch, plan.m, rows, eager=lambda: _EAGER) is _EAGER else blocks
 
     def _eager(self, limit: float | None = None):
         """Row by row (reverse) or column by column (forward), eagerly; None when over ``limit`` seconds."""

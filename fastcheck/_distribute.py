@@ -323,19 +323,19 @@ class Share:
                                + ", not over the replicas (pass jit_compile=False to trace f)")
         return agreed
 
-    def rows(self, label: str, total: int, chunk: int, call) -> None:
-        """``call(sub, part, n)`` over ``total`` items, each chunk split over this worker's local replicas
-        (the reverse-mode rows: every worker computes all of them)."""
+    def local_wave(self, label: str, call, chunk: int, start: int, total: int) -> int:
+        """``call(sub, part, n)`` for the items of one chunk from ``start`` (of ``total``), split over this
+        worker's local replicas (the reverse-mode rows: every worker computes all of them); the items done."""
         spread = self.spread
         local = len(spread.devices)
         sub = max(1, math.ceil(chunk / local))
-        for start in range(0, total, sub * local):
-            count = min(sub * local, total - start)
-            per = math.ceil(count / local)
-            jobs = [(i, lambda b=start + i * per, n=min(per, count - i * per): call(sub, slice(b, b + n), n))
-                    for i in range(local) if count - i * per > 0]
-            spread.locally(jobs)
-            for i in range(local):
-                n = max(0, min(per, count - i * per))
-                if n:
-                    self._count(label, i if spread.multi else spread.ids[i], n, local if spread.multi else None)
+        count = min(sub * local, total - start)
+        per = math.ceil(count / local)
+        jobs = [(i, lambda b=start + i * per, n=min(per, count - i * per): call(sub, slice(b, b + n), n))
+                for i in range(local) if count - i * per > 0]
+        spread.locally(jobs)
+        for i in range(local):
+            n = max(0, min(per, count - i * per))
+            if n:
+                self._count(label, i if spread.multi else spread.ids[i], n, local if spread.multi else None)
+        return count

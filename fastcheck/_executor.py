@@ -49,6 +49,7 @@ from fastcheck._paths import (
     Route,
     cached,
     compile_kernel,
+    is_cached,
     is_compile_failure,
     pad,
     plan_key,
@@ -216,6 +217,7 @@ class Batch:
     advice: str = "pass mode='fast' or a smaller problem."  # that error's fix
     moves: str | None = None  # the input the items perturb (None: every checked input), when f's shape changes
     spread: bool = True  # with strategy=: split over the replicas, on the path the workers agreed on
+    local: bool = False  # with strategy=: each chunk split over this worker's local replicas, every worker taking all
     progress: bool = True  # a progress bar over a long batch
 
 
@@ -316,6 +318,10 @@ class Executor:
         tap = self.share.current_tap() if self.share is not None else None
         return kernel if tap is None else tap.wrap(kernel)  # across workers: recorded or replayed
 
+    def is_compiled(self, key: tuple) -> bool:
+        """Whether ``kernel(key, ...)`` would find its kernel compiled (a repeated check)."""
+        return is_cached(plan_key(self.plan, self.config) + (self.path, *key))
+
     # -- the chunk loop ---------------------------------------------------------
 
     def chunk(self, key) -> int | None:
@@ -353,7 +359,9 @@ class Executor:
             chunk = self.chunks[batch.key]
             count = min(chunk, total - start)
             try:
-                if self.share is None or not batch.spread:
+                if self.share is not None and batch.local:  # the chunk's items over the local replicas
+                    count = self.share.local_wave(batch.what, call, chunk, start, total)
+                elif self.share is None or not batch.spread:
                     results.append(call(chunk, slice(start, start + count), count))
                 else:  # the chunk split over the replicas, each share at most ceil(chunk / replicas)
                     label = "perturbations" if "differences" in batch.what else batch.what

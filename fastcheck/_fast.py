@@ -429,17 +429,20 @@ class Joint:
             return (tf.linalg.matvec(tangents, gradient) / tf.cast(u[0], F64))[:, None]
         if not self.forward_only:
             try:
-                if self.executor.path in (XLA, GRAPH):
+                eager = lambda: _reverse_jvp(plan, list(self.executor.native), tangents)  # noqa: E731
+                if self.executor.path not in (XLA, GRAPH):
+                    return eager()
+
+                def call(chunk, part, count):
                     # One kernel per check, for jvp_rows directions a call: tracing f's second
                     # derivative costs far more than a few padded rows.
-                    kernel = self.executor.kernel(("joint rjvp", self.jvp_rows), lambda: _reverse_jvp_kernel(plan))
-                    parts = []
-                    for start in range(0, int(tangents.shape[0]), self.jvp_rows):
-                        part = tangents[start : start + self.jvp_rows]
-                        padded = tf.pad(part, [[0, self.jvp_rows - int(part.shape[0])], [0, 0]])
-                        parts.append(kernel(self.executor.native, padded)[: int(part.shape[0])])
-                    return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
-                return _reverse_jvp(plan, list(self.executor.native), tangents)
+                    kernel = self.executor.kernel(("joint rjvp", chunk), lambda: _reverse_jvp_kernel(plan))
+                    padded = tf.pad(tangents[part.start : part.stop], [[0, chunk - count], [0, 0]])
+                    return kernel(self.executor.native, padded)[:count]
+
+                batch = Batch("reverse-mode J d", "joint rjvp", self.jvp_rows, subject="fast mode", unit="directions",
+                              item="direction", spread=False)
+                return self.executor.chunked(batch, int(tangents.shape[0]), call, eager)
             except Exception as error:
                 self.forward_only = True
                 self.executor.note(
