@@ -219,7 +219,8 @@ class Refined(NamedTuple):
         return Refined(*(field[index] for field in self))
 
 
-def classify(analytical: np.ndarray, refined: Refined, atol: float, rtol: float) -> tuple[np.ndarray, np.ndarray]:
+def classify(analytical: np.ndarray, refined: Refined, atol: float, rtol: float,
+             allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The status of elements that are still mismatches after refinement, and which have both one-sided
     derivatives to report.
 
@@ -227,12 +228,13 @@ def classify(analytical: np.ndarray, refined: Refined, atol: float, rtol: float)
     no finer step resolved: NONDIFFERENTIABLE when the analytical value is one of the one-sided derivatives or
     between them (``between_sides``), else UNRESOLVED_KINK (undecidable: several kinks closer together than any
     step look like one from outside; no steady pair: kinks at several distances within every step).  Nothing
-    settled: UNRESOLVED.  Every mode's refinement ends here.
+    settled: UNRESOLVED.  Every mode's refinement ends here.  ``allowed``: the tolerance beside a kink's sides
+    where it is not the element rule's ``atol + rtol |analytical|`` (fast mode's probe band).
     """
     low, high = np.fmin(refined.left, refined.right), np.fmax(refined.left, refined.right)
     with np.errstate(invalid="ignore"):
         sides = np.isfinite(refined.left) & np.isfinite(refined.right)
-        inside = sides & between_sides(analytical, low, high, refined.sides_error, atol, rtol)
+        inside = sides & between_sides(analytical, low, high, refined.sides_error, atol, rtol, allowed)
     kink, settled, jump = refined.kink, refined.settled, refined.jump
     status = np.select([jump, settled, kink & inside, kink], [DISCONTINUOUS, MISMATCH, NONDIFFERENTIABLE,
                                                              UNRESOLVED_KINK], UNRESOLVED)
@@ -357,12 +359,13 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
     return Refined(best, error, settled_best, kink, right, left, jump, chosen, sides_error)
 
 
-def between_sides(analytical, left, right, sides_error, atol: float, rtol: float):
+def between_sides(analytical, left, right, sides_error, atol: float, rtol: float, allowed=None):
     """Whether the analytical value is one of the one-sided derivatives or between them, within
     their own uncertainty and the tolerances (not the central estimate's error: at a kink that is
-    the whole gap of unsettled steps, and took in a gradient 10% off beside a kink of 9% gap)."""
+    the whole gap of unsettled steps, and took in a gradient 10% off beside a kink of 9% gap);
+    ``allowed`` replaces ``atol + rtol |analytical|`` where given."""
     low, high = np.minimum(left, right), np.maximum(left, right)
-    allowed = atol + rtol * np.abs(analytical) + sides_error
+    allowed = (atol + rtol * np.abs(analytical) if allowed is None else allowed) + sides_error
     with np.errstate(invalid="ignore"):
         return (low - allowed <= analytical) & (analytical <= high + allowed)
 

@@ -642,13 +642,13 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
     # The first level is the first evaluation's; the deeper ladder keeps the first one's levels.
     found = descend(_ladder(joint, directions, failing, realised, u, gradient, rows, head), len(failing),
                     range(0, REFINE_LEVELS + 1), still_open, range(REFINE_LEVELS + 1, DEEP_LEVELS + 1))
-    best, error, settled, kink, right, left, jump, _, sides_error = found
-    elements, projection, band = mismatched(best, error)
+    elements, projection, band = mismatched(found.estimate, found.error)
+    # Each element by the one classification (beside a kink, within the probe's band), then each probe by them.
+    status, _ = _compare.classify(found.estimate if analytical is None else analytical, found, atol, rtol, band)
     kinds = np.full(len(estimate), _compare.MISMATCH)
     for j, probe in enumerate(failing):
-        kinds[probe] = _probe_kind(elements[:, j], projection[j], settled[:, j], kink[:, j], jump[:, j],
-                                   None if analytical is None else analytical[:, j],
-                                   right[:, j], left[:, j], band[:, j] + sides_error[:, j])
+        kinds[probe] = _probe_kind(status[:, j], elements[:, j], projection[j], found.settled[:, j], found.kink[:, j],
+                                   found.jump[:, j])
     estimate[failing], noise[failing] = whole_estimate.T, whole_noise.T
     return estimate, noise, kinds
 
@@ -658,19 +658,18 @@ def _projected(realised: np.ndarray, gradient) -> np.ndarray:
     return realised @ np.asarray(gradient, np.float64)
 
 
-def _probe_kind(elements, projection, settled, kink, jump, analytical, right, left, allowed) -> int:
-    """One probe's status from its elements' (see ``_refine``)."""
-    if np.any(elements & settled & ~jump) or (projection and np.all(settled | ~elements) and not np.any(kink | jump)):
+def _probe_kind(status, elements, projection, settled, kink, jump) -> int:
+    """One probe's status from its failing elements' (``_compare.classify``'s ``status`` where ``elements``) and,
+    for its projection, from every output's refinement (see ``_refine``)."""
+    failing = status[elements]
+    if np.any(failing == _compare.MISMATCH) or (projection and np.all(settled | ~elements)
+                                                and not np.any(kink | jump)):
         return _compare.MISMATCH
-    if np.any(elements & jump) or (projection and np.any(jump)):
+    if np.any(failing == _compare.DISCONTINUOUS) or (projection and np.any(jump)):
         return _compare.DISCONTINUOUS
-    if analytical is not None and np.any(elements & kink):
-        with np.errstate(invalid="ignore"):
-            low, high = np.minimum(right, left), np.maximum(right, left)
-            inside = (low - allowed <= analytical) & (analytical <= high + allowed)
-        if np.all(inside[elements & kink]) and not np.any(elements & ~kink):
-            return _compare.NONDIFFERENTIABLE
-        return _compare.UNRESOLVED_KINK
+    at_kinks = (failing == _compare.NONDIFFERENTIABLE) | (failing == _compare.UNRESOLVED_KINK)
+    if np.any(at_kinks):
+        return _compare.NONDIFFERENTIABLE if np.all(failing == _compare.NONDIFFERENTIABLE) else _compare.UNRESOLVED_KINK
     if projection and np.any(kink):
         return _compare.UNRESOLVED_KINK
     if np.any(elements) or projection:
