@@ -83,21 +83,17 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         mode, why = choose_mode(plan, config, executor.route, executor.calibration,
                                 lambda: _traced_call_seconds(executor), sparse)
         outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
-        inconsistent, rerun = list(outcome.inconsistent), False
-        if (inconsistent and plan.m * plan.n <= FULL_RERUN_MAX_ENTRIES
-                and config.table("FULL_BYTES_PER_ENTRY") * plan.m * plan.n <= _memory_limit(config)[0]
-                and predict_full_seconds(plan, executor.route, executor.calibration, config.seconds,
-                                         lambda: _traced_call_seconds(executor))[0] <= config.seconds):
-            # The reverse-mode gradient is not what its row colours' VJPs said: coloured mode cannot
-            # name the wrong elements, full mode can (its Jacobians fit memory and time_budget).
+        rerun = _escalates(plan, config, executor, outcome)
+        if rerun:  # coloured mode cannot name the wrong elements; full mode can
             why = (f"coloured mode ({why}) found the reverse-mode gradient inconsistent with f's sparsity pattern (see "
                    "the notes), so the full Jacobians, which fit, give the element verdicts")
-            notes_before = [f"coloured mode: {text}" for text in inconsistent]
-            mode, inconsistent, rerun = "full", [], True
+            notes_before = [f"coloured mode: {text}" for text in outcome.inconsistent]
+            mode = "full"
             outcome = check_full(executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
+        inconsistent = list(outcome.inconsistent)
         learnt = executor.calibration
-        if mode == "full" and not rerun and not executor.memo.get("elementwise"):
+        if mode == "full" and not rerun and not executor.ran_elementwise:
             # What routing predicted, against what it cost: later checks route by it (not an
             # element-wise f's few calls, which say nothing of an eager loop's 2n + m).
             learnt = learnt.learn_from(executor.chosen, executor.path,
@@ -109,6 +105,20 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         return GradientReport(outcome.pairs, executor.path, kind, time.perf_counter() - start,
                               notes, problems, problem.title, timings,
                               [*vacuous_warnings(outcome.pairs), *outcome.warnings], calibration=learnt)
+
+
+def _escalates(plan: Plan, config: CheckConfig, executor: Executor, outcome) -> bool:
+    """The one escalation rule: a check reruns in full mode when coloured mode found the reverse-mode gradient
+    inconsistent with f's sparsity pattern (its row colours' VJPs disagree with a dense cotangent's, so it cannot
+    name the wrong elements) and the full Jacobians fit: at most FULL_RERUN_MAX_ENTRIES entries, within the memory
+    limit, and predicted within time_budget."""
+    if not outcome.inconsistent or plan.m * plan.n > FULL_RERUN_MAX_ENTRIES:
+        return False
+    if config.table("FULL_BYTES_PER_ENTRY") * plan.m * plan.n > _memory_limit(config)[0]:
+        return False
+    seconds = predict_full_seconds(plan, executor.route, executor.calibration, config.seconds,
+                                   lambda: _traced_call_seconds(executor))[0]
+    return seconds <= config.seconds
 
 
 def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.ndarray | None]]:

@@ -292,6 +292,11 @@ class Executor:
     def path(self) -> str:
         return self.route.path
 
+    @property
+    def ran_elementwise(self) -> bool:
+        """Whether the eager loops made ``_diagonal``'s few calls in this check (routing learns nothing from them)."""
+        return bool(self.memo.get("elementwise"))
+
     def note(self, event: str | OutOfMemory | FellBack) -> None:
         self.events.append(event)
 

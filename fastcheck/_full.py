@@ -23,14 +23,19 @@ from fastcheck._plan import Plan, _first_line
 from fastcheck._refine import Evaluate, Rungs, descend
 from fastcheck._report import Dense, GradientCheckError, Outcome, PairReport, _index, kernel_failure
 from fastcheck._tables import (
+    BELOW_DEVIATIONS,
+    BELOW_HOLDS,
     BELOW_LOW,
+    BELOW_NOISY,
     BELOW_POINTS,
     BOUND_DEVIATIONS,
     COARSE_MAX_STEP,
     COARSE_TABLES,
     CONFIRM_AGREES,
     CONFIRM_CURVATURE,
+    CONFIRM_ERRORS,
     CONFIRM_RATIO,
+    CONFIRM_SHRINK,
     DEEP_LEVELS,
     EDGE_LEVELS,
     FINEST_HOLDS,
@@ -612,13 +617,13 @@ def _confirmed(jac: _Jacobians, position: int, columns, a, estimate, error, chos
                                                        np.concatenate([coarse, coarse / REFINE_RATIO]))
     half = len(check)
     other, other_error = _compare.richardson(derivative[:, :half], derivative[:, half:], REFINE_RATIO)
-    other_error = other_error + jac.noise(spans[half:]) * 2
+    other_error = other_error + jac.noise(spans[half:]) * 2  # the noise bound over the span, as a quotient's
     with np.errstate(invalid="ignore"):
-        curvature = np.abs(plus + minus - 2 * jac.y0[:, None])
-        slack = 2 * jac.noise(spans) * spans[None, :]
-        agree = ((np.abs(other - estimate[:, check]) <= CONFIRM_AGREES * np.abs(estimate[:, check]) + 2 * (
+        curvature = np.abs(plus + minus - 2 * jac.y0[:, None])  # f(x + h) + f(x - h) - 2 f(x)
+        slack = 2 * jac.noise(spans) * spans[None, :]  # that second difference's rounding
+        agree = ((np.abs(other - estimate[:, check]) <= CONFIRM_AGREES * np.abs(estimate[:, check]) + CONFIRM_ERRORS * (
             error[:, check] + other_error))
-            & (curvature[:, half:] <= curvature[:, :half] / 4 + slack[:, :half] + slack[:, half:]))
+            & (curvature[:, half:] <= curvature[:, :half] / CONFIRM_SHRINK + slack[:, :half] + slack[:, half:]))
     result[check] = np.all(agree | ~mismatch[:, check], axis=0)
     return result & _holds_below(jac, position, columns, a, estimate, level, check, mismatch)
 
@@ -629,15 +634,15 @@ def _holds_below(jac: _Jacobians, position: int, columns, a, estimate, level, ch
     A kink between the pair's fine step and the next one (a ReLU input at 0.5 h/4) moves both of
     the pair's quotients alike, and only the next step shows the derivative at the point.  Where
     that step's rounding bound exceeds a quarter of the mismatch (float32), the ladder could not
-    tell, so ``BELOW_POINTS`` steps in [0.6, 1] x that step are averaged: the mismatch holds unless
-    their mean departs from the estimate by more than half of it plus two of its standard
-    deviations (a correct float32 ReLU MLP: the mean lies on the analytical value, 4 of its
-    standard deviations from the pair's estimate)."""
+    tell, so ``BELOW_POINTS`` steps in [BELOW_LOW, 1] x that step are averaged: the mismatch holds unless
+    their mean departs from the estimate by more than ``BELOW_HOLDS`` of it plus ``BELOW_DEVIATIONS``
+    of its standard deviations (see ``_tables``)."""
     result = np.ones(len(columns), bool)
+    # The pair is (level, level + 1); the step below it, level + 2.
     below = steps(jac.plan, jac.config, position)[columns[check]] / REFINE_RATIO ** (level + 2)
     with np.errstate(invalid="ignore"):
         miss = np.abs(a[:, check] - estimate[:, check])
-        noisy = np.any(mismatch[:, check] & (jac.noise(2 * below) > miss / 4), axis=0)
+        noisy = np.any(mismatch[:, check] & (jac.noise(2 * below) > BELOW_NOISY * miss), axis=0)
     if not noisy.any():
         return result
     chosen = check[noisy]
@@ -648,7 +653,7 @@ def _holds_below(jac: _Jacobians, position: int, columns, a, estimate, level, ch
     deviation = jac.noise(spans).reshape(len(derivative), BELOW_POINTS, count).mean(axis=1) / (
         BOUND_DEVIATIONS * np.sqrt(BELOW_POINTS))
     with np.errstate(invalid="ignore"):
-        holds = np.abs(mean - estimate[:, chosen]) <= miss[:, noisy] / 2 + 2 * deviation
+        holds = np.abs(mean - estimate[:, chosen]) <= BELOW_HOLDS * miss[:, noisy] + BELOW_DEVIATIONS * deviation
     result[chosen] = np.all(holds | ~mismatch[:, chosen] | ~np.isfinite(mean), axis=0)
     return result
 

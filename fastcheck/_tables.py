@@ -35,6 +35,8 @@ EDGE_LEVELS = 20  # ... and h/4**20 where every step so far left f's domain (log
 CONFIRM_RATIO = 0.6180339887  # an independent step (the golden ratio): a step near a period of f (cos at 5e7) agrees by chance
 CONFIRM_AGREES = 0.1  # ... whose estimate a confirmed one is within this share of itself (plus rounding): a coincidence is far off
 CONFIRM_CURVATURE = 0.5  # ... and whose second difference the h^2-scaled one within this share (cos h = 1 near a period)
+CONFIRM_ERRORS = 2.0  # a settled mismatch's confirmation: the two estimates agree within this many times their errors
+CONFIRM_SHRINK = 4.0  # ... and the finer step's second difference is at most 1/this of the coarser's (h^2 predicts 16)
 # Full mode's triage at h/4 (``_full._conclusive``): a mismatch is settled there without the ladder where the h/4
 # quotient moves by at most TRIAGE_MOVED of the mismatch and TRIAGE_DRIFT of itself, its one-sided quotients differ
 # by at most TRIAGE_SIDES of the mismatch (no kink crossed), and its second-order term is at most TRIAGE_LOCAL of the
@@ -50,6 +52,13 @@ FINEST_HOLDS = 0.25
 # a noise bound is about BOUND_DEVIATIONS standard deviations of a central quotient (MEASURED_NOISE_FACTOR / sqrt 2).
 BELOW_POINTS = 8
 BELOW_LOW = 0.6
+# Averaged only where the next step's rounding bound exceeds BELOW_NOISY of the mismatch (the ladder could not
+# tell there); the mismatch holds unless their mean departs from the estimate by more than BELOW_HOLDS of it plus
+# BELOW_DEVIATIONS of its standard deviations (a correct float32 ReLU MLP: the mean lies on the analytical value,
+# 4 of its standard deviations from the pair's estimate).
+BELOW_NOISY = 0.25
+BELOW_HOLDS = 0.5
+BELOW_DEVIATIONS = 2.0
 BOUND_DEVIATIONS = 7.0
 
 # -- kinks, jumps and quantised f -----------------------------------------------------------------
