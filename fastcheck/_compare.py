@@ -59,6 +59,8 @@ STATUS_NAMES = {
 FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)
 # Statuses that say "the numerics cannot decide here", as opposed to "the gradient is wrong".
 UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)
+# Whether a status code is in FAILING, indexed by the code: a lookup, not np.isin (~15 us a call on a small pair).
+IS_FAILING = np.isin(np.arange(max(STATUS_NAMES) + 1), FAILING)
 
 
 def flat(numerical: np.ndarray, spans: np.ndarray, level: np.ndarray) -> np.ndarray:

@@ -171,13 +171,14 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
         # moved f by a few roundings at most (a latent weight 7e-4 from sign's jump: the first step crosses it,
         # every settling step is below it; a staircase's element whose sides differ by one rounding of f).
         mismatched = status == _compare.MISMATCH
-        refined_rows, refined_cols = (_flat.candidates(jac.plan, numerical, spans, mismatched) if mismatched.any()
-                                      else flat)
-        rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack([refined_rows, refined_cols])], axis=1),
-                               axis=1)
-        still = status[rows, cols] == _compare.MISMATCH
-        rows, cols = rows[still], cols[still]
-        status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, spec.position, rows, cols, a[rows, cols])
+        if mismatched.any():
+            refined_rows, refined_cols = _flat.candidates(jac.plan, numerical, spans, mismatched)
+            rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack([refined_rows, refined_cols])], axis=1),
+                                   axis=1)
+            still = status[rows, cols] == _compare.MISMATCH
+            rows, cols = rows[still], cols[still]
+            status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, spec.position, rows, cols,
+                                              a[rows, cols])
         if refine:
             with timed(jac.timings, "refine"):
                 _resolve(jac, spec.position, a, numerical, status, band, (atol, rtol))
@@ -195,7 +196,7 @@ def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -
     for output in plan.outputs:
         part = slice(output.offset, output.offset + output.size)
         s, b, x = status[part], band[part], a[part]
-        if not s.size or np.any(np.isin(s, _compare.FAILING)) or _compare.decisive_at_largest(x, b, s, rtol):
+        if not s.size or _compare.IS_FAILING[s].any() or _compare.decisive_at_largest(x, b, s, rtol):
             continue
         if _compare.resolution(x, b, b, s == _compare.OK)[0] > RESOLUTION_RTOLS * rtol:
             rows[part] = True
@@ -293,7 +294,7 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
     resolution 2.3%; the ladder's settled pair resolves it).
     """
     atol, rtol = tolerances
-    if (not status.size or (status.any() and np.any(np.isin(status, _compare.FAILING)))
+    if (not status.size or (status.any() and _compare.IS_FAILING[status].any())
             or _compare.decisive_at_largest(a, band, status, rtol)):
         return
     with np.errstate(invalid="ignore"):

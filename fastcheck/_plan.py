@@ -243,8 +243,13 @@ class Plan:
 
     def eval_value(self, spec: InputSpec) -> tf.Tensor:
         """The checked input as the numerical side sees it (real view, maybe upcast)."""
-        view = spec.real_view
-        return tf.cast(view, tf.float64) if self.eval_upcast else view
+        return self._eval_values[spec.position]
+
+    @functools.cached_property
+    def _eval_values(self) -> tuple:
+        """Every input as the numerical side sees it, cast once per plan (each cast is an eager op)."""
+        return tuple((tf.cast(s.real_view, tf.float64) if self.eval_upcast else s.real_view) if s.checked else s.value
+                     for s in self.inputs)
 
     def _call(self, values: list[tf.Tensor]):
         """f's raw result for one value per input (checked complex inputs given as real views)."""
@@ -290,7 +295,7 @@ class Plan:
         return [s.real_view if s.checked else s.value for s in self.inputs]
 
     def eval_values(self) -> list[tf.Tensor]:
-        return [self.eval_value(s) if s.checked else s.value for s in self.inputs]
+        return list(self._eval_values)
 
 
 class FunctionRaised(ValueError):
