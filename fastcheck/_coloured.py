@@ -470,7 +470,7 @@ def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
     (``rows``: an index array, a slice, or None for every row)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         level = np.abs(_take(plan.eval_output, rows))
-        level *= NOISE_FACTOR * _take(plan.row_epsilon, rows)
+        level *= NOISE_FACTOR * plan.row_epsilon_at(rows)
         if plan.noise is not None:
             np.maximum(level, MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
         level[~np.isfinite(level)] = 0.0
