@@ -489,19 +489,22 @@ def test_pattern_entries_and_at_agree_with_the_materialised_indices():
     np.testing.assert_array_equal(shared.columns_of(np.array([1, 3])), [1, 4])
 
 
-def test_float32_differences_are_held_exactly():
+@pytest.mark.parametrize("m", [1000, 140_000])  # 140,000 outputs: three blocks of differences per colour
+def test_float32_differences_are_held_exactly(m):
     from fastcheck._coloured import _Differences
 
-    plus = RNG.normal(size=(3, 1000)).astype(np.float32)
+    plus = RNG.normal(size=(3, m)).astype(np.float32)
     minus = (plus * np.float32(0.999)).astype(np.float32)
-    minus[:, :20] = -RNG.uniform(1e-9, 1e-6, size=(3, 20)).astype(np.float32)  # crossing zero: inexact in float32
+    crossing = np.r_[0:20, m - 20 : m]  # crossing zero: inexact in float32, in the first and the last block
+    minus[:, crossing] = -RNG.uniform(1e-9, 1e-6, size=(3, 40)).astype(np.float32)
     exact = plus.astype(np.float64) - minus.astype(np.float64)
-    held = _Differences(3, 1000, narrow=True)
-    held.store(slice(0, 2), exact[:2])
-    held.store(slice(2, 3), exact[2:])
-    assert held.values.dtype == np.float32 and 0 < len(held.index) <= 60
-    colours, rows = np.repeat(np.arange(3), 1000), np.tile(np.arange(1000), 3)
+    held = _Differences(3, m, narrow=True)
+    held.store(slice(0, 2), plus[:2], minus[:2])
+    held.store(slice(2, 3), plus[2:], minus[2:])
+    assert held.values.dtype == np.float32 and 0 < len(held.index) <= 120
+    colours, rows = np.repeat(np.arange(3), m), np.tile(np.arange(m), 3)
     np.testing.assert_array_equal(held.take(colours, rows), exact.reshape(-1))
+    np.testing.assert_array_equal(held.take(None, slice(m - 30, m))[None], exact[:1, m - 30 :])
 
 
 def _column_scaled(f, index: int, relative: float):
