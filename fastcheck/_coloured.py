@@ -130,10 +130,11 @@ def _span(x: np.ndarray, d: np.ndarray) -> np.ndarray:
     return ((x + d) - (x - d)).astype(np.float64)
 
 
-def _steps(plan: Plan, config, x: np.ndarray) -> np.ndarray:
-    """``_executor.steps`` (``eps * max(1, |x_j|)``, float64) for the flat values ``x``, block by block."""
+def _steps(plan: Plan, config, x: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """``_executor.steps`` (``eps * max(1, |x_j|)``, float64) for the flat values ``x``, block by block,
+    rounded to ``dtype`` (no float64 [n] array where the evaluation dtype is narrower)."""
     eps = config.step(MACHINE_EPSILON[plan.eval_dtype])
-    return _blocked(lambda part: eps * np.maximum(1.0, np.abs(x[part].astype(np.float64))), x.size)
+    return _blocked(lambda part: eps * np.maximum(1.0, np.abs(x[part].astype(np.float64))), x.size, dtype)
 
 
 def _take(array: np.ndarray, index) -> np.ndarray:
@@ -247,8 +248,7 @@ class _Columns:
         value = executor.values[position]
         self.dtype = value.dtype.as_numpy_dtype
         self.x = view(value).reshape(-1)
-        self.h = _steps(plan, executor.config, self.x)
-        self.step = self.h.astype(self.dtype)
+        self.step = _steps(plan, executor.config, self.x, self.dtype)
         chunk = max(1, min(_shared(executor.chunks[position], held, executor.config.budget), max(self.colours, 1)))
         name = plan.inputs[position].name
         self.batch = Batch("coloured differences", ("coloured", position), chunk, subject=name, moves=name,
@@ -429,7 +429,8 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
         # time (conv 32x32x8, 72 row colours: ~30 ms against ~110 ms) and the extra forward
         # pass per colour costs less than that difference.
         chunk = 1
-    labels_t = tf.constant(row_labels.astype(np.int32))
+    # One row colour (an elementwise f): the device's zeros, not a copy of an m-sized array.
+    labels_t = tf.zeros([len(row_labels)], tf.int32) if colours == 1 else tf.constant(row_labels.astype(np.int32))
 
     def call(size, part, count):
         path = _kernel_path(executor, 4 * colours)
