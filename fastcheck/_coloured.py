@@ -14,9 +14,10 @@ Jacobian is sparse (elementwise ops, normalisations over a small axis, stencils)
    rows sharing a column differ, one VJP per row colour (batched ``tape.jacobian``
    of the colour-weighted outputs), each nonzero read off its row's colour;
 4. the element rule of ``_compare`` on the nonzeros, f's noise measured only when
-   an element fails, failing nonzeros refined over h/4 ... h/4**5 (deeper where
-   unsettled) by re-evaluating only their colours, with ``_compare.refine``'s kink
-   and jump tests, as in full mode;
+   an element fails; failing nonzeros evaluated at h/4 first (the second step: those
+   its quotient and Richardson's extrapolation pass are done), the rest refined over
+   h ... h/4**5 (deeper where unsettled) by re-evaluating only their colours, with
+   ``_compare.refine``'s kink and jump tests, as in full mode;
 5. the pattern check: random dense probes ``J d`` (numerical) against the
    pattern-restricted ``sum N_ij d_j``; mass outside the pattern (confirmed at a
    quarter of the step) is a *problem* of the report -- the pattern is wrong --,
@@ -625,7 +626,8 @@ class _Block:
         self.status = status
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
-        """Failing nonzeros: their colours again at h ... h/4**5 (h ... h/4**12 where still unsettled)."""
+        """Failing nonzeros: their colours again at h/4 (the second step, ``_compare.second_step``), then
+        those it does not pass at h ... h/4**5 (h ... h/4**12 where still unsettled)."""
         failing = _having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE)
         if not len(failing):
             return
