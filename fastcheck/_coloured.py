@@ -14,9 +14,10 @@ Jacobian is sparse (elementwise ops, normalisations over a small axis, stencils)
    rows sharing a column differ, one VJP per row colour (batched ``tape.jacobian``
    of the colour-weighted outputs), each nonzero read off its row's colour;
 4. the element rule of ``_compare`` on the nonzeros, f's noise measured only when
-   an element fails, failing nonzeros refined over h/4 ... h/4**5 (deeper where
-   unsettled) by re-evaluating only their colours, with ``_compare.refine``'s kink
-   and jump tests, as in full mode;
+   an element fails; failing nonzeros evaluated at h/4 first (the second step: those
+   its quotient and Richardson's extrapolation pass are done), the rest refined over
+   h ... h/4**5 (deeper where unsettled) by re-evaluating only their colours, with
+   ``_compare.refine``'s kink and jump tests, as in full mode;
 5. the pattern check: random dense probes ``J d`` (numerical) against the
    pattern-restricted ``sum N_ij d_j``; mass outside the pattern (confirmed at a
    quarter of the step) is a *problem* of the report -- the pattern is wrong --,
@@ -43,7 +44,7 @@ from fastcheck._executor import Batch, Executor, evaluate_rows, measured, timed,
 from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, pad
 from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
-from fastcheck._refine import Evaluate, Rungs, descend
+from fastcheck._refine import Early, Evaluate, Rungs, descend
 from fastcheck._report import Dense, GradientCheckError, Nonzeros, Outcome, PairReport, _having, _index, kernel_failure
 from fastcheck._tables import (
     BYTES_PER_NONZERO,
@@ -55,6 +56,7 @@ from fastcheck._tables import (
     PATTERN_PROBES,
     REFINE_LEVELS,
     REFINE_RATIO,
+    SECOND_STEP,
     VERDICT_CHUNK,
     VJP_LOOP_SECONDS,
     VJP_PROBE_ROUNDING,
@@ -129,10 +131,11 @@ def _span(x: np.ndarray, d: np.ndarray) -> np.ndarray:
     return ((x + d) - (x - d)).astype(np.float64)
 
 
-def _steps(plan: Plan, config, x: np.ndarray) -> np.ndarray:
-    """``_executor.steps`` (``eps * max(1, |x_j|)``, float64) for the flat values ``x``, block by block."""
+def _steps(plan: Plan, config, x: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """``_executor.steps`` (``eps * max(1, |x_j|)``, float64) for the flat values ``x``, block by block,
+    rounded to ``dtype`` (no float64 [n] array where the evaluation dtype is narrower)."""
     eps = config.step(MACHINE_EPSILON[plan.eval_dtype])
-    return _blocked(lambda part: eps * np.maximum(1.0, np.abs(x[part].astype(np.float64))), x.size)
+    return _blocked(lambda part: eps * np.maximum(1.0, np.abs(x[part].astype(np.float64))), x.size, dtype)
 
 
 def _take(array: np.ndarray, index) -> np.ndarray:
@@ -183,19 +186,32 @@ class _Differences:
     def nbytes(self) -> int:
         return self.values.nbytes + self.index.nbytes + self.exact.nbytes
 
-    def store(self, part: slice, difference: np.ndarray) -> None:
-        """``consume`` of the sweep: rows ``part`` (colours) of the differences, float64 [count, m]."""
-        target = self.values[part]
+    def store(self, part: slice, plus: np.ndarray, minus: np.ndarray) -> None:
+        """``consume`` of the sweep: rows ``part`` (colours) of the differences ``plus - minus`` [count, m],
+        taken in float64 one block of ``VERDICT_CHUNK`` outputs at a time (in cache: no float64 [count, m])."""
+        for start in range(0, self.m, VERDICT_CHUNK):
+            block = slice(start, min(start + VERDICT_CHUNK, self.m))
+            self._stored(part, block, np.subtract(plus[:, block], minus[:, block], dtype=np.float64))
+        if self._index:
+            self._indexed()
+
+    def _stored(self, part: slice, block: slice, difference: np.ndarray) -> None:
+        target = self.values[part, block]
         target[...] = difference
         if not self.narrow:
             return
         with np.errstate(invalid="ignore"):
-            inexact = np.flatnonzero((target != difference) & ~np.isnan(difference))
-        if len(inexact):
-            self._index.append(inexact + part.start * self.m)
-            self._exact.append(difference.reshape(-1)[inexact])
-            self.index = np.concatenate(self._index)
-            self.exact = np.concatenate(self._exact)
+            row, column = np.nonzero((target != difference) & ~np.isnan(difference))
+        if len(row):
+            self._index.append((row + part.start) * self.m + column + block.start)
+            self._exact.append(difference[row, column])
+
+    def _indexed(self) -> None:
+        """The inexact differences found so far as one sorted index (colours in order, outputs in order)."""
+        if sum(len(i) for i in self._index) != len(self.index):
+            order = np.argsort(np.concatenate(self._index), kind="stable")
+            self.index = np.concatenate(self._index)[order]
+            self.exact = np.concatenate(self._exact)[order]
             # One bit per difference: a read searches the few inexact ones only where a bit is set.
             bits = np.zeros(self.values.size, bool)
             bits[self.index] = True
@@ -233,8 +249,7 @@ class _Columns:
         value = executor.values[position]
         self.dtype = value.dtype.as_numpy_dtype
         self.x = view(value).reshape(-1)
-        self.h = _steps(plan, executor.config, self.x)
-        self.step = self.h.astype(self.dtype)
+        self.step = _steps(plan, executor.config, self.x, self.dtype)
         chunk = max(1, min(_shared(executor.chunks[position], held, executor.config.budget), max(self.colours, 1)))
         name = plan.inputs[position].name
         self.batch = Batch("coloured differences", ("coloured", position), chunk, subject=name, moves=name,
@@ -311,7 +326,7 @@ class _Columns:
         """The first sweep: f(x + d_c) - f(x - d_c) [C, m] for every colour c, held as ``_Differences``."""
         result = _Differences(self.colours, self.plan.m, self.plan.eval_dtype.size <= 4)
         labels, step = self.constants()
-        self.run(labels, step, np.arange(self.colours), result.store, sides=False)
+        self.run(labels, step, np.arange(self.colours), result.store)
         return result
 
     def sides(self, rows: np.ndarray, cols: np.ndarray, levels: list[int]):
@@ -357,13 +372,35 @@ class _Columns:
         d = step * tf.where(r < 0, r - 1, r + 1) * tf.constant(self.dtype(0.5 / divide))
         found: list = []
 
-        def consume(part, difference):
-            difference *= 0.5  # a fresh float64 array: halved in place
-            found.append(difference[0])
+        def consume(part, plus, minus):
+            found.append((plus[0], minus[0]))
 
-        self.run(self.zero_labels(), d, np.zeros(1, np.int64), consume, sides=False, what="coloured pattern probe")
-        moved = view(d)
-        return found[0], _blocked(lambda part: _span(self.x[part], moved[part]) / 2, self.x.size)
+        self.run(self.zero_labels(), d, np.zeros(1, np.int64), consume, what="coloured pattern probe")
+        (plus, minus), = found
+        return _Probe(plus, minus, view(d), self.x)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Probe:
+    """A pattern probe's evaluations: f(x + d), f(x - d) [m] in the evaluation dtype, the direction d
+    and x [n]; its float64 values are read where needed (a diagonal pattern's block by block, in cache)."""
+
+    plus: np.ndarray
+    minus: np.ndarray
+    moved: np.ndarray
+    x: np.ndarray
+
+    def value(self, part=slice(None)) -> np.ndarray:
+        """(f(x + d) - f(x - d)) / 2 at the outputs ``part`` (a slice or an index array), float64."""
+        difference = np.subtract(self.plus[part], self.minus[part], dtype=np.float64)
+        difference *= 0.5
+        return difference
+
+    def realised(self, part=slice(None)) -> np.ndarray:
+        """((x + d) - (x - d)) / 2 at the input elements ``part``, float64."""
+        if isinstance(part, slice) and part == slice(None):
+            return _blocked(lambda block: _span(self.x[block], self.moved[block]) / 2, self.x.size)
+        return _span(self.x[part], self.moved[part]) / 2
 
 
 # -- the analytical side -----------------------------------------------------------------------
@@ -393,7 +430,8 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
         # time (conv 32x32x8, 72 row colours: ~30 ms against ~110 ms) and the extra forward
         # pass per colour costs less than that difference.
         chunk = 1
-    labels_t = tf.constant(row_labels.astype(np.int32))
+    # One row colour (an elementwise f): the device's zeros, not a copy of an m-sized array.
+    labels_t = tf.zeros([len(row_labels)], tf.int32) if colours == 1 else tf.constant(row_labels.astype(np.int32))
 
     def call(size, part, count):
         path = _kernel_path(executor, 4 * colours)
@@ -470,7 +508,7 @@ def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
     (``rows``: an index array, a slice, or None for every row)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         level = np.abs(_take(plan.eval_output, rows))
-        level *= NOISE_FACTOR * _take(plan.row_epsilon, rows)
+        level *= NOISE_FACTOR * plan.row_epsilon_at(rows)
         if plan.noise is not None:
             np.maximum(level, MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
         level[~np.isfinite(level)] = 0.0
@@ -588,7 +626,8 @@ class _Block:
         self.status = status
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
-        """Failing nonzeros: their colours again at h ... h/4**5 (h ... h/4**12 where still unsettled)."""
+        """Failing nonzeros: their colours again at h/4 (the second step, ``_compare.second_step``), then
+        those it does not pass at h ... h/4**5 (h ... h/4**12 where still unsettled)."""
         failing = _having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE)
         if not len(failing):
             return
@@ -599,8 +638,17 @@ class _Block:
             status, _ = _verdicts(a, found.estimate[0], found.error[0], atol, rtol)
             return ((status == _compare.MISMATCH) & ~found.settled[0]) | (status == _compare.NUMERICAL_NONFINITE)
 
+        # The second step: most failures of a first sweep at 10^7 elements are float32's truncation where f' is
+        # near 0, which h/4 and Richardson's extrapolation pass; only the rest go down the ladder.
+        first = self.first_sweep(rows, cols)[None, :]
+        first_noise = _noise(plan, rows, self.spans[cols])[None, :]
+
+        def passes(rungs: Rungs):
+            (second, second_noise, *_), = rungs.levels
+            return _compare.second_step(a[None, :], first, first_noise, second, second_noise, atol, rtol, REFINE_RATIO)
+
         found = descend(self._ladder(plan, rows, cols), len(failing), range(0, REFINE_LEVELS + 1), still_open,
-                        range(0, DEEP_LEVELS + 1)).at(0)
+                        range(0, DEEP_LEVELS + 1), early=Early((SECOND_STEP,), passes)).at(0)
         status, band = _verdicts(a, found.estimate, found.error, atol, rtol)
         ks = np.flatnonzero(status == _compare.MISMATCH)
         found_ks = found.at(ks)
@@ -685,7 +733,7 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
     def excess(signs, divide, where=None):
         """(rows, |J d - sum N_ij d_j|, what it may be: rounding and the nonzeros' bands) at the rows
         where it is exceeded (at ``where`` when given)."""
-        value, realised = block.columns.probe(signs, divide)
+        probe = block.columns.probe(signs, divide)
         if pattern.diagonal:  # block by block, in cache; only the exceeded rows kept
             found = []
             parts = list(block.parts(0, m))
@@ -693,7 +741,7 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
                 parts = [where]
             for part in parts:
                 _, _, _, numerical, band = block.values(part, bands=True)
-                coarse, allowed = _outside(plan, part, value[part], numerical, band, realised[part], eps)
+                coarse, allowed = _outside(plan, part, probe.value(part), numerical, band, probe.realised(part), eps)
                 with np.errstate(invalid="ignore"):
                     keep = np.arange(len(coarse)) if where is not None else np.flatnonzero(coarse > allowed)
                 if len(keep):
@@ -703,6 +751,7 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
                 return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
             return tuple(np.concatenate(parts_) for parts_ in zip(*found))
         # sum_j N_ij d_j and the bands' spread per row, accumulated block by block (rows ascend).
+        value, realised = probe.value(), probe.realised()
         predicted, spread = np.zeros(m), np.zeros(m)
         for part in block.parts():
             rows, cols, _, numerical, band = block.values(part, bands=True)

@@ -201,6 +201,27 @@ def richardson(coarse: np.ndarray, fine: np.ndarray, ratio: float) -> tuple[np.n
     return extrapolated, np.abs(fine - coarse) / (factor - 1)
 
 
+def second_step(analytical, first, first_noise, second, second_noise, atol: float, rtol: float,
+                ratio: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which directions a second step passes outright (a first sweep's failures, before any ladder):
+    ([k], their estimate [m, k], its error [m, k]).
+
+    A direction passes where, at each of its elements, the quotient at step h/ratio passes the rule
+    on its own -- as a first sweep at that step would -- and so does its Richardson extrapolation
+    with the first step's quotient, allowed the pair's rounding alone (no truncation estimate: a step
+    that crosses a kink or a jump moves the two quotients apart, and their gap excuses nothing).  A
+    correct f whose first step was only truncation-limited (float32's h^2 term where f' is near 0)
+    passes here; the rest goes down the ladder.  The estimate is the extrapolation.
+    """
+    estimate, _ = richardson(first, second, ratio)
+    factor = ratio**2
+    with np.errstate(invalid="ignore", over="ignore"):
+        rounding = second_noise * (factor + 1) / (factor - 1) + first_noise / (factor - 1)
+    alone, _ = verdicts(analytical, second, second_noise, atol, rtol, bands=False)
+    extrapolated, _ = verdicts(analytical, estimate, rounding, atol, rtol, bands=False)
+    return np.all((alone == OK) & (extrapolated == OK), axis=0), estimate, rounding
+
+
 class Refined(NamedTuple):
     """What ``refine`` found, per element [m, k]: the estimate and its error; whether a pair in the h^2
     regime settled it; kinks crossed, with the one-sided derivatives of the steadiest pair (NaN where none

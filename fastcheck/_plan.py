@@ -226,7 +226,7 @@ class Plan:
             return tf.float64
         return self.analytical_dtype
 
-    @property
+    @functools.cached_property
     def row_epsilon(self) -> np.ndarray:
         """[m] the unit of rounding of each flat output row as evaluated: its output's dtype, or the checked
         inputs' least precise one where that is coarser (f computes from them); float64 when upcast.  One
@@ -240,6 +240,21 @@ class Plan:
         for output in self.outputs:
             eps[output.offset : output.offset + output.size] = MACHINE_EPSILON[least_precise([output.dtype, *inputs])]
         return eps
+
+    @functools.cached_property
+    def uniform_epsilon(self) -> float | None:
+        """``row_epsilon``'s one value where every row rounds alike (an elementwise f: no m-sized array), else None."""
+        if self.eval_upcast:
+            return MACHINE_EPSILON[tf.float64]
+        inputs = [s.dtype for s in self.checked]
+        found = {MACHINE_EPSILON[least_precise([o.dtype, *inputs])] for o in self.outputs}
+        return found.pop() if len(found) == 1 else None
+
+    def row_epsilon_at(self, rows) -> float | np.ndarray:
+        """``row_epsilon[rows]`` (an index array, a slice, or None for every row), or its one value where uniform."""
+        if self.uniform_epsilon is not None:
+            return self.uniform_epsilon
+        return self.row_epsilon if rows is None else self.row_epsilon[rows]
 
     def eval_value(self, spec: InputSpec) -> tf.Tensor:
         """The checked input as the numerical side sees it (real view, maybe upcast)."""

@@ -7,7 +7,10 @@ directions a strategy still finds open after that (an unsettled mismatch, a step
 f's domain) again down to a deeper power; the deeper result replaces the first one there.
 ``descend`` is that driver.  A strategy supplies only how it evaluates a selection of its
 directions at given powers (``Evaluate``: the levels, f at the point and f's noise) and what
-"open" means for it; it reads the estimates off the ``Refined`` it gets back.
+"open" means for it; it reads the estimates off the ``Refined`` it gets back.  It may also
+supply an ``Early`` stage: a few powers evaluated for every direction first, and a test that
+passes directions there outright (coloured mode's second step); only the others go down the
+ladder, which takes the early powers' levels over instead of evaluating them again.
 
 Why a module of its own: ``_compare`` is the rule on arrays that exist (the element verdicts,
 ``refine`` over levels), pure and without callbacks; the driver calls back into the
@@ -45,8 +48,17 @@ Confirm = Callable[[np.ndarray, _compare.Refined], np.ndarray]
 Deeper = Callable[[_compare.Refined, np.ndarray], Sequence[int]]
 
 
+class Early(NamedTuple):
+    """A first stage before the ladder: ``powers`` evaluated for every direction, and ``passes(rungs)``
+    -> ([k] which directions pass there outright, their estimate [m, k] and its error [m, k])."""
+
+    powers: Sequence[int]
+    passes: Callable[[Rungs], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
 def descend(evaluate: Evaluate, count: int, powers: Sequence[int], still_open: StillOpen | None = None,
-            deeper: Sequence[int] | Deeper = (), confirm: Confirm | None = None) -> _compare.Refined:
+            deeper: Sequence[int] | Deeper = (), confirm: Confirm | None = None,
+            early: Early | None = None) -> _compare.Refined:
     """Refine ``count`` directions on the ladder ``powers``, then the open ones on ``deeper``.
 
     Args:
@@ -59,24 +71,62 @@ def descend(evaluate: Evaluate, count: int, powers: Sequence[int], still_open: S
             taken over from it, not evaluated again; the rest are evaluated.
         confirm: a check of the settled estimates after each ladder (full mode's independent
             step): a direction it rejects keeps its estimates, unsettled.
+        early: a first stage (``Early``): the directions it passes are settled there (their
+            estimate and error its own) and go down no ladder.
 
     Returns:
         The ``Refined`` [m, count] of every direction: the deeper ladder's where a direction went
-        down it, the first ladder's elsewhere.
+        down it, the first ladder's elsewhere (the early stage's where it passed them).
     """
     everything = np.arange(count)
-    rungs = evaluate(everything, powers)
-    found = _settle(rungs, everything, confirm)
+    if early is None:
+        rest = everything
+    else:
+        first = evaluate(everything, early.powers)
+        passed, estimate, error = early.passes(first)
+        found = _passed(estimate, error)
+        rest = np.flatnonzero(~passed)
+        if not len(rest):
+            return found
+        evaluate = _reusing(evaluate, early.powers, first)
+    rungs = evaluate(rest, powers)
+    settled = _settle(rungs, rest, confirm)
+    found = settled if early is None else merged(found, rest, settled)
     if still_open is None:
         return found
-    selection = np.flatnonzero(still_open(found))
+    selection = np.intersect1d(np.flatnonzero(still_open(found)), rest)
     if not len(selection):
         return found
     steps = list(deeper(found, selection) if callable(deeper) else deeper)
-    kept = [_restricted(level, selection) for power, level in zip(powers, rungs.levels) if power < min(steps)]
+    among = np.searchsorted(rest, selection)  # the open directions' places in ``rungs``
+    kept = [_restricted(level, among) for power, level in zip(powers, rungs.levels) if power < min(steps)]
     fresh = evaluate(selection, steps)
     again = _settle(fresh._replace(levels=[*kept, *fresh.levels]), selection, confirm)
     return merged(found, selection, again)
+
+
+def _passed(estimate: np.ndarray, error: np.ndarray) -> _compare.Refined:
+    """A ``Refined`` of directions an early stage passed (settled: no kink, no jump, no pair chosen)."""
+    nothing = np.full(estimate.shape, np.nan)
+    no = np.zeros(estimate.shape, bool)
+    return _compare.Refined(np.array(estimate, np.float64), np.array(error, np.float64), ~no, no, nothing,
+                            nothing.copy(), no.copy(), np.full(estimate.shape, -1), nothing.copy())
+
+
+def _reusing(evaluate: Evaluate, powers: Sequence[int], first: Rungs) -> Evaluate:
+    """``evaluate`` with the levels at ``powers`` taken from ``first`` (evaluated for every direction)
+    instead of evaluated again: the same numbers, fewer evaluations of f."""
+    known = dict(zip(powers, first.levels))
+
+    def reused(selection: np.ndarray, steps: Sequence[int]) -> Rungs:
+        missing = [p for p in steps if p not in known]
+        if not missing:  # y0 and sigma come with an evaluation: a ladder of known powers alone is evaluated
+            return evaluate(selection, steps)
+        fresh = evaluate(selection, missing)
+        levels = dict(zip(missing, fresh.levels))
+        return fresh._replace(levels=[levels[p] if p in levels else _restricted(known[p], selection) for p in steps])
+
+    return reused
 
 
 def merged(found: _compare.Refined, selection: np.ndarray, deeper: _compare.Refined) -> _compare.Refined:

@@ -489,19 +489,22 @@ def test_pattern_entries_and_at_agree_with_the_materialised_indices():
     np.testing.assert_array_equal(shared.columns_of(np.array([1, 3])), [1, 4])
 
 
-def test_float32_differences_are_held_exactly():
+@pytest.mark.parametrize("m", [1000, 140_000])  # 140,000 outputs: three blocks of differences per colour
+def test_float32_differences_are_held_exactly(m):
     from fastcheck._coloured import _Differences
 
-    plus = RNG.normal(size=(3, 1000)).astype(np.float32)
+    plus = RNG.normal(size=(3, m)).astype(np.float32)
     minus = (plus * np.float32(0.999)).astype(np.float32)
-    minus[:, :20] = -RNG.uniform(1e-9, 1e-6, size=(3, 20)).astype(np.float32)  # crossing zero: inexact in float32
+    crossing = np.r_[0:20, m - 20 : m]  # crossing zero: inexact in float32, in the first and the last block
+    minus[:, crossing] = -RNG.uniform(1e-9, 1e-6, size=(3, 40)).astype(np.float32)
     exact = plus.astype(np.float64) - minus.astype(np.float64)
-    held = _Differences(3, 1000, narrow=True)
-    held.store(slice(0, 2), exact[:2])
-    held.store(slice(2, 3), exact[2:])
-    assert held.values.dtype == np.float32 and 0 < len(held.index) <= 60
-    colours, rows = np.repeat(np.arange(3), 1000), np.tile(np.arange(1000), 3)
+    held = _Differences(3, m, narrow=True)
+    held.store(slice(0, 2), plus[:2], minus[:2])
+    held.store(slice(2, 3), plus[2:], minus[2:])
+    assert held.values.dtype == np.float32 and 0 < len(held.index) <= 120
+    colours, rows = np.repeat(np.arange(3), m), np.tile(np.arange(m), 3)
     np.testing.assert_array_equal(held.take(colours, rows), exact.reshape(-1))
+    np.testing.assert_array_equal(held.take(None, slice(m - 30, m))[None], exact[:1, m - 30 :])
 
 
 def _column_scaled(f, index: int, relative: float):
@@ -660,3 +663,50 @@ def test_a_function_rounding_in_low_precision_inside_has_no_false_pattern_proble
         lambda x: tf.cast(tf.nn.conv2d(tf.cast(x, low), tf.cast(kernel, low), 1, "SAME"), tf.float32), x,
         mode="coloured")
     assert report.ok and not report.problems, str(report)
+
+
+def _sin_times_x(x):
+    return tf.sin(x) * x
+
+
+def _sin_times_x_wrong_at(index: int, relative: float):
+    """sin(x) x with a reverse-mode gradient off by ``relative`` at one element."""
+
+    @tf.custom_gradient
+    def f(x):
+        def grad(dy):
+            wrong = 1 + relative * tf.one_hot(index, tf.size(x), dtype=x.dtype)
+            return dy * (tf.sin(x) + x * tf.cos(x)) * wrong
+
+        return tf.sin(x) * x, grad
+
+    return f
+
+
+# 2^17 float32 elements of sin(x) x evaluated in float32 (as beyond 10^6 elements): float32's truncation at h
+# fails dozens of them in the first sweep (where f' is near 0), and h/4 passes them all: the second step, with no
+# ladder.
+SECOND_STEP_X = np.random.default_rng(1).normal(size=1 << 17).astype(np.float32)
+
+
+def _evaluations(report) -> str:
+    note = next(n for n in report.notes if n.startswith("coloured mode:"))
+    return next(part for part in note.split("; ") if part.endswith("of f"))
+
+
+def test_truncation_limited_elements_pass_at_the_second_step():
+    report = fastcheck.check_gradients(_sin_times_x, tf.constant(SECOND_STEP_X), mode="coloured", precision="native")
+    assert report.verdict == "pass"
+    # The sweep's 2, the pattern probe's 2 and the second step's 2 (its failing elements all at h/4, in
+    # one pair of evaluations): no ladder, which would add 10 more (h/4**0, h/4**2 ... h/4**5).
+    assert _evaluations(report) == "6 evaluations of f"
+
+
+def test_a_single_element_off_by_1e3_is_located_past_the_second_step():
+    index = SECOND_STEP_X.size // 3
+    report = fastcheck.check_gradients(_sin_times_x_wrong_at(index, 1e-3), tf.constant(SECOND_STEP_X),
+                                       mode="coloured", precision="native")
+    assert report.verdict == "fail"
+    (pair,) = report.pairs
+    assert pair.count(1) == 1
+    assert pair.worst_element.input_index == (index,)
