@@ -25,7 +25,7 @@ Three contenders per case, side by side in one process:
 Each is timed twice per case: on a fresh function object ("fresh": what a test suite
 pays, every test building its own f) after a warm-up case has run every contender once,
 and again on the same function ("warm": a repeated check, fastcheck's kernels cached; the
-fastest of ``WARM_REPEATS`` = 3 runs, for every contender alike).
+fastest of ``WARM_REPEATS`` = 7 runs, the contenders taking turns).
 The table gives the seconds, the ratios fastcheck / tf (below 1: fastcheck is faster),
 their median and the ratio of the totals, with the CPU model and the load average.
 
@@ -426,18 +426,24 @@ def _timed(run, case, f, xs):
     return _described(result)
 
 
-WARM_REPEATS = 3
+WARM_REPEATS = 7
 
 
 def measure(case: Case) -> dict:
     row = {"name": case.name, "source": case.source, "bound": case.bound, "delta": case.delta}
+    made, fresh = {}, {}
     for label, run in CONTENDERS.items():
-        f, xs = case.make()  # a fresh function object for each contender
-        fresh = _timed(run, case, f, xs)
-        # warm: the same function again, the fastest of WARM_REPEATS runs (one run on a shared
-        # machine is as likely to measure the load as the check)
-        warm = min((_timed(run, case, f, xs) for _ in range(WARM_REPEATS)), key=lambda result: result["seconds"])
-        row[label] = {**fresh, "warm_seconds": warm["seconds"], "warm_ok": warm["ok"]}
+        made[label] = case.make()  # a fresh function object for each contender
+        fresh[label] = _timed(run, case, *made[label])
+    # warm: the same function again, the fastest of WARM_REPEATS runs, the contenders taking turns
+    # (one run of a few milliseconds on a shared machine is as likely to measure the load as the check)
+    warm: dict = {label: [] for label in CONTENDERS}
+    for _ in range(WARM_REPEATS):
+        for label, run in CONTENDERS.items():
+            warm[label].append(_timed(run, case, *made[label]))
+    for label in CONTENDERS:
+        best = min(warm[label], key=lambda result: result["seconds"])
+        row[label] = {**fresh[label], "warm_seconds": best["seconds"], "warm_ok": best["ok"]}
     return row
 
 
@@ -497,7 +503,7 @@ def markdown(record: dict) -> str:
         "`tf.test.compute_gradient` + the test's own assertion (**tf**), `fastcheck.compute_gradient` + the same "
         "assertion (**drop-in**), and `fastcheck.check_gradients` (**verdict**, fastcheck's rule). *fresh*: a new "
         "function object per contender (what each test of a suite pays), after a warm-up case; *warm*: the same "
-        f"function again (the fastest of {WARM_REPEATS} runs, every contender alike). Ratios are fastcheck / tf seconds (below 1: fastcheck faster).",
+        f"function again (the fastest of {WARM_REPEATS} runs, the contenders taking turns). Ratios are fastcheck / tf seconds (below 1: fastcheck faster).",
         "",
         f"- CPU: {record['cpu']} ({record['cpus']} logical CPUs), TensorFlow {record['tensorflow']}",
         f"- load before: `{record['uptime_before']}`",
