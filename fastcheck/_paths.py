@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import CheckConfig
+from fastcheck._events import ChunkReason
 from fastcheck._plan import Plan
 from fastcheck._raised import Raised, call_carrying_own
 from fastcheck._tables import (
@@ -257,7 +258,7 @@ class Route:
     has_loops: bool = False
     flat_function: object = None  # the probe's traced tf.function of the flat function
     flops_per_eval: int = 0
-    chunk_reason: str = "to fit memory_budget"
+    chunk_reason: ChunkReason = ChunkReason()
     autograph: bool = False  # kernels are traced with AutoGraph (f needs it)
     predicted: tuple = (0.0, 0.0)  # (eager loop, traced) seconds predicted for the check; 0: not predicted
     # Perturbations per call of the one differences kernel shared by every checked input
@@ -396,7 +397,7 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> t
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.
     per_perturbation = (2 * elements + 5 * plan.n + 2 * m) * itemsize * MEMORY_SAFETY
     chunk_rows = max(1, config.budget // per_perturbation)
-    chunk_reason = "to fit memory_budget"
+    chunk_reason = ChunkReason()
     # The working set of a call: f's shared data, and per perturbation its x+ and x- rows
     # with their intermediates (see MIN_CACHED_CHUNK).
     cache = calibration.cache_size
@@ -406,9 +407,8 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> t
         cache_rows = max(MIN_CACHED_CHUNK, cache_rows)
         if cache_rows < chunk_rows and 2 * cache_rows < max(s.size for s in plan.checked):
             chunk_rows = cache_rows
-            chunk_reason = (f"to keep each call's working set within the CPU's {cache >> 20} MiB cache"
-                            + (f" (f is memory-bound: {probe.flops / elements:.0f} FLOPs per intermediate element)"
-                               if memory_bound else ""))
+            chunk_reason = ChunkReason("cache", cache_mib=cache >> 20,
+                                       flops_per_element=probe.flops / elements if memory_bound else None)
     per_eval = (elements + plan.n + m) * itemsize * MEMORY_SAFETY
     chunks = {s.position: int(min(s.size, chunk_rows)) for s in plan.checked}
     output_chunk = int(max(1, min(m, config.budget // (2 * per_eval + 8 * plan.n))))

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 
 import fastcheck
 from fastcheck import _sparsity
@@ -556,7 +557,7 @@ def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(noise_measuremen
     report = fastcheck.check_gradients(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x,
                                        mode="coloured", jit_compile=False)
     assert report.verdict == "fail" and report.path == "graph", str(report)
-    assert not any("failed for" in note for note in report.notes), report.notes
+    assert not events_of(report, "FellBack"), report.notes
     ((lined, batched, pointwise),) = noise_measurements
     assert lined
     np.testing.assert_array_equal(batched, pointwise)
@@ -643,7 +644,9 @@ def test_a_vjp_off_the_pattern_fails(name, fits):
     assert "is not the transpose of f's Jacobian" in str(report)
     if fits:  # element verdicts from the full rerun, as mode="full" gives them
         full = fastcheck.check_gradients(f, x, mode="full")
-        assert report.mode == "reverse" and "full Jacobians, which fit, give the element verdicts" in str(report)
+        (chosen,) = events_of(report, "ModeChosen")
+        assert report.mode == "reverse" and chosen.mode == "full" and type(chosen.why[0]).__name__ == "Escalated"
+        assert events_of(report, "Inconsistent"), report.notes  # what coloured mode found, before the rerun
         np.testing.assert_array_equal(report.pairs[0].status, full.pairs[0].status)
     else:
         assert report.mode == "coloured" and report.pairs[0].label == "FAIL"

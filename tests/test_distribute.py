@@ -233,7 +233,6 @@ def test_out_of_memory_halves_the_chunk_and_each_share_runs_on_its_replica():
     from fastcheck._executor import Batch
     from fastcheck._paths import kernel_plan
     from fastcheck._plan import build_plan
-    from fastcheck._report import event_note
 
     config = CheckConfig(jit_compile=False, devices=["/CPU:0"])
     x = tf.constant(np.linspace(0, 1, 50))
@@ -250,6 +249,7 @@ def test_out_of_memory_halves_the_chunk_and_each_share_runs_on_its_replica():
 
     assert executor.chunked(Batch("numerical differences", "test", 16, subject="x"), 50, call, lambda: None) is None
     assert starts == [0, 8, 16, 24, 32, 40, 48] and np.all(seen == 1) and executor.chunk("test") == 8
-    notes = "\n".join(map(event_note, executor.events))
-    assert "out of memory at 16 evaluations per call; retried with 8" in notes
-    assert "distributed over 1 replica (MirroredStrategy on CPU:0): 50 perturbations" in notes
+    retry = next(e for e in executor.events if type(e).__name__ == "OutOfMemory")
+    assert (retry.subject, retry.chunk, retry.retried, retry.unit) == ("x", 16, 8, "evaluations")
+    assert any("distributed over 1 replica (MirroredStrategy on CPU:0): 50 perturbations" in str(e)
+               for e in executor.events)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+from conftest import events_of
 
 import fastcheck
 from fastcheck._compare import NONDIFFERENTIABLE, UNRESOLVED_KINK
@@ -162,7 +163,7 @@ def test_float64_copy_is_checked_against_the_model_and_named(floatx):
         assert not copy_notes and not any(note.startswith(NATIVE_NOTE) for note in report.notes)
         return
     assert len(copy_notes) == 1 and "roundings" in copy_notes[0] and "under the float64 dtype policy" in copy_notes[0]
-    assert "numerical side evaluated in float64 (precision='auto')" in report.notes
+    assert events_of(report, "NumericalSide")[0].upcast
     native = fastcheck.check_model(model, "categorical_crossentropy", data, variables=model.trainable_variables[:2],
                                    precision="native")
     assert not any(COPY_NOTE in note or NATIVE_NOTE in note for note in native.notes)
@@ -348,7 +349,8 @@ def test_float16_compute_policy_gets_a_float64_copy_and_float16_tolerances():
     assert report.ok, str(report)
     copy = next(note for note in report.notes if note.startswith("numerical side on a float64 copy"))
     assert "float16 roundings: layer 'dense" in copy and "computes in float16 (dtype policy mixed_float16)" in copy
-    assert any("the analytical side is judged with float16 tolerances atol=0.01, rtol=0.01" in n for n in report.notes)
+    (found,) = events_of(report, "PrecisionFound")
+    assert (found.precision, found.atol, found.rtol, found.given) == ("float16", 0.01, 0.01, False), report.notes
     assert native.ok and not any(note.startswith(COPY_NOTE) for note in native.notes), str(native)
 
 

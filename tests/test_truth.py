@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 from test_real_networks import PlantedScale  # x * scale, its custom gradient's d/dscale times a factor
 
 import fastcheck
@@ -87,8 +88,7 @@ def test_forward_only_defect_is_a_warning_in_auto_and_a_failure_in_both():
     for jit_compile in ("auto", False):
         small = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), x, jit_compile=jit_compile)
         assert small.ok and not small.warnings, str(small)
-        assert any(n.startswith("forward mode (JVP) not checked") and "pass autodiff='both'" in n
-                   for n in small.notes), small.notes
+        assert events_of(small, "ForwardNotChecked"), small.notes
     large = tf.constant(np.linspace(0.1, 0.4, 2048), tf.float64)
     auto = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), large, jit_compile=False)
     assert auto.ok and auto.warnings and "forward mode (JVP" in auto.warnings[0], str(auto)
@@ -324,7 +324,8 @@ def test_function_that_changes_with_dtype_is_evaluated_natively():
     f = lambda x: tf.sin(x) * weights[x.dtype]  # noqa: E731
     report = fastcheck.check_gradients(f, tf.constant([0.2, 0.9], tf.float32))
     assert report.ok, str(report)
-    assert any("f computes something else in float64" in n for n in report.notes), report.notes
+    (side,) = events_of(report, "NumericalSide")
+    assert not side.upcast and side.reason == "differs" and side.float64 == 1.5 * side.native, report.notes
 
 
 # ---------------------------------------------------------------- steps and points
