@@ -22,15 +22,7 @@ from fastcheck._paths import EAGER, Route, choose_route, kernel_plan
 from fastcheck._plan import Plan, _first_line, build_plan
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
-from fastcheck._report import (
-    Dense,
-    GradientReport,
-    PairReport,
-    as_event,
-    describe_nonfinite,
-    run_events,
-    vacuous_warnings,
-)
+from fastcheck._report import Dense, GradientReport, PairReport, describe_nonfinite, run_events, vacuous_warnings
 from fastcheck._tables import (
     BATCHED_ELEMENTS,
     BATCHED_FLOPS,
@@ -76,7 +68,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         if plan.nondeterministic:
             problems = [plan.nondeterministic, *([problem.if_random] if problem.if_random else [])]
             return GradientReport([], "none", "-", time.perf_counter() - start,
-                                  tuple(map(as_event, [*plan.notes, *problem.notes])),
+                                  (*plan.notes, *problem.notes),
                                   problems, problem.title, timings, calibration=_received(config))
         if plan.empty:
             return _nothing_to_check(plan, problem, config, time.perf_counter() - start, timings)
@@ -159,7 +151,7 @@ def _nothing_to_check(plan: Plan, problem: Problem, config: CheckConfig, seconds
 
     pairs: list[PairReport] = [pair(o, s) for s in plan.checked for o in plan.outputs]
     note = events.NothingToCheck(not plan.m, plan.m, plan.n)
-    return GradientReport(pairs, "none", "-", seconds, tuple(map(as_event, [*plan.notes, *problem.notes, note])), [],
+    return GradientReport(pairs, "none", "-", seconds, (*plan.notes, *problem.notes, note), [],
                           problem.title, timings, calibration=_received(config))
 
 

@@ -6,9 +6,9 @@ same event about many inputs on its fields (numbers that vary show as their rang
 ``GradientReport.events`` holds them in the order the check learnt them; ``to_dict`` writes each as
 ``{"kind": ..., **fields}``.
 
-An event about one input names it in its ``input`` field (``SUBJECT``): such events merge over
-inputs.  ``Note`` carries text a stage still composes itself (a model's float64 copy, the
-distributions of ``fastcheck.tfp``, a replica's share): facts not yet typed.
+An event about one input names it in its ``input`` field (``SUBJECT``; an out-of-memory retry, its
+``subject``): such events merge over inputs.  A few fields still carry text a stage composed (an
+error's first line, routing's reason, a model's float64 copy's account, a sparsity pattern's source).
 """
 
 from __future__ import annotations
@@ -18,13 +18,6 @@ from typing import Literal
 
 # The field naming the input an event is about: events that differ only in it and their numbers merge.
 SUBJECT = "input"
-
-
-@dataclasses.dataclass(frozen=True)
-class Note:
-    """Text a stage composed itself (not yet a typed fact)."""
-
-    text: str
 
 
 # --- the executor: retries and fallbacks
@@ -371,6 +364,87 @@ class ColouredOnGraph:
     """The colours' evaluations ran on the graph path, not XLA: XLA's compilation pays from ``evaluations``."""
 
     evaluations: int
+
+
+# --- problems: models, second order, distributions
+
+
+@dataclasses.dataclass(frozen=True)
+class TapeGradient:
+    """check_model: the analytical side is tape.gradient of the loss over the model's own variables."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SecondOrder:
+    """verify_gradients(order=2): the Jacobian of grads was checked, not grads against f's derivatives."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenChecked:
+    """Variables that are not trainable, checked because variables= names them."""
+
+    names: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingMode:
+    """check_model(training=True): ``changes`` False where the loss equals the training=False loss."""
+
+    changes: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCopy:
+    """A model's numerical side: on a float64 copy (``copied``; ``detail`` says what was compared) or in the
+    model's own precision (``detail`` says why no copy stands in).  ``detail`` is the model module's text."""
+
+    copied: bool
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleNotChecked:
+    """check_distribution: ``distribution``'s sample carries no gradient ("not reparameterized"), or its sampler
+    is implicitly reparameterized (``sampler``: how it was found)."""
+
+    distribution: str
+    reason: Literal["not reparameterized", "implicit"]
+    sampler: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSeeded:
+    """check_distribution: the sample is drawn with the stateless seed (``seed``, 0) at every evaluation."""
+
+    seed: int
+
+
+# --- distribution over replicas
+
+
+@dataclasses.dataclass(frozen=True)
+class Distributed:
+    """The work per replica: ``work`` holds (what, counts per replica, counted on each worker) in order;
+    ``multi``: several workers, each evaluating its replicas' shares."""
+
+    where: str
+    work: tuple
+    multi: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PathsDiffer:
+    """The workers routed f to different paths; every worker evaluated ``what`` eagerly."""
+
+    what: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EagerUnsplit:
+    """``what`` ran on the eager path, on one device (on every worker where ``multi``), not over the replicas."""
+
+    what: str
+    multi: bool
 
 
 Event = object  # any of the above: the report composes each by its type

@@ -774,7 +774,7 @@ class GradientReport:
 
     ``events`` is what the check learnt on its way, as typed facts (``fastcheck._events``, in order):
     fallbacks and out-of-memory retries, chunking, the mode and path chosen and why, the precision
-    and noise found, a rerun in full mode, and text some stages still compose (``Note``).  ``notes``
+    and noise found, a rerun in full mode, what a model or distribution check held fixed.  ``notes``
     is their text, one note per event; ``to_dict`` writes both, each event as ``{"kind": ..., **fields}``.
     """
 
@@ -1096,8 +1096,6 @@ def compose(event) -> str:
 def _said(event, spans: dict | None = None) -> str:
     """What ``event`` says, after its subject; ``spans``: numeric fields as ranges over a merged group."""
     e = dataclasses.replace(event, **spans) if spans else event
-    if isinstance(e, events.Note):
-        return e.text
     if isinstance(e, events.OutOfMemory):
         return f"out of memory at {e.chunk} {e.unit} per call; retried with {e.retried}"
     if isinstance(e, events.FellBack):
@@ -1163,6 +1161,45 @@ def _said(event, spans: dict | None = None) -> str:
     if isinstance(e, events.ColouredOnGraph):
         return (f"coloured mode: the colours' evaluations ran on the graph path, not XLA: XLA's compilation pays "
                 f"only from {e.evaluations} evaluations")
+    if isinstance(e, events.TapeGradient):
+        return ("analytical side: tape.gradient of the loss over the model's own variables, as a training step "
+                "computes it (custom gradients with variables= included)")
+    if isinstance(e, events.SecondOrder):
+        return ("order=2: the Jacobian of grads was checked (its reverse mode against its central differences); grads "
+                "itself was not compared with f's derivatives: verify_gradients with order=1 does that")
+    if isinstance(e, events.FrozenChecked):
+        return (f"not trainable, checked because variables= names them: {', '.join(e.names)}; the analytical side "
+                "watches them on the tape (a training step's tape.gradient would return None for them)")
+    if isinstance(e, events.TrainingMode):
+        if not e.changes:
+            return ("training=True changes nothing here: the loss equals the training=False loss at this point (no "
+                    "layer of this model behaves differently in training), so this is the training=False check")
+        return ("training=True: every evaluation draws the same dropout mask (seed states passed unchanged, tf_keras "
+                "random layers made stateless with a fixed seed), batch normalization uses the batch's statistics, "
+                "and every moving statistic and seed state is restored bit for bit")
+    if isinstance(e, events.ModelCopy):
+        return (f"numerical side on a float64 copy of the model: {e.detail}" if e.copied else
+                f"numerical side in the model's own precision: {e.detail}")
+    if isinstance(e, events.SampleNotChecked):
+        if e.reason == "not reparameterized":
+            return f"sample not checked: {e.distribution} is not fully reparameterized (samples carry no gradient)"
+        return (f"sample not checked: {e.distribution}'s sampler {e.sampler}: an implicitly reparameterized sample's "
+                "gradient holds the CDF fixed, not the noise, so a difference quotient at a fixed seed is not its "
+                "derivative")
+    if isinstance(e, events.SampleSeeded):
+        return (f"sample drawn with the stateless seed ({e.seed}, 0) at every evaluation (never under XLA, which "
+                "draws other numbers from the same seed)")
+    if isinstance(e, events.Distributed):
+        parts = [f"{name} on each worker: {' / '.join(map(str, counts))}" if per_worker
+                 else f"{' / '.join(map(str, counts))} {name}" for name, counts, per_worker in e.work]
+        return (f"distributed over {e.where}: " + "; ".join(parts)
+                + (" (each worker evaluated its replicas' shares; results all-gathered)" if e.multi else ""))
+    if isinstance(e, events.PathsDiffer):
+        return (f"the workers routed f to different paths; every worker evaluated {e.what} eagerly instead (pass "
+                "jit_compile= to pin the path)")
+    if isinstance(e, events.EagerUnsplit):
+        return (f"strategy: {e.what} ran on the eager path, on one device" + (" on every worker" if e.multi else "")
+                + ", not over the replicas (pass jit_compile=False to trace f)")
     raise TypeError(f"no text for event {e!r}")
 
 
@@ -1279,20 +1316,14 @@ def prediction(how: events.Prediction) -> str:
 def run_events(outcome: Outcome, executor, config, mode: str, why: tuple, problem_events=()) -> list:
     """The report's events, in the order the check learnt them."""
     plan, route = outcome.plan, executor.route
-    found = [*map(as_event, plan.notes), *map(as_event, problem_events),
-             *_precision_events(plan, config, outcome.atol, outcome.rtol),
+    found = [*plan.notes, *problem_events, *_precision_events(plan, config, outcome.atol, outcome.rtol),
              events.ModeChosen(mode, why), events.PathChosen(route.path, route.reason, mode != "full"),
-             *map(as_event, executor.events), *map(as_event, outcome.notes)]
+             *executor.events, *outcome.notes]
     for spec in plan.checked:
         chunk = executor.chunks.get(spec.position, spec.size)
         if mode == "full" and route.path != "eager" and 0 < chunk < spec.size:
             found.append(events.Chunked(spec.name, chunk, -(-spec.size // chunk), route.chunk_reason))
     return found
-
-
-def as_event(item):
-    """An event, or text a stage still composes itself as a ``Note``."""
-    return events.Note(item) if isinstance(item, str) else item
 
 
 def _precision_events(plan, config, atol: float, rtol: float) -> list:
