@@ -256,12 +256,31 @@ class Inconsistent:
 
 
 @dataclasses.dataclass(frozen=True)
+class RouteReason:
+    """Why routing chose its path (``_paths.Route.reason``): a small check's eager loop predicted to cost less
+    than tracing ("small": ``eager``/``traced`` seconds, ``first_trace``: no trace yet in this process), f cannot
+    be traced ("untraceable": ``error``), f draws random numbers ("random": ``op``; ``overridden``: despite
+    jit_compile=True), jit_compile=True or False ("requested", "disabled"), while_loops ("loops"), an op slow under
+    XLA ("slow op", "slow on CPU": ``op``), or the batched ``work`` in element-evaluations ("pays", "too small")."""
+
+    rule: Literal["small", "untraceable", "random", "requested", "loops", "disabled", "slow op", "slow on CPU",
+                  "pays", "too small"]
+    eager: float = 0.0
+    traced: float = 0.0
+    first_trace: bool = False
+    error: str = ""
+    op: str = ""
+    overridden: bool = False
+    work: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class PathChosen:
-    """The path f's batched evaluations ran on (``reason``: routing's), routed before the mode was chosen
-    (``for_full``: as for a full check)."""
+    """The path f's batched evaluations ran on and why, routed before the mode was chosen
+    (``routed_for_full``: as for a full check)."""
 
     path: str
-    reason: str
+    reason: RouteReason
     routed_for_full: bool
 
 

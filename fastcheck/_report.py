@@ -1121,7 +1121,7 @@ def _said(event, spans: dict | None = None) -> str:
     if isinstance(e, events.ModeChosen):
         return f"mode: {e.mode} ({mode_reasons(e.why)})"
     if isinstance(e, events.PathChosen):
-        return (f"path: {e.path} ({e.reason}"
+        return (f"path: {e.path} ({route_reason(e.reason)}"
                 f"{'; routed, before the mode was chosen, for a full check' if e.routed_for_full else ''})")
     if isinstance(e, events.Inconsistent):
         return f"coloured mode: {e.found}"
@@ -1213,6 +1213,27 @@ _FORWARD_PROBE = {
     "failed": "forward mode (JVP) disagreed on a random direction, but its full Jacobian failed ({error})",
     "compared": "forward mode (JVP): full Jacobian compared",
 }
+
+
+def route_reason(why: events.RouteReason) -> str:
+    """Why routing chose its path, as a phrase."""
+    if why.rule == "small":
+        return (f"small check: eager loop predicted {why.eager * 1e3:.0f} ms, tracing {why.traced * 1e3:.0f} ms"
+                + (" (the first trace in this process)" if why.first_trace else ""))
+    if why.rule == "untraceable":
+        return f"f cannot be traced ({why.error}): evaluated eagerly"
+    if why.rule == "random":
+        return (f"f draws random numbers (op {why.op}) and XLA draws different ones than TensorFlow's kernels from "
+                "the same seed, so f runs without XLA" + (" (jit_compile=True overridden)" if why.overridden else ""))
+    if why.rule == "slow op":
+        return f"{why.op} is slow under XLA on this backend"
+    if why.rule == "slow on CPU":
+        return f"{why.op} is slower under XLA than TensorFlow's own on CPU"
+    if why.rule in ("pays", "too small"):
+        return (f"batched work of {why.work:.2g} element-evaluations "
+                + ("pays for XLA compilation" if why.rule == "pays" else "is too small for XLA compilation"))
+    return {"requested": "jit_compile=True", "disabled": "jit_compile=False",
+            "loops": "f contains while_loops: pfor conversion would cost more than it saves"}[why.rule]
 
 
 def _chunk_reason(why: events.ChunkReason) -> str:
