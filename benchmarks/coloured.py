@@ -231,9 +231,19 @@ def _same_verdicts(coloured, full) -> bool:
 
 
 def _colours(report) -> str:
-    note = next((n for n in report.notes if n.startswith("coloured mode:")), "")
-    found = [part.strip() for part in note.split(";") if "colour" in part]
-    return ", ".join(part.split(": ")[-1] if ": " in part else part for part in found)
+    """Each input's pattern and column colours, and the row colours, as coloured mode's summary event says."""
+    def counted(count: int, noun: str) -> str:
+        return f"{count} {noun}" + ("" if count == 1 else "s")
+
+    summary = next((e for e in report.events if type(e).__name__ == "ColouredSummary"), None)
+    if summary is None:
+        return ""
+    found = [f"sparsity pattern {summary.source}"]
+    found += [f"{b.nonzeros} structural nonzeros of {b.rows} x {b.columns}, {counted(b.colours, 'column colour')}"
+              for b in summary.blocks]
+    if summary.row_colours is not None:
+        found.append(f"{counted(summary.row_colours, 'row colour')} (one VJP each)")
+    return ", ".join(found)
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def measure(repeats: int, only: list[str] | None = None) -> list[dict]:
         reference = _verdict(reports[configurations[0][0]])
         for name, _ in configurations:
             report = reports[name]
-            note = next((n for n in report.notes if n.startswith("distributed over")), "")
+            note = next((n for e, n in zip(report.events, report.notes) if type(e).__name__ == "Distributed"), "")
             rows.append({"problem": title, "configuration": name, "total": min(totals[name]),
                          "numerical": min(numerical[name]), "ok": report.ok, "same": _verdict(report) == reference,
                          "note": note})

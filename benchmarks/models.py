@@ -401,20 +401,18 @@ def _gist(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:240]}"
 
 
-def _numerical_note(notes) -> str:
-    """The note saying where the numerical side computes: the float64 copy's, else the first on it."""
-    for note in notes:
-        if note.startswith(("numerical side on a float64 copy", "numerical side in the model's own precision")):
-            return note
-    return next((note for note in notes if note.startswith("numerical side")), "")
+def _numerical_note(report) -> str:
+    """The note saying where the numerical side computes: the model's float64 copy's, else the plan's."""
+    for kind in ("ModelCopy", "NumericalSide"):
+        for event, note in zip(report.events, report.notes):
+            if type(event).__name__ == kind:
+                return note
+    return ""
 
 
-def _chosen_mode(notes, fallback: str) -> str:
-    """full / fast / ... from the report's "mode: X (why)" note."""
-    for note in notes:
-        if note.startswith("mode: "):
-            return note[len("mode: "):].split()[0]
-    return fallback
+def _chosen_mode(report, fallback: str) -> str:
+    """full / fast / ... as the report's ModeChosen event says."""
+    return next((event.mode for event in report.events if type(event).__name__ == "ModeChosen"), fallback)
 
 
 def check_one(name: str, variant: str, mode: str, seed: int) -> dict:
@@ -444,11 +442,11 @@ def check_one(name: str, variant: str, mode: str, seed: int) -> dict:
     except Exception as error:  # noqa: BLE001 -- a side figure
         row["planted_gradient_error"] = _gist(error)
     failures = list(report.failures)
-    row.update(verdict=report.verdict, resolved_mode=_chosen_mode(report.notes, report.mode), path=report.path,
+    row.update(verdict=report.verdict, resolved_mode=_chosen_mode(report, report.mode), path=report.path,
                report_mode=report.mode,
                fail=[p.input_name for p in failures if p.label == "FAIL"],
                undecidable=[p.input_name for p in failures if p.label != "FAIL"],
-               pairs=len(report.pairs), numerical=_numerical_note(report.notes), notes=list(report.notes),
+               pairs=len(report.pairs), numerical=_numerical_note(report), notes=list(report.notes),
                pair_detail=_pair_detail(report.pairs, case.planted))
     return row
 

@@ -12,16 +12,25 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _calibration
+from fastcheck import _events as events
 from fastcheck._coloured import check_coloured, prospect
 from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
 from fastcheck._paths import EAGER, Route, choose_route, kernel_plan
-from fastcheck._plan import Plan, _first_line, build_plan
+from fastcheck._plan import Float64Refused, Plan, _first_line, build_plan
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
-from fastcheck._report import Dense, GradientReport, PairReport, describe_nonfinite, run_notes, vacuous_warnings
+from fastcheck._report import (
+    Dense,
+    GradientReport,
+    PairReport,
+    describe_nonfinite,
+    native_reason,
+    run_events,
+    vacuous_warnings,
+)
 from fastcheck._tables import (
     BATCHED_ELEMENTS,
     BATCHED_FLOPS,
@@ -63,10 +72,11 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
     timings: dict[str, float] = {}
     with _on_device(config.device), preserved_variables(problem.variables):
         with timed(timings, "plan"):
-            plan = kernel_plan(build_plan(problem.f, problem.inputs, _planning(problem, config), problem.names, problem.computes_in))
+            plan = _planned(problem, config)
         if plan.nondeterministic:
             problems = [plan.nondeterministic, *([problem.if_random] if problem.if_random else [])]
-            return GradientReport([], "none", "-", time.perf_counter() - start, [*plan.notes, *problem.notes],
+            return GradientReport([], "none", "-", time.perf_counter() - start,
+                                  (*plan.notes, *problem.notes),
                                   problems, problem.title, timings, calibration=_received(config))
         if plan.empty:
             return _nothing_to_check(plan, problem, config, time.perf_counter() - start, timings)
@@ -85,9 +95,8 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
         rerun = _escalates(plan, config, executor, outcome)
         if rerun:  # coloured mode cannot name the wrong elements; full mode can
-            why = (f"coloured mode ({why}) found the reverse-mode gradient inconsistent with f's sparsity pattern (see "
-                   "the notes), so the full Jacobians, which fit, give the element verdicts")
-            notes_before = [f"coloured mode: {text}" for text in outcome.inconsistent]
+            why = (events.Escalated(why),)
+            notes_before = [events.Inconsistent(text) for text in outcome.inconsistent]
             mode = "full"
             outcome = check_full(executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
@@ -98,12 +107,12 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             # element-wise f's few calls, which say nothing of an eager loop's 2n + m).
             learnt = learnt.learn_from(executor.chosen, executor.path,
                                        sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
-        notes = run_notes(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)
+        found = run_events(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
         kind = mode if mode in ("fast", "coloured") else problem.kind or outcome.kind
         return GradientReport(outcome.pairs, executor.path, kind, time.perf_counter() - start,
-                              notes, problems, problem.title, timings,
+                              tuple(found), problems, problem.title, timings,
                               [*vacuous_warnings(outcome.pairs), *outcome.warnings], calibration=learnt)
 
 
@@ -130,7 +139,7 @@ def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.
 def jacobian_blocks(problem: Problem, config: CheckConfig, sides: tuple[str, ...]) -> dict:
     """``jacobians`` of each side in ``sides`` ("numerical", "analytical"), from one plan and executor."""
     with _on_device(config.device), preserved_variables(problem.variables):
-        plan = kernel_plan(build_plan(problem.f, problem.inputs, _planning(problem, config), problem.names, problem.computes_in))
+        plan = _planned(problem, config)
         if plan.empty:  # the blocks are empty arrays of their shapes
             return {side: [[np.zeros((o.size, s.size)) if s.checked else None for s in plan.inputs]
                            for o in plan.outputs] for side in sides}
@@ -159,17 +168,25 @@ def _nothing_to_check(plan: Plan, problem: Problem, config: CheckConfig, seconds
                           atol, rtol)
 
     pairs: list[PairReport] = [pair(o, s) for s in plan.checked for o in plan.outputs]
-    empty = "f's outputs have" if not plan.m else "the checked inputs have"
-    note = (f"nothing to check: {empty} no elements, so the Jacobian has no entries "
-            f"({plan.m} output x {plan.n} input elements); the check passes vacuously")
-    return GradientReport(pairs, "none", "-", seconds, [*plan.notes, *problem.notes, note], [], problem.title,
-                          timings, calibration=_received(config))
+    note = events.NothingToCheck(not plan.m, plan.m, plan.n)
+    return GradientReport(pairs, "none", "-", seconds, (*plan.notes, *problem.notes, note), [],
+                          problem.title, timings, calibration=_received(config))
 
 
-def _empty_parts(plan: Plan) -> list[str]:
-    """Notes on the outputs and checked inputs with no elements, in a check of the others."""
+def _empty_parts(plan: Plan) -> list:
+    """The outputs and checked inputs with no elements, in a check of the others."""
     empty = [o.name for o in plan.outputs if not o.size] + [s.name for s in plan.checked if not s.size]
-    return [f"nothing to check for {name}: it has no elements (its pairs' Jacobians are empty)" for name in empty]
+    return [events.EmptyPart(name) for name in empty]
+
+
+def _planned(problem: Problem, config: CheckConfig) -> Plan:
+    """The problem's plan, as compiled kernels hold it; precision='float64' refused is the user's ValueError."""
+    try:
+        return kernel_plan(build_plan(problem.f, problem.inputs, _planning(problem, config), problem.names,
+                                      problem.computes_in))
+    except Float64Refused as refused:
+        raise ValueError(f"precision='float64' was requested but {native_reason(refused.reason)}; pass "
+                         "precision='native' or 'auto'.") from None
 
 
 def _planning(problem: Problem, config: CheckConfig) -> CheckConfig:
@@ -196,7 +213,7 @@ def _keep(config: CheckConfig, learnt: _calibration.Calibration | None) -> None:
 
 
 def predict_full_seconds(plan: Plan, route: Route, calibration: _calibration.Calibration, budget: float,
-                         call_seconds) -> tuple[float, str]:
+                         call_seconds) -> tuple[float, events.Prediction]:
     """(seconds, how) a full check of ``plan`` on ``route`` is predicted to take after routing.
 
     Eager path: routing's prediction of the eager loop (2n + a few calls of f at f's
@@ -210,21 +227,20 @@ def predict_full_seconds(plan: Plan, route: Route, calibration: _calibration.Cal
     """
     eager, traced = calibration.predict(plan)
     if route.path == EAGER:
-        return eager, f"an eager loop of {2 * plan.n} calls of f at {plan.call_seconds * 1e3:.2g} ms"
+        return eager, events.Prediction("eager", calls=2 * plan.n, per_call=plan.call_seconds)
     kernels = (1 if route.joint_chunk else len(plan.checked)) + 1  # differences (one for all inputs, or one each), autodiff
     tracing = kernels * traced
     if tracing > budget:
-        return tracing, f"{kernels} kernels to trace at ~{traced:.2g} s each, before any evaluation"
+        return tracing, events.Prediction("tracing", kernels=kernels, per_kernel=traced)
     per_eval = max(BATCHED_PER_CALL * call_seconds(),
                    route.flops_per_eval / BATCHED_FLOPS + route.elements_per_eval / BATCHED_ELEMENTS)
     evaluations = 2 * plan.n + (VJP_CALLS * plan.m if plan.m > 1 else 0)
-    return tracing + evaluations * per_eval, (f"{kernels} kernels to trace at ~{traced:.2g} s and {evaluations:.3g} "
-                                              f"batched evaluations at ~{per_eval * 1e3:.2g} ms")
+    return tracing + evaluations * per_eval, events.Prediction("batched", evaluations, per_eval, kernels, traced)
 
 
 def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _calibration.Calibration, call_seconds,
-                sparse=None) -> tuple[str, str]:
-    """("full" | "coloured" | "fast", why) for ``config.mode``.
+                sparse=None) -> tuple[str, tuple]:
+    """("full" | "coloured" | "fast", why: its reasons, ``fastcheck._events``) for ``config.mode``.
 
     ``mode="auto"``: full Jacobians when they fit memory_budget, every input has at
     most ``FULL_MAX_INPUT`` elements, and the full check is predicted to take at most
@@ -234,27 +250,23 @@ def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _cal
     needed); ``sparse()`` gives coloured mode's prospect (``_coloured.prospect``).
     """
     if config.mode != "auto":
-        return config.mode, "as requested"
+        return config.mode, (events.Requested(),)
     entries = plan.m * plan.n
     fitting = FULL_MAX_ENTRIES_PER_GIB * config.budget / (1 << 30)
     if entries > fitting:
-        return _beyond_full(f"the full Jacobian has {entries:.3g} entries, more than {fitting:.3g} fit memory_budget",
-                            plan, config, route, call_seconds, sparse)
+        return _beyond_full(events.FullTooLarge(entries, fitting), plan, config, route, call_seconds, sparse)
     if max((s.size for s in plan.checked), default=0) > FULL_MAX_INPUT:
-        return _beyond_full(f"an input has more than {FULL_MAX_INPUT} elements: 2n evaluations would take too long",
-                            plan, config, route, call_seconds, sparse)
+        return _beyond_full(events.InputTooLarge(FULL_MAX_INPUT), plan, config, route, call_seconds, sparse)
     if len(plan.checked) <= TIME_RULE_MIN_INPUTS and plan.n <= TIME_RULE_MIN_ELEMENTS:
-        return "full", f"the full Jacobian ({entries:.3g} entries) fits memory_budget"
+        return "full", (events.FullFits(entries),)
     seconds, how = predict_full_seconds(plan, route, calibration, config.seconds, call_seconds)
     if seconds > config.seconds:
-        return _beyond_full(f"full Jacobians predicted to take {seconds:.3g} s ({how}), more than time_budget="
-                            f"{config.seconds:g} s; pass mode='full' to run them anyway, or a larger time_budget",
-                            plan, config, route, call_seconds, sparse)
-    return "full", (f"the full Jacobian ({entries:.3g} entries) fits memory_budget, and is predicted to take "
-                    f"{seconds:.2g} s, within time_budget={config.seconds:g} s")
+        return _beyond_full(events.FullTooSlow(seconds, how, config.seconds), plan, config, route, call_seconds,
+                            sparse)
+    return "full", (events.FullFits(entries, seconds, config.seconds),)
 
 
-def _beyond_full(why: str, plan: Plan, config: CheckConfig, route: Route, call_seconds, sparse) -> tuple[str, str]:
+def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, call_seconds, sparse) -> tuple[str, tuple]:
     """("coloured" | "fast", why) where full Jacobians do not fit.
 
     Coloured when f has more than one output (a scalar f's Jacobian is one dense row),
@@ -265,27 +277,23 @@ def _beyond_full(why: str, plan: Plan, config: CheckConfig, route: Route, call_s
     evaluation; element-wise verdicts are then worth their cost over projections.
     """
     if sparse is None or plan.m <= 1:
-        return "fast", why
+        return "fast", (why,)
     try:
         found = sparse()
     except ValueError as error:  # _sparsity.UnknownSparsity: an op without a rule, or f cannot be traced
-        return "fast", f"{why}; no sparsity pattern for coloured mode ({_first_line(error, 120)})"
+        return "fast", (why, events.NoPattern(_first_line(error, 120)))
     colours, nonzeros = found["colours"], found["nonzeros"]
     limit, _ = _memory_limit(config)
     if colours > COLOURED_MAX_COLUMN_SHARE * plan.n:
-        return "fast", (f"{why}; f's Jacobian has {nonzeros:.3g} structural nonzeros in {colours} column colours: "
-                        "too dense for coloured mode")
+        return "fast", (why, events.TooDense(nonzeros, colours))
     if found["bytes"] > limit:
-        return "fast", (f"{why}; coloured mode would hold {found['bytes'] / 2**30:.3g} GiB for its {nonzeros:.3g} "
-                        f"structural nonzeros, more than the {limit / 2**30:.3g} GiB a check may hold")
+        return "fast", (why, events.ColouredTooLarge(found["bytes"], nonzeros, limit))
     per_eval = max(BATCHED_PER_CALL * call_seconds(),
                    route.flops_per_eval / BATCHED_FLOPS + route.elements_per_eval / BATCHED_ELEMENTS)
     seconds = (found["evaluations"] + VJP_CALLS * found["vjps"]) * per_eval + COLOURED_SECONDS_PER_NONZERO * nonzeros
     if seconds > config.seconds:
-        return "fast", (f"{why}; coloured mode ({colours} column colours) predicted to take {seconds:.3g} s, more "
-                        f"than time_budget={config.seconds:g} s")
-    return "coloured", (f"{why}; f's Jacobian is sparse ({nonzeros:.3g} structural nonzeros in {colours} column "
-                        f"colours, predicted {seconds:.2g} s): element-wise verdicts on every nonzero")
+        return "fast", (why, events.ColouredTooSlow(colours, seconds, config.seconds))
+    return "coloured", (why, events.Sparse(nonzeros, colours, seconds))
 
 
 def _traced_call_seconds(executor: Executor) -> float:

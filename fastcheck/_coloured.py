@@ -40,6 +40,7 @@ import tensorflow as tf
 from fastcheck import _compare, _sparsity
 from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
+from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary
 from fastcheck._executor import Batch, Executor, evaluate_rows, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, pad
 from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
@@ -1064,7 +1065,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
             block.judge(plan, atol, rtol)
     with timed(timings, "pattern"):
         problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None)
-    sampled = ""
+    sampled = None
     if (problems or inconsistent) and plan.noise is None:
         # f's own rounding may be what a probe saw (an op in bfloat16 inside moves every output by
         # ~1e-3): measure it -- on every output where there are few, else on the failing nonzeros'
@@ -1099,22 +1100,15 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
     side = "supplied" if supplied is not None else "reverse"
     with timed(timings, "report"):
         pairs = _pairs(plan, blocks, atol, rtol, output_name, side, config.table("DENSE_REPORT_ENTRIES"))
-    notes = [f"coloured mode: sparsity pattern {source}; "
-             + "; ".join(f"{b.spec.name}: {b.pattern.nnz} structural nonzeros of {b.pattern.shape[0]} x "
-                         f"{b.pattern.shape[1]}, {_counted(b.columns.colours, 'column colour')}" for b in blocks)
-             + ("" if supplied is not None else f"; reverse mode: {_counted(found.row_colours, 'row colour')} "
-                "(one VJP each)")
-             + f"; {_counted(sum(b.columns.evaluations for b in blocks), 'evaluation')} of f; the pattern checked by "
-             f"{_counted(PATTERN_PROBES, 'random dense probe')} per input" + sampled]
+    notes: list = [ColouredSummary(
+        source, tuple(ColouredBlock(b.spec.name, int(b.pattern.nnz), int(b.pattern.shape[0]), int(b.pattern.shape[1]),
+                                    int(b.columns.colours)) for b in blocks),
+        None if supplied is not None else int(found.row_colours), int(sum(b.columns.evaluations for b in blocks)),
+        PATTERN_PROBES, sampled)]
     if executor.path == XLA and any(_kernel_path(executor, 2 * b.columns.colours) == GRAPH for b in blocks):
-        notes.append(f"coloured mode: the colours' evaluations ran on the graph path, not XLA: XLA's compilation "
-                     f"pays only from {XLA_MIN_EVALUATIONS} evaluations")
+        notes.append(ColouredOnGraph(XLA_MIN_EVALUATIONS))
     return Outcome(pairs, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,
                    problems=problems, inconsistent=[text for _, text in inconsistent])
-
-
-def _counted(count: int, noun: str) -> str:
-    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 # -- f's noise, on the outputs that matter ---------------------------------------------------------
@@ -1142,7 +1136,7 @@ def _noise_line(blocks: list[_Block]):
     return line
 
 
-def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tuple[Plan, str]:
+def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tuple[Plan, tuple | None]:
     """The plan with f's noise measured on the rows of the failing nonzeros plus a random
     sample of rows (every row where there are few), and the precision f computes in.
 
@@ -1155,7 +1149,7 @@ def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tupl
     m = plan.m
     failing = np.unique(np.concatenate([b.pattern.at(np.flatnonzero(b.status))[0] for b in blocks]))
     if m <= executor.config.table("NOISE_ALL"):
-        return measured(executor, plan, _noise_line(blocks)), ""
+        return measured(executor, plan, _noise_line(blocks)), None
     rng = np.random.default_rng(executor.config.seed + 4099)
     rows = np.union1d(failing, rng.choice(m, size=min(NOISE_SAMPLE, m), replace=False))
     # The columns of each checked input that those rows depend on.
@@ -1170,8 +1164,7 @@ def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tupl
     sigma = np.zeros(m)
     sigma[rows] = noise.sigma
     plan = with_noise(plan, Noise(sigma, noise.relative))
-    return plan, (f"; f's noise measured on the {len(failing)} output(s) of failing nonzeros and {len(rows) - len(failing)} "
-                  f"sampled ones, moving the {sum(len(c) for c in columns)} input elements they depend on")
+    return plan, (len(failing), len(rows) - len(failing), sum(len(c) for c in columns))
 
 
 def _rows_function(executor: Executor, plan: Plan, specs: list, columns: list, rows: np.ndarray):

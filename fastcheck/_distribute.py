@@ -37,6 +37,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from fastcheck._events import Distributed, EagerUnsplit, PathsDiffer
 from fastcheck._paths import EAGER
 from fastcheck._raised import Raised
 from fastcheck._tables import COLLECTIVE_TIMEOUT_SECONDS
@@ -188,7 +189,7 @@ def _unpack(vector: np.ndarray, structure, layout: list):
 
 class Share:
     """One check's use of a ``Spread``: runs waves of the executor's chunk loop, counts the work
-    per replica and keeps the report note up to date."""
+    per replica and keeps the report's event up to date."""
 
     def __init__(self, spread: Spread, events: list):
         self.spread, self.events = spread, events
@@ -202,20 +203,15 @@ class Share:
 
     def _count(self, label: str, replica: int, items: int, size: int | None = None) -> None:
         self.work.setdefault(label, np.zeros(size or self.spread.replicas, np.int64))[replica] += items
-        parts = []
-        for name, counts in self.work.items():
-            if len(counts) == self.spread.replicas:
-                parts.append(f"{' / '.join(str(int(v)) for v in counts)} {name}")
-            else:  # work every worker does over its own replicas
-                parts.append(f"{name} on each worker: {' / '.join(str(int(v)) for v in counts)}")
-        text = f"distributed over {self.spread.where()}: " + "; ".join(parts)
-        if self.spread.multi:
-            text += " (each worker evaluated its replicas' shares; results all-gathered)"
+        # work every worker does over its own replicas counts per worker
+        work = tuple((name, tuple(int(v) for v in counts), len(counts) != self.spread.replicas)
+                     for name, counts in self.work.items())
+        event = Distributed(self.spread.where(), work, bool(self.spread.multi))
         if self.index is None:
             self.index = len(self.events)
-            self.events.append(text)
+            self.events.append(event)
         else:
-            self.events[self.index] = text
+            self.events[self.index] = event
 
     def wave(self, label: str, call, sub: int, start: int, count: int, what: str) -> list:
         """``call(sub, part, n)`` for each replica's share of items [start, start + count): results in order."""
@@ -314,13 +310,10 @@ class Share:
                     "jit_compile=.")
             if np.any(header[:, 1] != header[0, 1]):
                 agreed = EAGER
-                self.events.append(f"the workers routed f to different paths; every worker evaluated {what} eagerly "
-                                   "instead (pass jit_compile= to pin the path)")
+                self.events.append(PathsDiffer(what))
         if agreed == EAGER and not self.eager_note:
             self.eager_note = True
-            self.events.append(f"strategy: {what} ran on the eager path, on one device"
-                               + (" on every worker" if self.spread.multi else "")
-                               + ", not over the replicas (pass jit_compile=False to trace f)")
+            self.events.append(EagerUnsplit(what, bool(self.spread.multi)))
         return agreed
 
     def local_wave(self, label: str, call, chunk: int, start: int, total: int) -> int:

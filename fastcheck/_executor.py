@@ -42,6 +42,7 @@ from fastcheck._calibration import EAGER, Calibration, shared_calibration
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._diagonal import elementwise
 from fastcheck._distribute import Share, spread_for
+from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory
 from fastcheck._paths import (
     GRAPH,
     LOOP,
@@ -221,26 +222,6 @@ class Batch:
     progress: bool = True  # a progress bar over a long batch
 
 
-@dataclasses.dataclass(frozen=True)
-class OutOfMemory:
-    """A call of ``chunk`` items ran out of memory; the batch went on at ``retried`` (a report note)."""
-
-    subject: str
-    chunk: int
-    retried: int
-    unit: str
-
-
-@dataclasses.dataclass(frozen=True)
-class FellBack:
-    """``path`` could not run f for ``what`` (``error``: its type and first line); ``following`` took over."""
-
-    path: str
-    following: str
-    what: str
-    error: str
-
-
 def joined(parts: list):
     """The chunks' results as one: tensors (or tuples of them) concatenated along the items, arrays
     likewise; None where the calls filled the caller's arrays (or there were none)."""
@@ -269,8 +250,8 @@ class Executor:
         # here only: set by a batch's first call, halved on out-of-memory; read through ``chunk``.
         self.chunks: dict = dict(route.chunks)
         # What happened, in order: fallbacks and retries (``FellBack``, ``OutOfMemory``) and the
-        # notes of the strategies and replicas (text); the report turns them into notes.
-        self.events: list[str | OutOfMemory | FellBack] = []
+        # events of the strategies and replicas (some still text); the report turns them into notes.
+        self.events: list = []
         # strategy= / devices=: each chunk split over the strategy's replicas (``_distribute``);
         # None runs every call here, on one device.
         spread = spread_for(config)
@@ -297,7 +278,7 @@ class Executor:
         """Whether the eager loops made ``_diagonal``'s few calls in this check (routing learns nothing from them)."""
         return bool(self.memo.get("elementwise"))
 
-    def note(self, event: str | OutOfMemory | FellBack) -> None:
+    def note(self, event) -> None:
         self.events.append(event)
 
     def fall_back(self, error: Exception, what: str) -> bool:
@@ -448,9 +429,8 @@ class Executor:
             self._joint_chunks = {s.position: self.chunks[s.position] for s in self.plan.checked}
             for spec in self.plan.checked:
                 self.chunks[spec.position] = self.route.joint_chunk
-            self.route = dataclasses.replace(
-                self.route, chunk_reason=f"in the one differences kernel of all {len(self.plan.checked)} checked inputs "
-                                         f"(instead of one kernel per input; each input's calls padded to {self.route.joint_chunk})")
+            self.route = dataclasses.replace(self.route, chunk_reason=ChunkReason(
+                "joint", inputs=len(self.plan.checked), padded=self.route.joint_chunk))
         return position
 
     def _differences(self, position: int, chunk: int, sides: bool):
@@ -464,8 +444,7 @@ class Executor:
             self.joint = False
             self.chunks.update(self._joint_chunks)  # each input's own chunk again
             self.route = dataclasses.replace(self.route, chunk_reason=self.chosen.chunk_reason)
-            self.note("numerical differences: with every checked input batched at once, vectorized_map converts some "
-                      "op of f with a while_loop; one kernel per input instead")
+            self.note(JointKernelDropped())
         return self.kernel((what, position, chunk), lambda: _differences_kernel(
             self.plan, position, chunk, self.path, self.route.flat_function, sides=sides)), 0
 

@@ -76,6 +76,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _compare, _flat
+from fastcheck._events import FastForwardOnly, FastSummary
 from fastcheck._executor import Batch, Executor, ShapeChangeError, measured, timed
 from fastcheck._paths import GRAPH, XLA
 from fastcheck._plan import Plan
@@ -445,10 +446,7 @@ class Joint:
                 return self.executor.chunked(batch, int(tangents.shape[0]), call, eager)
             except Exception as error:
                 self.forward_only = True
-                self.executor.note(
-                    f"fast mode: the reverse-mode gradient cannot be differentiated once more ({type(error).__name__}); "
-                    "the element-wise comparison uses forward-mode JVPs, which do not see tf.custom_gradient "
-                    "(the projection u.J.d still checks the reverse-mode gradient)")
+                self.executor.note(FastForwardOnly(type(error).__name__))
         return self._forward_jvp(tangents)
 
     def _forward_jvp(self, tangents: tf.Tensor) -> tf.Tensor:
@@ -821,12 +819,8 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     notes = []
     if len(joint.specs) > 1:
         within = [joint.specs[i].name for i, entry in sorted(decided.items()) if entry[2] is not None]
-        span = (f"spanning all {len(joint.specs)} checked inputs" if len(groups) == 1 else
-                f"for each of {len(groups)} groups of similar-sized inputs ({len(joint.specs)} checked inputs)")
-        notes.append(f"fast mode: {config.probes} random probes {span}, {joint.n} elements: one VJP and "
-                     f"{joint.evaluations} evaluations of f" + (f"; failing probes were localised by bisection over "
-                                                               f"the inputs, then within {', '.join(within)}"
-                                                               if within else ""))
+        notes.append(FastSummary(config.probes, len(joint.specs), len(groups), joint.n, joint.evaluations,
+                                 tuple(within)))
     return Outcome(pairs, plan, atol, rtol, "fast", notes)
 
 

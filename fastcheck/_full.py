@@ -17,6 +17,7 @@ import numpy as np
 from fastcheck import _compare, _flat
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
 from fastcheck._config import MACHINE_EPSILON
+from fastcheck._events import ForwardNotChecked, ForwardProbe
 from fastcheck._executor import Executor, measured, numerical_columns, steps, timed
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, _first_line
@@ -684,14 +685,14 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     plan = jac.plan  # with f's measured noise and precision, when they were needed
     side = "forward" if jac.config.autodiff == "forward" else "reverse"
     pairs = _pairs(plan, results, atol, rtol, output_name, side)
-    notes: list[str] = []
+    notes: list = []  # events (``fastcheck._events``)
     warnings: list[str] = []
     if supplied is None and jac.config.autodiff == "auto" and plan.n and executor.path == EAGER:
-        notes.append(SMALL_CHECK_FORWARD_NOTE)
+        notes.append(ForwardNotChecked("eager"))
     elif supplied is None and jac.config.autodiff == "auto" and plan.n and 2 * plan.n < FORWARD_MIN_EVALUATIONS:
-        notes.append(FEW_EVALUATIONS_FORWARD_NOTE)
+        notes.append(ForwardNotChecked("few evaluations", FORWARD_MIN_EVALUATIONS))
     elif supplied is None and jac.config.autodiff == "auto" and plan.n and executor.route.has_loops:
-        notes.append(LOOPS_FORWARD_NOTE)
+        notes.append(ForwardNotChecked("loops"))
     elif supplied is None and jac.config.autodiff in ("auto", "both") and plan.n:
         with timed(jac.timings, "forward"):
             forward_pairs, note = _forward_side(jac, results, atol, rtol, output_name)
@@ -733,21 +734,13 @@ def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[Pair
 
 # autodiff="auto" probes forward mode only on traced paths: TensorFlow's ForwardAccumulator
 # traces a helper function per op signature (10-30 ms each), so on a check small enough to
-# run eagerly the probe cost 2-40x the whole check (the corpus: layer norm 0.17 s of 0.21 s).
-SMALL_CHECK_FORWARD_NOTE = ("forward mode (JVP) not checked: the check ran eagerly, and TensorFlow's forward mode "
-                            "traces a helper function per op, which on checks this small costs more than the check "
-                            "itself; pass autodiff='both' to check it")
-# ... nor on traced checks of fewer first-sweep evaluations than FORWARD_MIN_EVALUATIONS (``_tables``).
-FEW_EVALUATIONS_FORWARD_NOTE = ("forward mode (JVP) not checked: TensorFlow's forward mode traces a helper function "
-                                "per op (10-30 ms each, ~1 s for some TFP special functions), a large share of a check "
-                                f"of fewer than {FORWARD_MIN_EVALUATIONS} evaluations; pass autodiff='both' to check it")
-# ... nor through while_loops, which forward mode runs op by op, iteration by iteration
+# run eagerly the probe cost 2-40x the whole check (the corpus: layer norm 0.17 s of 0.21 s);
+# nor on traced checks of fewer first-sweep evaluations than FORWARD_MIN_EVALUATIONS (``_tables``);
+# nor through while_loops, which forward mode runs op by op, iteration by iteration
 # (TFP's special functions in the corpus: 0.25-2.5 s, as much as the rest of the check).
-LOOPS_FORWARD_NOTE = ("forward mode (JVP) not checked: f contains while_loops, through which TensorFlow's forward "
-                      "mode runs op by op and iteration by iteration; pass autodiff='both' to check it")
 
 
-def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[list[PairReport], str]:
+def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[list[PairReport], ForwardProbe]:
     """Forward-mode pairs (autodiff="both", or "auto" after a failing probe) and a note on what was checked.
 
     autodiff="auto" first compares a few random JVPs ``J v`` (one eager forward
@@ -765,24 +758,24 @@ def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[li
         if config.autodiff == "both":
             raise ValueError(f"autodiff='both' asks for forward-mode Jacobians, but TensorFlow cannot compute them for f "
                              f"({why}); pass autodiff='reverse'.")
-        return [], f"forward mode (JVP) not checked: {why}"
+        return [], ForwardProbe("unsupported", error=str(why))
     if config.autodiff == "auto" and _compare.directions_agree(jvp, directions, [r[2] for r in results],
                                                                 [r[4] for r in results]):
-        return [], f"forward mode (JVP) agrees along {FORWARD_PROBES} random direction(s)"
+        return [], ForwardProbe("agrees", FORWARD_PROBES)
     try:
         forward = AutodiffJacobian(jac.executor, forward=True)()
     except Exception as error:
         if config.autodiff == "both":
             raise ValueError(f"autodiff='both' asks for forward-mode Jacobians, but TensorFlow cannot compute them for f "
                              f"({type(error).__name__}: {_first_line(error)}); pass autodiff='reverse'.") from error
-        return [], f"forward mode (JVP) disagreed on a random direction, but its full Jacobian failed ({type(error).__name__})"
+        return [], ForwardProbe("failed", error=type(error).__name__)
     compared = []
     for (spec, _, numerical, status, band, one_sided, _), block in zip(results, forward):
         forward_status = _compare.verdicts(block, numerical, band, 0.0, 0.0, bands=False)[0]  # the reverse side's bands
         undecided = status != _compare.OK  # kinks, unresolved and non-finite numerics: as on the reverse side
         forward_status[undecided] = status[undecided]
         compared.append((spec, block, numerical, forward_status, band, one_sided, None))
-    return _pairs(plan, compared, atol, rtol, output_name, "forward"), "forward mode (JVP): full Jacobian compared"
+    return _pairs(plan, compared, atol, rtol, output_name, "forward"), ForwardProbe("compared")
 
 
 def numerical_blocks(executor: Executor, plan: Plan) -> list[np.ndarray]:

@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import PRECISION_EPSILON
+from fastcheck._events import FrozenChecked, ModelCopy, TrainingMode
 from fastcheck._plan import _first_line
 from fastcheck._tables import FLOAT64_COPY_ROUNDINGS
 from fastcheck._variables import (
@@ -114,7 +115,7 @@ class ModelLoss:
     every: list  # every variable of the model, restored bit for bit after the check
     real: Callable  # real(): the loss of the model called with its own variables, state restored afterwards
     training: bool
-    notes: tuple = ()
+    notes: tuple = ()  # events (``fastcheck._events``) for the report
     computes_in: tuple | None = None  # (precision, reason): the model computes below its variables' dtype
     native: bool = False  # no float64 evaluation of the loss exists; its note says why
 
@@ -189,7 +190,7 @@ def _loss_without_data(model, loss_fn, variables, training, sample_weight, preci
                "data=(x, y))")
         if precision == "float64":
             raise ValueError(f"precision='float64' was requested, but {why}; pass precision='native' or 'auto'.")
-        notes += ("numerical side in the model's own precision: " + why,)
+        notes += (ModelCopy(False, why),)
     return ModelLoss(f, values, names, chosen, every, loss_fn, False, notes)
 
 
@@ -212,10 +213,7 @@ def _chosen(variables, trainable, every) -> list:
 
 def _frozen_note(names, chosen) -> tuple:
     frozen = [name for name, v in zip(names, chosen) if not getattr(v, "trainable", True)]
-    if not frozen:
-        return ()
-    return (f"not trainable, checked because variables= names them: {', '.join(frozen)}; the analytical side "
-            "watches them on the tape (a training step's tape.gradient would return None for them)",)
+    return (FrozenChecked(tuple(frozen)),) if frozen else ()
 
 
 def _model_loss_function(model, loss_fn, data, variables=None, *, training: bool = False,
@@ -272,13 +270,7 @@ def _model_loss_function(model, loss_fn, data, variables=None, *, training: bool
     if training:
         with preserved_variables(every):  # a tf_keras model updates its moving statistics in training mode
             unchanged = _same_loss(f(*values), _inference_loss(model, x, compute, every, trainable, chosen))
-        if unchanged:
-            notes += ("training=True changes nothing here: the loss equals the training=False loss at this point (no "
-                     "layer of this model behaves differently in training), so this is the training=False check",)
-        else:
-            notes += ("training=True: every evaluation draws the same dropout mask (seed states passed unchanged, "
-                     "tf_keras random layers made stateless with a fixed seed), batch normalization uses the batch's "
-                     "statistics, and every moving statistic and seed state is restored bit for bit",)
+        notes += (TrainingMode(not unchanged),)
     low = [v.dtype for v in values if v.dtype.is_floating and v.dtype != tf.float64]
     size = sum(int(np.prod(v.shape, dtype=np.int64)) for v in values)
     if precision == "native" or not low or (precision == "auto" and upcast_limit is not None and size > upcast_limit):
@@ -288,10 +280,8 @@ def _model_loss_function(model, loss_fn, data, variables=None, *, training: bool
     twin, note = float64_copy.loss(f, values)
     if twin is None and precision == "float64":
         raise ValueError(f"precision='float64' was requested, but {note}; pass precision='native' or 'auto'.")
-    prefix = ("numerical side on a float64 copy of the model: " if twin is not None else
-              "numerical side in the model's own precision: ")
     return ModelLoss(f if twin is None else _by_dtype(f, twin), values, names, chosen, every, real, training,
-                     (*notes, prefix + note), float64_copy.computes_in if twin is not None else None,
+                     (*notes, ModelCopy(twin is not None, note)), float64_copy.computes_in if twin is not None else None,
                      native=twin is None)
 
 

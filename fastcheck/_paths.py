@@ -33,6 +33,7 @@ from fastcheck._calibration import (  # noqa: F401 - routing's value, re-exporte
     shared_calibration,
 )
 from fastcheck._config import CheckConfig
+from fastcheck._events import ChunkReason, RouteReason
 from fastcheck._plan import Plan
 from fastcheck._raised import Raised, call_carrying_own
 from fastcheck._tables import (
@@ -82,14 +83,14 @@ class Route:
     """The chosen execution path and chunk sizes for one plan (the executor replaces it on a fallback)."""
 
     path: str
-    reason: str
+    reason: RouteReason  # why this path (the report's path note)
     chunks: dict  # input position -> perturbations per kernel call
     output_chunk: int  # output rows per reverse-mode kernel call
     elements_per_eval: int
     has_loops: bool = False
     flat_function: object = None  # the probe's traced tf.function of the flat function
     flops_per_eval: int = 0
-    chunk_reason: str = "to fit memory_budget"
+    chunk_reason: ChunkReason = ChunkReason()
     autograph: bool = False  # kernels are traced with AutoGraph (f needs it)
     predicted: tuple = (0.0, 0.0)  # (eager loop, traced) seconds predicted for the check; 0: not predicted
     # Perturbations per call of the one differences kernel shared by every checked input
@@ -207,8 +208,7 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> t
     n, m = plan.n, plan.m
     predicted_eager, predicted_traced = calibration.predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
     if config.jit_compile == "auto" and predicted_eager < predicted_traced:
-        return Route(EAGER, f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing {predicted_traced * 1e3:.0f} ms"
-                     + ("" if calibration.traced else " (the first trace in this process)"),
+        return Route(EAGER, RouteReason("small", predicted_eager, predicted_traced, first_trace=not calibration.traced),
                      {s.position: s.size for s in plan.checked}, m, 0,
                      predicted=(predicted_eager, predicted_traced)), calibration
     calibration = calibration.after_trace()
@@ -221,14 +221,14 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> t
         # it there as well, and then it leaves the check as itself.
         cause: BaseException = error.error if isinstance(error, Raised) else error
         first_line = (str(cause).strip().splitlines() or [""])[0][:120]
-        return Route(EAGER, f"f cannot be traced ({type(cause).__name__}: {first_line}): evaluated eagerly",
+        return Route(EAGER, RouteReason("untraceable", error=f"{type(cause).__name__}: {first_line}"),
                      {s.position: s.size for s in plan.checked}, m, 0, traceable=False), calibration
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.
     per_perturbation = (2 * elements + 5 * plan.n + 2 * m) * itemsize * MEMORY_SAFETY
     chunk_rows = max(1, config.budget // per_perturbation)
-    chunk_reason = "to fit memory_budget"
+    chunk_reason = ChunkReason()
     # The working set of a call: f's shared data, and per perturbation its x+ and x- rows
     # with their intermediates (see MIN_CACHED_CHUNK).
     cache = calibration.cache_size
@@ -238,9 +238,8 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> t
         cache_rows = max(MIN_CACHED_CHUNK, cache_rows)
         if cache_rows < chunk_rows and 2 * cache_rows < max(s.size for s in plan.checked):
             chunk_rows = cache_rows
-            chunk_reason = (f"to keep each call's working set within the CPU's {cache >> 20} MiB cache"
-                            + (f" (f is memory-bound: {probe.flops / elements:.0f} FLOPs per intermediate element)"
-                               if memory_bound else ""))
+            chunk_reason = ChunkReason("cache", cache_mib=cache >> 20,
+                                       flops_per_element=probe.flops / elements if memory_bound else None)
     per_eval = (elements + plan.n + m) * itemsize * MEMORY_SAFETY
     chunks = {s.position: int(min(s.size, chunk_rows)) for s in plan.checked}
     output_chunk = int(max(1, min(m, config.budget // (2 * per_eval + 8 * plan.n))))
@@ -249,23 +248,21 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> t
     if random and config.jit_compile is not False and not has_loops:
         # XLA draws different numbers than TensorFlow's kernels from the same seed: the
         # compiled evaluations would see another dropout mask than the eager ones.
-        path, reason = GRAPH, (f"f draws random numbers (op {random[0]}) and XLA draws different ones than "
-                               "TensorFlow's kernels from the same seed, so f runs without XLA"
-                               + (" (jit_compile=True overridden)" if config.jit_compile is True else ""))
+        path, reason = GRAPH, RouteReason("random", op=random[0], overridden=config.jit_compile is True)
     elif config.jit_compile is True:
-        path, reason = XLA, "jit_compile=True"
+        path, reason = XLA, RouteReason("requested")
     elif has_loops:
-        path, reason = LOOP, "f contains while_loops: pfor conversion would cost more than it saves"
+        path, reason = LOOP, RouteReason("loops")
     elif config.jit_compile is False:
-        path, reason = GRAPH, "jit_compile=False"
+        path, reason = GRAPH, RouteReason("disabled")
     elif op_types & XLA_SLOW_OPS:
-        path, reason = GRAPH, f"{sorted(op_types & XLA_SLOW_OPS)[0]} is slow under XLA on this backend"
+        path, reason = GRAPH, RouteReason("slow op", op=sorted(op_types & XLA_SLOW_OPS)[0])
     elif op_types & XLA_SLOW_CPU_OPS and _runs_on_cpu(config):
-        path, reason = GRAPH, f"{sorted(op_types & XLA_SLOW_CPU_OPS)[0]} is slower under XLA than TensorFlow's own on CPU"
+        path, reason = GRAPH, RouteReason("slow on CPU", op=sorted(op_types & XLA_SLOW_CPU_OPS)[0])
     elif work >= XLA_MIN_WORK:
-        path, reason = XLA, f"batched work of {work:.2g} element-evaluations pays for XLA compilation"
+        path, reason = XLA, RouteReason("pays", work=work)
     else:
-        path, reason = GRAPH, f"batched work of {work:.2g} element-evaluations is too small for XLA compilation"
+        path, reason = GRAPH, RouteReason("too small", work=work)
     traced_seconds = predicted_traced or calibration.predict(plan)[1]
     joint = joint_chunk(plan, path, chunk_rows, traced_seconds) if not (has_loops or op_types & JOINT_UNVECTORISED_OPS) else 0
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,

@@ -29,6 +29,7 @@ from fastcheck._config import (
     precision_name,
     real_dtype,
 )
+from fastcheck._events import CallNoise, LowPrecisionOp, NumericalSide, TensorFloat32
 from fastcheck._precision import Noise, low_precision_op, measure_noise, tensorfloat32_op
 from fastcheck._tables import CALL_TIMING_LIMIT, NOISY_EPSILONS, UPCAST_MAX_ELEMENTS
 
@@ -168,7 +169,7 @@ class Plan:
     structure: Any  # f's output at the point, for structure checks
     leaf_is_output: list[bool]  # which flattened leaves are differentiable outputs
     eval_upcast: bool  # numerical side evaluated in float64
-    notes: list[str]
+    notes: list  # events (``fastcheck._events``): call-to-call noise, the numerical side's precision
     call_seconds: float  # one eager call of f
     nondeterministic: str | None = None
     native_output: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # flat f(x) as float64
@@ -176,7 +177,7 @@ class Plan:
     repeat_output: np.ndarray | None = None  # a second native call at the point (call-to-call noise)
     noise: Noise | None = None  # measured noise of the numerical side's evaluations
     precision: str = "float64"  # the precision the analytical side computes in (tolerance row)
-    precision_reason: str | None = None  # why it is lower than the dtypes say
+    precision_reason: Any = None  # why it is lower than the dtypes say: LowPrecisionOp, TensorFloat32 or declared text
     declared: tuple | None = None  # (precision, reason) the problem knows f's analytical side computes in
     autograph: bool = False  # kernels trace f with AutoGraph (set from the route: f needs it)
 
@@ -313,6 +314,15 @@ class Plan:
         return list(self._eval_values)
 
 
+class Float64Refused(Exception):
+    """precision='float64' was requested and f has no float64 evaluation: ``reason`` (a ``NumericalSide``)
+    says why; the runner raises the user's ValueError, its text composed by the report."""
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class FunctionRaised(ValueError):
     """f raised when planning called it at the inputs; ``__cause__`` is f's exception."""
 
@@ -421,8 +431,7 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
         # quotient could tolerate: f is random (dropout, random ops).
         magnitude = float(np.max(np.abs(a))) if a.size and _is_differentiable(first.dtype) else 0.0
         if diff <= np.sqrt(_epsilon(first.dtype)) * magnitude:
-            notes.append(f"output{name} differs between two calls at the same point by up to {diff:.3g} "
-                         "(not bitwise deterministic): counted as noise of the numerical side")
+            notes.append(CallNoise(name, diff))
             continue
         nondeterministic = (
             f"f is not deterministic: two calls at the same inputs gave different output{name} "
@@ -449,7 +458,7 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
                                precision_reason=reason)
 
 
-def _declared_precision(plan: Plan) -> tuple[str, str | None]:
+def _declared_precision(plan: Plan) -> tuple[str, Any]:
     """The plan's precision and its reason before any measurement: the dtypes', lowered to a declared one."""
     precision = precision_name(plan.analytical_dtype)
     if plan.declared is None or less_precise([precision, plan.declared[0]]) == precision:
@@ -482,13 +491,12 @@ def with_noise(plan: Plan, noise: Noise) -> Plan:
         found = _safely(lambda: low_precision_op(traced, signature, below=precision))
         if found is not None:
             precision = less_precise([precision, found[0]])
-            reason = f"f computes in {found[0]} inside (op {found[1]})"
+            reason = LowPrecisionOp(found[0], found[1])
             noise = noise.floored(plan.eval_output)
     if precision == "float32" and tf.config.list_logical_devices("GPU"):  # no trace where no GPU can run TF32
         op = _safely(lambda: tensorfloat32_op(traced or _traceable(plan, signature), signature))
         if op is not None:
-            precision, reason = "tensorfloat32", (f"f runs float32 op {op} on a GPU with TensorFloat-32 enabled "
-                                                  "(tf.config.experimental.enable_tensor_float_32_execution)")
+            precision, reason = "tensorfloat32", TensorFloat32(op)
     return dataclasses.replace(plan, noise=noise, precision=precision, precision_reason=reason)
 
 
@@ -512,8 +520,8 @@ def _safely(find):
         return None
 
 
-def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tuple[bool, np.ndarray, str | None]:
-    """(evaluate the numerical side in float64?, f at the point in that precision as float64, a note)."""
+def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tuple[bool, np.ndarray, NumericalSide | None]:
+    """(evaluate the numerical side in float64?, f at the point in that precision as float64, the event saying so)."""
     native = plan.native_output
     low = [s for s in plan.checked if real_dtype(s.dtype) != tf.float64] + [
         o for o in plan.outputs if real_dtype(o.dtype) != tf.float64
@@ -521,14 +529,12 @@ def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tu
     if config.precision == "native" or not low:
         return False, native, None
     if config.precision == "auto" and plan.n > UPCAST_MAX_ELEMENTS:
-        return False, native, (f"numerical side evaluated in native precision: {plan.n:.3g} input elements in "
-                               "float64 would double the time and memory of the check (pass precision='float64' "
-                               "to insist)")
+        return False, native, NumericalSide(False, "elements", elements=plan.n)
     # Evaluate the numerical side in float64 when f accepts it: the finite
     # differences then carry ~1e-11 error, so float32 gradients are judged by
     # float32 tolerances alone instead of by float32 finite-difference noise.
     upcast_args = [tf.cast(s.real_view, tf.float64) if s.checked else s.value for s in plan.inputs]
-    reason: str | None = None
+    reason: NumericalSide | None = None
     upcast = native
     try:
         out = plan.f(*[from_real_view(v, tf.complex128) if s.checked and s.is_complex else v
@@ -536,23 +542,23 @@ def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tu
         leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(out)]
         low_out = [t.dtype.name for t, o in zip(leaves, plan.leaf_is_output) if o and real_dtype(t.dtype) != tf.float64]
         if low_out:
-            reason = f"f returned {low_out[0]} for float64 inputs"
+            reason = NumericalSide(False, "returns", dtype=low_out[0])
         elif [tuple(t.shape) for t in leaves] != [tuple(t.shape) for t in tf.nest.flatten(plan.structure)]:
-            reason = "f returned different shapes for float64 inputs"
+            reason = NumericalSide(False, "shapes")
         else:
             upcast = np.concatenate([np.reshape(to_real_view(t).numpy(), [-1]).astype(np.float64)
                                      for t, o in zip(leaves, plan.leaf_is_output) if o])
             reason = _differs_in_float64(plan, upcast, repeat)
     except Exception as error:  # any failure means: f does not run in float64
-        reason = f"f does not run in float64 ({type(error).__name__}: {_first_line(error)[:120]})"
+        reason = NumericalSide(False, "fails", error=f"{type(error).__name__}: {_first_line(error)[:120]}")
     if reason is None:
-        return True, upcast, "numerical side evaluated in float64 (precision='auto')"
+        return True, upcast, NumericalSide(True)
     if config.precision == "float64":
-        raise ValueError(f"precision='float64' was requested but {reason}; pass precision='native' or 'auto'.")
-    return False, native, f"numerical side evaluated in native precision: {reason}"
+        raise Float64Refused(reason)
+    return False, native, reason
 
 
-def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> str | None:
+def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> NumericalSide | None:
     """Why f in float64 is not the native f (a dtype-dependent weight, layer or code path), or None.
 
     The float64 value must reproduce the native one within the native rounding:
@@ -578,5 +584,4 @@ def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> s
     if not outside.any():
         return None
     row = int(np.argmax(np.where(outside, difference / np.maximum(allowed + 8 * noise.sigma, 1e-300), 0)))
-    return (f"f computes something else in float64 (flat output {row} is {upcast[row]:.8g} in float64 but "
-            f"{native[row]:.8g} natively, beyond native rounding): f chooses weights, layers or code by dtype")
+    return NumericalSide(False, "differs", row=row, float64=float(upcast[row]), native=float(native[row]))

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._events import SecondOrder, TapeGradient
 from fastcheck._model import RANDOM_IN_TRAINING, model_loss_function, training_gradients
 from fastcheck._model import preserved_variables as preserved_variables  # run_check restores through it
 from fastcheck._plan import Plan, normalize_inputs, to_real_view
@@ -36,7 +37,7 @@ class Problem:
     protect: tuple = ()  # variables restored bit for bit afterwards, besides those among the inputs
     output_name: str | None = None
     kind: str | None = None  # what the report calls the analytical side, when not the strategy's own
-    notes: tuple = ()
+    notes: tuple = ()  # events (``fastcheck._events``) the problem knows before the check
     if_random: str | None = None  # what to add when f turns out not to be deterministic
     computes_in: tuple | None = None  # (precision, reason): the analytical side computes below its dtypes
     # Whether f's reverse mode at the float64 point is the analytical side's code run in float64 (``_full._twin``):
@@ -76,9 +77,7 @@ def supplied_problem(f: Callable, inputs, grads, config: CheckConfig) -> Problem
         if not callable(grads):
             raise TypeError("verify_gradients(order=2) checks the derivatives of your gradient function: pass grads "
                             "as a callable taking the inputs, not as arrays.")
-        return Problem(grads, inputs, "verify_gradients (order=2: Jacobian of grads)", notes=(
-            "order=2: the Jacobian of grads was checked (its reverse mode against its central differences); grads "
-            "itself was not compared with f's derivatives: verify_gradients with order=1 does that",))
+        return Problem(grads, inputs, "verify_gradients (order=2: Jacobian of grads)", notes=(SecondOrder(),))
     return Problem(_summed(f), inputs, "verify_gradients", supplied=_supplied_gradients(inputs, grads),
                    output_name="sum(f)", twin=False)
 
@@ -107,8 +106,7 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
     supplied = _supplied_gradients(loss.values, lambda *_: training_gradients(loss))
     return Problem(_summed(loss.f), loss.values, title, supplied=supplied, names=loss.names,
                    protect=tuple(loss.every), output_name="loss", kind="reverse",
-                   notes=("analytical side: tape.gradient of the loss over the model's own variables, as a training "
-                          "step computes it (custom gradients with variables= included)", *notes), if_random=if_random,
+                   notes=(TapeGradient(), *notes), if_random=if_random,
                    computes_in=loss.computes_in, native=loss.native)
 
 

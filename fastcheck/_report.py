@@ -11,6 +11,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from fastcheck import _events as events
 from fastcheck._compare import (
     ANALYTICAL_NONFINITE,
     DISCONTINUOUS,
@@ -30,7 +31,6 @@ from fastcheck._compare import (
 )
 from fastcheck._compare import diagnose as _diagnose
 from fastcheck._config import MACHINE_EPSILON
-from fastcheck._executor import FellBack, OutOfMemory
 from fastcheck._plan import InputSpec, Plan, _first_line
 from fastcheck._tables import COLLAPSE_PASSING, RESOLUTION_RTOLS, SUMMARY_CHUNK, UNDECIDED_DETAILS, WORST_KEPT
 
@@ -770,13 +770,21 @@ class Outcome:
 
 @dataclasses.dataclass
 class GradientReport:
-    """What a check found.  ``bool(report)`` is ``report.ok``."""
+    """What a check found.  ``bool(report)`` is ``report.ok``.
+
+    ``events`` is what the check learnt on its way, as typed facts (``fastcheck._events``, in order):
+    fallbacks and out-of-memory retries, chunking, the mode and path chosen and why, the precision
+    and noise found, a rerun in full mode, what a model or distribution check held fixed.  ``notes``
+    is their text, one note per event; ``to_dict`` writes both, each event as ``{"kind": ..., **fields}``.
+    """
 
     pairs: list[PairReport]  # over dense, sparse or projected storage, by mode
     path: str
     mode: str
     seconds: float
-    notes: list[str] = dataclasses.field(default_factory=list)
+    # What the check learnt on its way (``fastcheck._events``: fallbacks, chunking, the mode and path chosen
+    # and why, the precision and noise found), in order; ``notes`` is their text.
+    events: tuple = ()
     problems: list[str] = dataclasses.field(default_factory=list)
     title: str = "gradient check"
     # Seconds per stage: plan (structure, determinism), route (probe trace),
@@ -792,6 +800,11 @@ class GradientReport:
     @property
     def ok(self) -> bool:
         return not self.problems and all(p.ok for p in self.pairs)
+
+    @property
+    def notes(self) -> list[str]:
+        """The events as text, one note each (``str(report)`` merges those about many inputs)."""
+        return [compose(event) for event in self.events]
 
     def __bool__(self) -> bool:
         return self.ok
@@ -853,6 +866,7 @@ class GradientReport:
             "timings": dict(self.timings),
             "rule": FAST_RULE if self.mode == "fast" else RULE,
             "notes": list(self.notes),
+            "events": [event_dict(event) for event in self.events],
             "problems": list(self.problems),
             "warnings": list(self.warnings),
             "pairs": [p.to_dict(arrays) for p in self.pairs],
@@ -934,7 +948,7 @@ class GradientReport:
                 lines.append(f"  {sum(p.count(NONDIFFERENTIABLE) for p in with_kinks)} elements in {len(with_kinks)} "
                              f"passing pairs sit at kinks of f, with the analytical value between the one-sided "
                              f"derivatives{'; e.g. ' + example if example else ''}")
-        for note in _aggregated_notes(self.notes, [p.input_name for p in self.pairs]):
+        for note in composed_notes(self.events, [p.input_name for p in self.pairs]):
             lines.append(f"  note: {note}")
         twinned = [p for p in self.pairs if p.float64_gradient]
         if twinned:
@@ -1007,85 +1021,342 @@ def _layer_groups(names: list[str]) -> str:
     return f"{f' (in {shared})' if shared else ''}: {', '.join(groups)}"
 
 
-_NUMBER_IN_NOTE = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+class _Span:
+    """The values of one numeric field over a merged group of events: formats as the value where they agree,
+    else as ``low to high`` (each as its own format gives it, then ``:g``)."""
+
+    def __init__(self, values: list):
+        self.low, self.high = min(values), max(values)
+
+    def __format__(self, spec: str) -> str:
+        if self.low == self.high:
+            return format(self.low, spec)
+        return f"{float(format(self.low, spec)):g} to {float(format(self.high, spec)):g}"
 
 
-def _aggregated_notes(notes: list[str], names: list[str]) -> list[str]:
-    """Notes in order, with those that differ only in the input they start with and their numbers made one.
+def _subject(event) -> str | None:
+    """The input (or mode) an event is about, said before its text."""
+    return getattr(event, events.SUBJECT, None) or getattr(event, "subject", None)
 
-    ``"conv/kernel: chunked to 32 perturbations per call (4 calls) ..."`` for 150
-    inputs becomes ``"150 inputs (conv/kernel, conv/bias, ... ): chunked to 32
-    perturbations per call (1 to 40 calls) ..."``: numbers that vary show as their
-    range.  Other notes are kept once each.
+
+def _numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def composed_notes(found, names: list[str]) -> list[str]:
+    """The notes of ``found`` (events) in order, the same event about several inputs merged into one.
+
+    Events of one kind that differ only in the input they are about and their numbers become one
+    note: ``"150 inputs (conv/kernel, conv/bias, ... ): chunked to 32 perturbations per call (1 to
+    40 calls) ..."``, numbers that vary shown as their range.  Other notes are kept once each.
     """
-    known = sorted(set(names), key=len, reverse=True)
-    groups: dict[str, list[tuple[str | None, str]]] = {}
-    for note in notes:
-        subject = next((name for name in known if note.startswith(name + ": ")), None)
-        rest = note[len(subject) + 2:] if subject is not None else note
-        # Notes about one input group by their text with numbers masked; others only repeat.
-        key = "\0" + _NUMBER_IN_NOTE.sub("#", rest) if subject is not None else rest
-        if subject is None and key in groups:
+    known = set(names)
+    groups: dict = {}
+    for event in found:
+        subject = _subject(event)
+        if subject not in known:
+            groups.setdefault(("text", compose(event)), [event])
             continue
-        groups.setdefault(key, []).append((subject, rest))
+        fields = dataclasses.fields(event)
+        key = (type(event), *(getattr(event, f.name) for f in fields
+                              if f.name not in (events.SUBJECT, "subject") and not _numeric(getattr(event, f.name))))
+        groups.setdefault(key, []).append(event)
     result = []
     for members in groups.values():
-        subject, rest = members[0]
+        first = members[0]
         if len(members) == 1:
-            result.append(rest if subject is None else f"{subject}: {rest}")
+            result.append(compose(first))
             continue
-        numbers = [[float(n) for n in _NUMBER_IN_NOTE.findall(r)] for _, r in members]
-        pieces = _NUMBER_IN_NOTE.split(rest)
-        text = pieces[0]
-        for position, piece in enumerate(pieces[1:]):
-            values = [n[position] for n in numbers]
-            low, high = min(values), max(values)
-            text += (_NUMBER_IN_NOTE.findall(rest)[position] if low == high
-                     else f"{low:g} to {high:g}") + piece
-        subjects = [s for s, _ in members if s is not None]
+        spans = {f.name: _Span([getattr(m, f.name) for m in members])
+                 for f in dataclasses.fields(first) if _numeric(getattr(first, f.name))}
+        subjects = [str(_subject(m)) for m in members]
         shown = ", ".join(subjects[:3]) + (", ..." if len(subjects) > 3 else "")
-        result.append(f"{len(subjects)} inputs ({shown}): {text}")
+        result.append(f"{len(subjects)} inputs ({shown}): {_said(first, spans)}")
     return result
 
 
-def event_note(event: str | OutOfMemory | FellBack) -> str:
-    """An executor's event as the report's note (strategies' and replicas' notes are text already)."""
-    if isinstance(event, OutOfMemory):
-        return (f"{event.subject}: out of memory at {event.chunk} {event.unit} per call; "
-                f"retried with {event.retried}")
-    if isinstance(event, FellBack):
-        return f"{event.path} failed for {event.what} ({event.error}); fell back to {event.following}"
-    return event
+def event_dict(event) -> dict:
+    """An event as JSON: ``{"kind": its type's name, **its fields}``, nested events alike."""
+    def value(v):
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return event_dict(v)
+        if isinstance(v, tuple):
+            return [value(x) for x in v]
+        return _num(v) if isinstance(v, float) else v
+
+    return {"kind": type(event).__name__, **{f.name: value(getattr(event, f.name)) for f in dataclasses.fields(event)}}
 
 
-def run_notes(outcome: Outcome, executor, config, mode: str, why: str, problem_notes=()) -> list[str]:
-    """The report's notes, in the order the check learnt them."""
+def compose(event) -> str:
+    """One event as the report's note."""
+    subject = _subject(event)
+    return f"{subject}: {_said(event)}" if subject is not None else _said(event)
+
+
+def _said(event, spans: dict | None = None) -> str:
+    """What ``event`` says, after its subject; ``spans``: numeric fields as ranges over a merged group."""
+    e = dataclasses.replace(event, **spans) if spans else event
+    if isinstance(e, events.OutOfMemory):
+        return f"out of memory at {e.chunk} {e.unit} per call; retried with {e.retried}"
+    if isinstance(e, events.FellBack):
+        return f"{e.path} failed for {e.what} ({e.error}); fell back to {e.following}"
+    if isinstance(e, events.Chunked):
+        return f"chunked to {e.chunk} perturbations per call ({e.calls} calls) {_chunk_reason(e.why)}"
+    if isinstance(e, events.JointKernelDropped):
+        return ("numerical differences: with every checked input batched at once, vectorized_map converts some "
+                "op of f with a while_loop; one kernel per input instead")
+    if isinstance(e, events.CallNoise):
+        return (f"output{e.output} differs between two calls at the same point by up to {e.difference:.3g} "
+                "(not bitwise deterministic): counted as noise of the numerical side")
+    if isinstance(e, events.NumericalSide):
+        if e.upcast:
+            return "numerical side evaluated in float64 (precision='auto')"
+        return f"numerical side evaluated in native precision: {native_reason(e)}"
+    if isinstance(e, events.PrecisionFound):
+        return (f"{_precision_why(e.why)}: the analytical side is judged with {e.precision} tolerances "
+                f"atol={e.atol:g}, rtol={e.rtol:g}{' (as given)' if e.given else ''}")
+    if isinstance(e, events.NoiseMeasured):
+        return (f"f's evaluations carry relative noise {e.relative:.2g} (measured; {e.dtype} rounds at "
+                f"{e.epsilon:.2g}): noise allowances follow it, and columns it swamps are re-estimated at larger steps")
+    if isinstance(e, events.ModeChosen):
+        return f"mode: {e.mode} ({mode_reasons(e.why)})"
+    if isinstance(e, events.PathChosen):
+        return (f"path: {e.path} ({route_reason(e.reason)}"
+                f"{'; routed, before the mode was chosen, for a full check' if e.routed_for_full else ''})")
+    if isinstance(e, events.Inconsistent):
+        return f"coloured mode: {e.found}"
+    if isinstance(e, events.NothingToCheck):
+        empty = "f's outputs have" if e.outputs else "the checked inputs have"
+        return (f"nothing to check: {empty} no elements, so the Jacobian has no entries "
+                f"({e.m} output x {e.n} input elements); the check passes vacuously")
+    if isinstance(e, events.EmptyPart):
+        return f"nothing to check for {e.name}: it has no elements (its pairs' Jacobians are empty)"
+    if isinstance(e, events.ForwardNotChecked):
+        return _FORWARD_NOT_CHECKED[e.reason].format(evaluations=e.evaluations)
+    if isinstance(e, events.ForwardProbe):
+        return _FORWARD_PROBE[e.result].format(directions=e.directions, error=e.error)
+    if isinstance(e, events.FastSummary):
+        span = (f"spanning all {e.inputs} checked inputs" if e.groups == 1 else
+                f"for each of {e.groups} groups of similar-sized inputs ({e.inputs} checked inputs)")
+        return (f"fast mode: {e.probes} random probes {span}, {e.elements} elements: one VJP and {e.evaluations} "
+                "evaluations of f" + (f"; failing probes were localised by bisection over the inputs, then within "
+                                      f"{', '.join(e.localised)}" if e.localised else ""))
+    if isinstance(e, events.FastForwardOnly):
+        return (f"fast mode: the reverse-mode gradient cannot be differentiated once more ({e.error}); the "
+                "element-wise comparison uses forward-mode JVPs, which do not see tf.custom_gradient (the projection "
+                "u.J.d still checks the reverse-mode gradient)")
+    if isinstance(e, events.ColouredSummary):
+        text = (f"coloured mode: sparsity pattern {e.source}; "
+                + "; ".join(f"{b.input}: {b.nonzeros} structural nonzeros of {b.rows} x {b.columns}, "
+                            f"{_counted(b.colours, 'column colour')}" for b in e.blocks)
+                + ("" if e.row_colours is None else f"; reverse mode: {_counted(e.row_colours, 'row colour')} "
+                   "(one VJP each)")
+                + f"; {_counted(e.evaluations, 'evaluation')} of f; the pattern checked by "
+                f"{_counted(e.probes, 'random dense probe')} per input")
+        if e.noise_rows is not None:
+            failing, sampled, moved = e.noise_rows
+            text += (f"; f's noise measured on the {failing} output(s) of failing nonzeros and {sampled} sampled "
+                     f"ones, moving the {moved} input elements they depend on")
+        return text
+    if isinstance(e, events.ColouredOnGraph):
+        return (f"coloured mode: the colours' evaluations ran on the graph path, not XLA: XLA's compilation pays "
+                f"only from {e.evaluations} evaluations")
+    if isinstance(e, events.TapeGradient):
+        return ("analytical side: tape.gradient of the loss over the model's own variables, as a training step "
+                "computes it (custom gradients with variables= included)")
+    if isinstance(e, events.SecondOrder):
+        return ("order=2: the Jacobian of grads was checked (its reverse mode against its central differences); grads "
+                "itself was not compared with f's derivatives: verify_gradients with order=1 does that")
+    if isinstance(e, events.FrozenChecked):
+        return (f"not trainable, checked because variables= names them: {', '.join(e.names)}; the analytical side "
+                "watches them on the tape (a training step's tape.gradient would return None for them)")
+    if isinstance(e, events.TrainingMode):
+        if not e.changes:
+            return ("training=True changes nothing here: the loss equals the training=False loss at this point (no "
+                    "layer of this model behaves differently in training), so this is the training=False check")
+        return ("training=True: every evaluation draws the same dropout mask (seed states passed unchanged, tf_keras "
+                "random layers made stateless with a fixed seed), batch normalization uses the batch's statistics, "
+                "and every moving statistic and seed state is restored bit for bit")
+    if isinstance(e, events.ModelCopy):
+        return (f"numerical side on a float64 copy of the model: {e.detail}" if e.copied else
+                f"numerical side in the model's own precision: {e.detail}")
+    if isinstance(e, events.SampleNotChecked):
+        if e.reason == "not reparameterized":
+            return f"sample not checked: {e.distribution} is not fully reparameterized (samples carry no gradient)"
+        return (f"sample not checked: {e.distribution}'s sampler {e.sampler}: an implicitly reparameterized sample's "
+                "gradient holds the CDF fixed, not the noise, so a difference quotient at a fixed seed is not its "
+                "derivative")
+    if isinstance(e, events.SampleSeeded):
+        return (f"sample drawn with the stateless seed ({e.seed}, 0) at every evaluation (never under XLA, which "
+                "draws other numbers from the same seed)")
+    if isinstance(e, events.Distributed):
+        parts = [f"{name} on each worker: {' / '.join(map(str, counts))}" if per_worker
+                 else f"{' / '.join(map(str, counts))} {name}" for name, counts, per_worker in e.work]
+        return (f"distributed over {e.where}: " + "; ".join(parts)
+                + (" (each worker evaluated its replicas' shares; results all-gathered)" if e.multi else ""))
+    if isinstance(e, events.PathsDiffer):
+        return (f"the workers routed f to different paths; every worker evaluated {e.what} eagerly instead (pass "
+                "jit_compile= to pin the path)")
+    if isinstance(e, events.EagerUnsplit):
+        return (f"strategy: {e.what} ran on the eager path, on one device" + (" on every worker" if e.multi else "")
+                + ", not over the replicas (pass jit_compile=False to trace f)")
+    raise TypeError(f"no text for event {e!r}")
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+_FORWARD_PROBE = {
+    "unsupported": "forward mode (JVP) not checked: {error}",
+    "agrees": "forward mode (JVP) agrees along {directions} random direction(s)",
+    "failed": "forward mode (JVP) disagreed on a random direction, but its full Jacobian failed ({error})",
+    "compared": "forward mode (JVP): full Jacobian compared",
+}
+
+
+def route_reason(why: events.RouteReason) -> str:
+    """Why routing chose its path, as a phrase."""
+    if why.rule == "small":
+        return (f"small check: eager loop predicted {why.eager * 1e3:.0f} ms, tracing {why.traced * 1e3:.0f} ms"
+                + (" (the first trace in this process)" if why.first_trace else ""))
+    if why.rule == "untraceable":
+        return f"f cannot be traced ({why.error}): evaluated eagerly"
+    if why.rule == "random":
+        return (f"f draws random numbers (op {why.op}) and XLA draws different ones than TensorFlow's kernels from "
+                "the same seed, so f runs without XLA" + (" (jit_compile=True overridden)" if why.overridden else ""))
+    if why.rule == "slow op":
+        return f"{why.op} is slow under XLA on this backend"
+    if why.rule == "slow on CPU":
+        return f"{why.op} is slower under XLA than TensorFlow's own on CPU"
+    if why.rule in ("pays", "too small"):
+        return (f"batched work of {why.work:.2g} element-evaluations "
+                + ("pays for XLA compilation" if why.rule == "pays" else "is too small for XLA compilation"))
+    return {"requested": "jit_compile=True", "disabled": "jit_compile=False",
+            "loops": "f contains while_loops: pfor conversion would cost more than it saves"}[why.rule]
+
+
+def _chunk_reason(why: events.ChunkReason) -> str:
+    if why.limit == "joint":
+        return (f"in the one differences kernel of all {why.inputs} checked inputs "
+                f"(instead of one kernel per input; each input's calls padded to {why.padded})")
+    if why.limit == "cache":
+        return (f"to keep each call's working set within the CPU's {why.cache_mib} MiB cache"
+                + (f" (f is memory-bound: {why.flops_per_element:.0f} FLOPs per intermediate element)"
+                   if why.flops_per_element is not None else ""))
+    return "to fit memory_budget"
+
+
+def native_reason(e: events.NumericalSide) -> str:
+    """Why the numerical side is not evaluated in float64 (also the error of precision='float64')."""
+    if e.reason == "elements":
+        return (f"{e.elements:.3g} input elements in float64 would double the time and memory of the check (pass "
+                "precision='float64' to insist)")
+    if e.reason == "returns":
+        return f"f returned {e.dtype} for float64 inputs"
+    if e.reason == "shapes":
+        return "f returned different shapes for float64 inputs"
+    if e.reason == "fails":
+        return f"f does not run in float64 ({e.error})"
+    return (f"f computes something else in float64 (flat output {e.row} is {e.float64:.8g} in float64 but "
+            f"{e.native:.8g} natively, beyond native rounding): f chooses weights, layers or code by dtype")
+
+
+def _precision_why(why) -> str:
+    if isinstance(why, events.LowPrecisionOp):
+        return f"f computes in {why.precision} inside (op {why.op})"
+    if isinstance(why, events.TensorFloat32):
+        return (f"f runs float32 op {why.op} on a GPU with TensorFloat-32 enabled "
+                "(tf.config.experimental.enable_tensor_float_32_execution)")
+    return why
+
+
+# autodiff="auto" probes forward mode only on traced paths (see ``_full``).
+_FORWARD_NOT_CHECKED = {
+    "eager": ("forward mode (JVP) not checked: the check ran eagerly, and TensorFlow's forward mode traces a helper "
+              "function per op, which on checks this small costs more than the check itself; pass autodiff='both' "
+              "to check it"),
+    "few evaluations": ("forward mode (JVP) not checked: TensorFlow's forward mode traces a helper function per op "
+                        "(10-30 ms each, ~1 s for some TFP special functions), a large share of a check of fewer "
+                        "than {evaluations} evaluations; pass autodiff='both' to check it"),
+    "loops": ("forward mode (JVP) not checked: f contains while_loops, through which TensorFlow's forward mode runs "
+              "op by op and iteration by iteration; pass autodiff='both' to check it"),
+}
+
+
+def mode_reasons(why: tuple) -> str:
+    """The chain of reasons a mode was chosen for, as one phrase."""
+    return "; ".join(_mode_reason(reason) for reason in why)
+
+
+def _mode_reason(r) -> str:
+    if isinstance(r, events.Requested):
+        return "as requested"
+    if isinstance(r, events.FullFits):
+        if r.seconds is None:
+            return f"the full Jacobian ({r.entries:.3g} entries) fits memory_budget"
+        return (f"the full Jacobian ({r.entries:.3g} entries) fits memory_budget, and is predicted to take "
+                f"{r.seconds:.2g} s, within time_budget={r.budget:g} s")
+    if isinstance(r, events.FullTooLarge):
+        return f"the full Jacobian has {r.entries:.3g} entries, more than {r.fitting:.3g} fit memory_budget"
+    if isinstance(r, events.InputTooLarge):
+        return f"an input has more than {r.limit} elements: 2n evaluations would take too long"
+    if isinstance(r, events.FullTooSlow):
+        return (f"full Jacobians predicted to take {r.seconds:.3g} s ({prediction(r.how)}), more than time_budget="
+                f"{r.budget:g} s; pass mode='full' to run them anyway, or a larger time_budget")
+    if isinstance(r, events.NoPattern):
+        return f"no sparsity pattern for coloured mode ({r.error})"
+    if isinstance(r, events.TooDense):
+        return (f"f's Jacobian has {r.nonzeros:.3g} structural nonzeros in {r.colours} column colours: "
+                "too dense for coloured mode")
+    if isinstance(r, events.ColouredTooLarge):
+        return (f"coloured mode would hold {r.held / 2**30:.3g} GiB for its {r.nonzeros:.3g} structural nonzeros, "
+                f"more than the {r.limit / 2**30:.3g} GiB a check may hold")
+    if isinstance(r, events.ColouredTooSlow):
+        return (f"coloured mode ({r.colours} column colours) predicted to take {r.seconds:.3g} s, more than "
+                f"time_budget={r.budget:g} s")
+    if isinstance(r, events.Sparse):
+        return (f"f's Jacobian is sparse ({r.nonzeros:.3g} structural nonzeros in {r.colours} column colours, "
+                f"predicted {r.seconds:.2g} s): element-wise verdicts on every nonzero")
+    if isinstance(r, events.Escalated):
+        return (f"coloured mode ({mode_reasons(r.coloured)}) found the reverse-mode gradient inconsistent with f's "
+                "sparsity pattern (see the notes), so the full Jacobians, which fit, give the element verdicts")
+    raise TypeError(f"no text for mode reason {r!r}")
+
+
+def prediction(how: events.Prediction) -> str:
+    """How a full check's time was predicted, as a phrase."""
+    if how.by == "eager":
+        return f"an eager loop of {how.calls} calls of f at {how.per_call * 1e3:.2g} ms"
+    if how.by == "tracing":
+        return f"{how.kernels} kernels to trace at ~{how.per_kernel:.2g} s each, before any evaluation"
+    return (f"{how.kernels} kernels to trace at ~{how.per_kernel:.2g} s and {how.calls:.3g} batched evaluations at "
+            f"~{how.per_call * 1e3:.2g} ms")
+
+
+def run_events(outcome: Outcome, executor, config, mode: str, why: tuple, problem_events=()) -> list:
+    """The report's events, in the order the check learnt them."""
     plan, route = outcome.plan, executor.route
-    notes = [*plan.notes, *problem_notes, *_precision_notes(plan, config, outcome.atol, outcome.rtol),
-             f"mode: {mode} ({why})",
-             f"path: {route.path} ({route.reason}{'' if mode == 'full' else '; routed, before the mode was chosen, for a full check'})",
-             *map(event_note, executor.events), *outcome.notes]
+    found = [*plan.notes, *problem_events, *_precision_events(plan, config, outcome.atol, outcome.rtol),
+             events.ModeChosen(mode, why), events.PathChosen(route.path, route.reason, mode != "full"),
+             *executor.events, *outcome.notes]
     for spec in plan.checked:
         chunk = executor.chunks.get(spec.position, spec.size)
         if mode == "full" and route.path != "eager" and 0 < chunk < spec.size:
-            notes.append(f"{spec.name}: chunked to {chunk} perturbations per call "
-                         f"({-(-spec.size // chunk)} calls) {route.chunk_reason}")
-    return notes
+            found.append(events.Chunked(spec.name, chunk, -(-spec.size // chunk), route.chunk_reason))
+    return found
 
 
-def _precision_notes(plan, config, atol: float, rtol: float) -> list[str]:
+def _precision_events(plan, config, atol: float, rtol: float) -> list:
     """What the check learnt about the precision f computes in, when it is not what the dtypes say."""
-    notes = []
+    found: list = []
     if plan.precision_reason:
-        given = " (as given)" if config.atol is not None or config.rtol is not None else ""
-        notes.append(f"{plan.precision_reason}: the analytical side is judged with {plan.precision} tolerances "
-                     f"atol={atol:g}, rtol={rtol:g}{given}")
+        given = config.atol is not None or config.rtol is not None
+        found.append(events.PrecisionFound(plan.precision_reason, plan.precision, atol, rtol, given))
     epsilon = MACHINE_EPSILON[plan.eval_dtype]
     if plan.noise is not None and plan.noise_epsilon > epsilon:
-        notes.append(f"f's evaluations carry relative noise {plan.noise.relative:.2g} (measured; {plan.eval_dtype.name} "
-                     f"rounds at {epsilon:.2g}): noise allowances follow it, and columns it swamps are re-estimated "
-                     "at larger steps")
-    return notes
+        found.append(events.NoiseMeasured(plan.noise.relative, plan.eval_dtype.name, epsilon))
+    return found
 
 
 # What a non-finite result of a common op usually means, for the report.

@@ -24,6 +24,7 @@ import tensorflow as tf
 from fastcheck._api import _config, numerical_jacobian
 from fastcheck._check import run_check
 from fastcheck._config import MACHINE_EPSILON, precision_name
+from fastcheck._events import SampleNotChecked, SampleSeeded
 from fastcheck._plan import normalize_inputs
 from fastcheck._problem import Problem, function_problem
 from fastcheck._report import VERDICT_LABELS, GradientReport
@@ -359,14 +360,12 @@ def check_distribution(make_distribution: Callable, params, x=None, *, seed: int
     notes: tuple = ()
     sample = distribution.reparameterization_type == tfp.distributions.FULLY_REPARAMETERIZED
     if not sample:
-        notes += (f"sample not checked: {name} is not fully reparameterized (samples carry no gradient)",)
+        notes += (SampleNotChecked(name, "not reparameterized"),)
     elif (why := _implicit_sampler(make_distribution, values, stateless_seed)) is not None:
         sample = False
-        notes += (f"sample not checked: {name}'s sampler {why}: an implicitly reparameterized sample's gradient holds "
-                  "the CDF fixed, not the noise, so a difference quotient at a fixed seed is not its derivative",)
+        notes += (SampleNotChecked(name, "implicit", why),)
     else:
-        notes += (f"sample drawn with the stateless seed ({seed}, 0) at every evaluation (never under XLA, which "
-                  "draws other numbers from the same seed)",)
+        notes += (SampleSeeded(seed),)
 
     def outputs(*args):
         distribution = make_distribution(*args[: len(values)])

@@ -59,3 +59,8 @@ def noise_measurements(monkeypatch):
 
     monkeypatch.setattr(_executor, "measure_precision", both)
     return measured
+
+
+def events_of(report, kind: str) -> list:
+    """The report's events of one kind (``to_dict``'s "kind": the event's type name, ``fastcheck._events``)."""
+    return [event for event in report.events if type(event).__name__ == kind]

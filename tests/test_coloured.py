@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 
 import fastcheck
 from fastcheck import _sparsity
@@ -50,7 +51,7 @@ def test_correct_gradients_pass_with_full_modes_verdicts(name, dtype):
     assert full.ok
     (pc,), (pf,) = coloured.pairs, full.pairs
     np.testing.assert_array_equal(pc.status, pf.status)
-    assert any(note.startswith("coloured mode: sparsity pattern traced") for note in coloured.notes)
+    assert events_of(coloured, "ColouredSummary")[0].source == "traced from f's graph", coloured.notes
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT))
@@ -167,7 +168,7 @@ def test_given_patterns_in_every_form():
     for sparsity in (np.eye(5, dtype=bool), (np.arange(5), np.arange(5)), Coo(), [np.eye(5, dtype=bool)]):
         report = fastcheck.check_gradients(tf.sin, x, mode="coloured", sparsity=sparsity)
         assert report.ok, str(report)
-        assert any("given by sparsity=" in note for note in report.notes)
+        assert events_of(report, "ColouredSummary")[0].source == "given by sparsity=", report.notes
 
 
 def test_wrong_user_pattern_is_a_pattern_problem_not_a_gradient_verdict():
@@ -295,9 +296,10 @@ def test_noise_measured_on_a_sample_of_rows_gives_the_verdicts_of_measuring_ever
             return y, grad
 
     sampled = fastcheck.check_gradients(f, x, mode="coloured", tables={"NOISE_ALL": 1000})
-    assert any("sampled ones" in note for note in sampled.notes), sampled.notes
+    (summary,) = events_of(sampled, "ColouredSummary")
+    assert summary.noise_rows is not None and summary.noise_rows[1] > 0, sampled.notes  # (failing, sampled, moved)
     everything = fastcheck.check_gradients(f, x, mode="coloured", tables={"NOISE_ALL": 10**9})
-    assert not any("sampled ones" in note for note in everything.notes)
+    assert events_of(everything, "ColouredSummary")[0].noise_rows is None, everything.notes
     # The noise of each output is estimated from random directions, drawn over the sub-vector
     # here: borderline elements of this hopeless f may flip either way, nothing more.
     agree = np.mean(sampled.pairs[0].status == everything.pairs[0].status)
@@ -393,7 +395,7 @@ def test_normalisations_pass_when_correct(name, dtype):
     x = tf.constant(RNG.normal(size=(32, 8)), dtype)
     report = fastcheck.check_gradients(f, x, mode="coloured")
     assert report.ok, str(report)
-    assert any("sparsity pattern traced" in note for note in report.notes)
+    assert events_of(report, "ColouredSummary")[0].source == "traced from f's graph", report.notes
 
 
 def _adjusted(f, adjust):
@@ -559,7 +561,7 @@ def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(noise_measuremen
     report = fastcheck.check_gradients(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x,
                                        mode="coloured", jit_compile=False)
     assert report.verdict == "fail" and report.path == "graph", str(report)
-    assert not any("failed for" in note for note in report.notes), report.notes
+    assert not events_of(report, "FellBack"), report.notes
     ((lined, batched, pointwise),) = noise_measurements
     assert lined
     np.testing.assert_array_equal(batched, pointwise)
@@ -646,7 +648,9 @@ def test_a_vjp_off_the_pattern_fails(name, fits):
     assert "is not the transpose of f's Jacobian" in str(report)
     if fits:  # element verdicts from the full rerun, as mode="full" gives them
         full = fastcheck.check_gradients(f, x, mode="full")
-        assert report.mode == "reverse" and "full Jacobians, which fit, give the element verdicts" in str(report)
+        (chosen,) = events_of(report, "ModeChosen")
+        assert report.mode == "reverse" and chosen.mode == "full" and type(chosen.why[0]).__name__ == "Escalated"
+        assert events_of(report, "Inconsistent"), report.notes  # what coloured mode found, before the rerun
         np.testing.assert_array_equal(report.pairs[0].status, full.pairs[0].status)
     else:
         assert report.mode == "coloured" and report.pairs[0].label == "FAIL"

@@ -7,8 +7,10 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 
 import fastcheck
+from fastcheck._events import ChunkReason
 
 RNG = np.random.default_rng(1234)
 A = RNG.normal(size=(5, 7))
@@ -240,7 +242,7 @@ def test_autodiff_sides_on_more_outputs_than_inputs(dtype, autodiff):
         sides = sorted({p.side for p in report.pairs})
         assert sides == {"both": ["forward", "reverse"], "forward": ["forward"]}.get(autodiff, ["reverse"])
         if autodiff == "auto":  # 4 evaluations: too few for the forward probe to pay
-            assert any(n.startswith("forward mode (JVP) not checked") for n in report.notes), report.notes
+            assert events_of(report, "ForwardNotChecked"), report.notes
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -248,7 +250,7 @@ def test_forward_probe_runs_from_4096_evaluations(jit_compile):
     x = tf.constant(np.linspace(-1.0, 1.0, 2048), tf.float64)  # 4096 first-sweep evaluations
     report = fastcheck.check_gradients(lambda x: tf.sin(x[:64, None] * x[None, 64:128]), x, jit_compile=jit_compile)
     assert report.ok, str(report)
-    assert any("forward mode (JVP) agrees along 1 random direction(s)" in n for n in report.notes), report.notes
+    assert [(e.result, e.directions) for e in events_of(report, "ForwardProbe")] == [("agrees", 1)], report.notes
 
 
 def test_complex_input_checked_as_real_pairs():
@@ -265,8 +267,9 @@ def test_memory_budget_chunks_give_identical_results():
     whole = fastcheck.check_gradients(f, x, jit_compile=False)
     tiny = fastcheck.check_gradients(f, x, jit_compile=False, memory_budget=64 * 1024, mode="full")
     assert whole.ok and tiny.ok
-    assert not any("chunk" in n for n in whole.notes)
-    assert any("perturbations per call" in n for n in tiny.notes), tiny.notes
+    assert not events_of(whole, "Chunked")
+    (chunked,) = events_of(tiny, "Chunked")
+    assert chunked.input == "input" and chunked.chunk < 300 and chunked.calls == -(-300 // chunked.chunk), tiny.notes
     # Different batch sizes may round differently inside BLAS: equal to rounding.
     np.testing.assert_allclose(whole.pairs[0].numerical, tiny.pairs[0].numerical, rtol=0, atol=1e-9)
     np.testing.assert_allclose(whole.pairs[0].analytical, tiny.pairs[0].analytical, rtol=1e-12, atol=1e-14)
@@ -355,10 +358,11 @@ def test_float16_square_has_no_false_alarm():
 
 def test_precision_auto_upcasts_and_says_so():
     report = fastcheck.check_gradients(tf.exp, tf.constant([0.5, 1.5], tf.float32))
-    assert any("float64" in n for n in report.notes)
+    assert events_of(report, "NumericalSide")[0].upcast
     keras_like = lambda x: x * tf.constant(2.0, tf.float32)  # noqa: E731 -- cannot run in float64
     report = fastcheck.check_gradients(keras_like, tf.constant([0.5], tf.float32))
-    assert report.ok and any("native precision" in n for n in report.notes)
+    (side,) = events_of(report, "NumericalSide")
+    assert report.ok and not side.upcast and side.reason == "fails", report.notes
     with pytest.raises(ValueError, match="precision='float64'"):
         fastcheck.check_gradients(keras_like, tf.constant([0.5], tf.float32), precision="float64")
 
@@ -466,7 +470,8 @@ def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib):
         return tf.reduce_sum(tf.tanh(a * x[None, :]) ** 2, axis=1)
 
     route = _route(f, x, jit_compile=False, calibration=Calibration(cache=cache_mib << 20))
-    assert f"within the CPU's {cache_mib} MiB cache (f is memory-bound" in route.chunk_reason
+    assert route.chunk_reason.limit == "cache" and route.chunk_reason.cache_mib == cache_mib
+    assert route.chunk_reason.flops_per_element is not None  # memory-bound
     probe = _paths.probe_graph(_plan.build_plan(f, [x], _config.CheckConfig()))
     assert probe.shared_bytes == 20 * 8 and probe.written <= probe.elements
     assert route.chunks[0] == max(1, ((cache_mib << 20) - 160) // (2 * (1000 + probe.written) * 8)) > 1
@@ -491,13 +496,13 @@ def test_calls_keep_their_working_set_in_cache():
     assert probe.shared_bytes == 64 * 4000 * 8 and probe.written < 4000 < probe.elements
     assert route.flops_per_eval >= _tables.MEMORY_BOUND_INTENSITY * route.elements_per_eval
     assert route.chunks[0] == ((8 << 20) - 64 * 4000 * 8) // (2 * (4000 + probe.written) * 8)
-    assert route.chunk_reason == "to keep each call's working set within the CPU's 8 MiB cache"
+    assert route.chunk_reason == ChunkReason("cache", cache_mib=8)
     report = fastcheck.check_gradients(f, x, jit_compile=True, calibration=machine)
-    assert report.ok and any("working set within" in note for note in report.notes), str(report)
+    assert report.ok and any(e.why.limit == "cache" for e in events_of(report, "Chunked")), str(report)
     # Shared data that alone nearly fill the cache leave the budget's chunk.
     big = tf.constant(RNG.normal(size=(256, 4000)))
     route = _route(lambda x: tf.tanh(tf.linalg.matvec(big, x)), x, jit_compile=True, calibration=machine)
-    assert route.chunk_reason == "to fit memory_budget"
+    assert route.chunk_reason.limit == "budget"
 
 
 def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
@@ -514,16 +519,16 @@ def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
     route = _route(f, x, jit_compile=False, calibration=machine)
 
     assert route.flops_per_eval < _tables.MEMORY_BOUND_INTENSITY * route.elements_per_eval
-    assert route.chunks[0] < 1000 and "working set within" in route.chunk_reason
+    assert route.chunks[0] < 1000 and route.chunk_reason.limit == "cache"
     assert (2 * route.chunks[0] * (1000 + route.elements_per_eval) * 8 <= 32 << 20
             or route.chunks[0] == _tables.MIN_CACHED_CHUNK)
     report = fastcheck.check_gradients(f, x, jit_compile=False, calibration=machine)
     assert report.ok, str(report)
-    assert any("working set within" in note for note in report.notes), report.notes
+    assert any(e.why.limit == "cache" for e in events_of(report, "Chunked")), report.notes
     # A compute-bound f of the same size whose working set fits the cache keeps the budget's chunk.
     w = tf.constant(RNG.normal(size=(256, 1000)))
     dense = _route(lambda x: tf.tanh(tf.linalg.matvec(w, x)), x, jit_compile=False, calibration=machine)
-    assert dense.chunk_reason == "to fit memory_budget"
+    assert dense.chunk_reason.limit == "budget"
 
 
 def test_blocked_verdicts_match_the_rule_everywhere():
@@ -583,7 +588,7 @@ def test_first_trace_in_a_process_counts_tensorflow_warm_up():
     plan = dataclasses.replace(plan, call_seconds=7e-4)  # eager loop: 205 calls = 0.144 s; tracing: 0.108 s, or 0.158 s the first time
     fresh = Calibration(dispatch=_tables.REFERENCE_DISPATCH)  # a process on a machine like the reference one
     first, after = _paths.choose_route(plan, config, fresh)
-    assert first.path == "eager" and "first trace in this process" in first.reason and after == fresh
+    assert first.path == "eager" and first.reason.first_trace and after == fresh
     route, after = _paths.choose_route(plan, config, dataclasses.replace(fresh, traced=True))
     assert route.path == "graph" and after.traced
     # Routing that traces f's probe says so in the calibration it returns.
@@ -713,7 +718,7 @@ def test_convolutions_run_without_xla_on_cpu():
     f = lambda x: tf.tanh(tf.nn.conv2d(x, kernel, 1, "SAME"))  # noqa: E731
     x = tf.constant(RNG.normal(size=(1, 32, 32, 4)))
     route = _route(f, x, device="/CPU:0")
-    assert route.path == "graph" and "Conv2D" in route.reason
+    assert route.path == "graph" and (route.reason.rule, route.reason.op) == ("slow on CPU", "Conv2D")
     # The same work without a convolution goes to XLA.
     dense = _route(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64), x, device="/CPU:0")
     assert dense.path == "xla", dense.reason

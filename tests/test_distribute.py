@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 
 import fastcheck
 
@@ -68,8 +69,8 @@ PROBLEMS = textwrap.dedent("""
                             for d in (w.to_dict() for w in p.worst(3))],
                   "numerical": p.numerical.ravel()[:: max(1, p.numerical.size // 4000)].tolist()}
                  for p in report.pairs]
-        notes = [n for n in report.notes if n.startswith("distributed over") or n.startswith("strategy:")]
-        return {"ok": bool(report.ok), "pairs": pairs, "notes": notes}
+        spread = [e for e in report.to_dict()["events"] if e["kind"] in ("Distributed", "EagerUnsplit")]
+        return {"ok": bool(report.ok), "pairs": pairs, "events": spread}
 
 
     def run(name, **options):
@@ -131,17 +132,17 @@ def test_two_logical_cpu_devices_give_the_verdicts_of_one():
     for runs in results.values():
         for way in ("devices", "strategy"):
             _same_verdicts(runs[way], runs["one"])
-            assert runs["one"]["notes"] == []
-            (note,) = runs[way]["notes"]
-            assert note.startswith("distributed over 2 replicas (MirroredStrategy on CPU:0, CPU:1): "), note
+            assert runs["one"]["events"] == []
+            (event,) = runs[way]["events"]
+            assert event["kind"] == "Distributed" and event["where"] == "2 replicas (MirroredStrategy on CPU:0, CPU:1)", event
     assert results["correct"]["one"]["ok"]
     for name, index in (("wrong", 37), ("coloured", 1234)):
         worst = results[name]["devices"]["pairs"][0]["worst"][0]
         assert not results[name]["devices"]["ok"] and worst[1] == [index] and worst[2] == "mismatch", worst
     # full mode: the sweep's columns split evenly ("100 / 100 perturbations" for 200 inputs)
-    note = results["correct"]["devices"]["notes"][0]
-    counts = [int(v) for v in note.split(" perturbations")[0].split(": ")[-1].split("; ")[-1].split(" / ")]
-    assert len(counts) == 2 and sum(counts) >= 200 and abs(counts[0] - counts[1]) <= 1, note
+    event = results["correct"]["devices"]["events"][0]
+    counts = {name: counts for name, counts, _ in event["work"]}["perturbations"]
+    assert len(counts) == 2 and sum(counts) >= 200 and abs(counts[0] - counts[1]) <= 1, event
 
 
 def test_two_workers_on_localhost_give_the_verdicts_of_one_process():
@@ -173,9 +174,9 @@ def test_two_workers_on_localhost_give_the_verdicts_of_one_process():
     assert results[0] == results[1]  # every worker writes the same report
     for name in ("correct", "wrong"):
         _same_verdicts(results[0][name], reference[name])
-        note = results[0][name]["notes"][0]
-        assert note.startswith("distributed over 2 replicas on 2 workers (MultiWorkerMirroredStrategy)"), note
-        assert "results all-gathered" in note
+        event = results[0][name]["events"][0]
+        assert event["where"].startswith("2 replicas on 2 workers (MultiWorkerMirroredStrategy)"), event
+        assert event["multi"], event  # each worker evaluated its replicas' shares, results all-gathered
     assert reference["correct"]["ok"] and not reference["wrong"]["ok"]
     assert results[0]["wrong"]["pairs"][0]["worst"][0][1] == [37]
 
@@ -188,8 +189,10 @@ def test_one_replica_is_the_one_device_check():
     assert plain.ok and spread.ok
     np.testing.assert_array_equal(plain.pairs[0].numerical, spread.pairs[0].numerical)
     np.testing.assert_array_equal(plain.pairs[0].analytical, spread.pairs[0].analytical)
-    assert not any(n.startswith("distributed over") for n in plain.notes)
-    assert "distributed over 1 replica (MirroredStrategy on CPU:0): 40 reverse-mode rows; 40 perturbations" in "\n".join(spread.notes)
+    assert not events_of(plain, "Distributed")
+    (event,) = events_of(spread, "Distributed")
+    assert event.where == "1 replica (MirroredStrategy on CPU:0)" and event.work[:2] == (
+        ("reverse-mode rows", (40,), False), ("perturbations", (40,), False)), spread.notes
 
 
 @pytest.mark.parametrize(("options", "error", "match"), [
@@ -233,7 +236,6 @@ def test_out_of_memory_halves_the_chunk_and_each_share_runs_on_its_replica():
     from fastcheck._executor import Batch
     from fastcheck._paths import kernel_plan
     from fastcheck._plan import build_plan
-    from fastcheck._report import event_note
 
     config = CheckConfig(jit_compile=False, devices=["/CPU:0"])
     x = tf.constant(np.linspace(0, 1, 50))
@@ -250,6 +252,7 @@ def test_out_of_memory_halves_the_chunk_and_each_share_runs_on_its_replica():
 
     assert executor.chunked(Batch("numerical differences", "test", 16, subject="x"), 50, call, lambda: None) is None
     assert starts == [0, 8, 16, 24, 32, 40, 48] and np.all(seen == 1) and executor.chunk("test") == 8
-    notes = "\n".join(map(event_note, executor.events))
-    assert "out of memory at 16 evaluations per call; retried with 8" in notes
-    assert "distributed over 1 replica (MirroredStrategy on CPU:0): 50 perturbations" in notes
+    retry = next(e for e in executor.events if type(e).__name__ == "OutOfMemory")
+    assert (retry.subject, retry.chunk, retry.retried, retry.unit) == ("x", 16, 8, "evaluations")
+    (spread,) = [e for e in executor.events if type(e).__name__ == "Distributed"]
+    assert spread.where == "1 replica (MirroredStrategy on CPU:0)" and spread.work[0] == ("perturbations", (50,), False)

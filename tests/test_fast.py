@@ -5,6 +5,7 @@ import inspect
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 
 import fastcheck
 from fastcheck import _executor
@@ -94,10 +95,11 @@ def _whole_softmax(x):
 def test_auto_mode_switches_and_says_why(f, beyond):
     x = tf.constant(RNG.normal(size=300))
     small = fastcheck.check_gradients(f, x)
-    assert small.mode not in ("fast", "coloured") and any("mode: full" in n for n in small.notes)
+    assert small.mode not in ("fast", "coloured") and events_of(small, "ModeChosen")[0].mode == "full"
     big = fastcheck.check_gradients(f, x, memory_budget=1_000)
     assert big.mode == beyond and big.ok, str(big)
-    assert any(f"mode: {beyond}" in n and "memory_budget" in n for n in big.notes), big.notes
+    (chosen,) = events_of(big, "ModeChosen")
+    assert chosen.mode == beyond and type(chosen.why[0]).__name__ == "FullTooLarge", big.notes
 
 
 def test_out_of_memory_halves_the_chunk_and_retries(monkeypatch):
@@ -120,7 +122,8 @@ def test_out_of_memory_halves_the_chunk_and_retries(monkeypatch):
     x = tf.constant(RNG.normal(size=400))
     report = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, jit_compile=False, mode="full")
     assert report.ok and failures
-    assert any("out of memory" in n and "retried" in n for n in report.notes), report.notes
+    retries = events_of(report, "OutOfMemory")
+    assert retries and all(e.retried == e.chunk // 2 and e.subject == "input" for e in retries), report.notes
     reference = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, mode="full")
     np.testing.assert_allclose(report.pairs[0].numerical, reference.pairs[0].numerical, atol=1e-9)
 

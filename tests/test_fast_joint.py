@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 
 import fastcheck
 
@@ -57,8 +58,8 @@ def test_correct_multi_input_function_passes_with_probes_over_groups_of_inputs()
     assert report.ok and report.mode == "fast", str(report)
     assert len(report.pairs) == 12 and all(pair.ok for pair in report.pairs)
     # 12 inputs of 4 to 30 elements: two groups of similar size, 4 probes each, both sides of each.
-    note = next(n for n in report.notes if "for each of 2 groups of similar-sized inputs (12 checked inputs)" in n)
-    assert "one VJP and 16 evaluations of f" in note, note
+    (summary,) = events_of(report, "FastSummary")
+    assert (summary.groups, summary.inputs, summary.evaluations) == (2, 12, 16), report.notes
 
 
 @pytest.mark.parametrize("wrong", [0, 7, 11])
@@ -179,10 +180,12 @@ def test_a_tiny_time_budget_makes_auto_choose_fast_mode_and_say_so():
     total_tanh = lambda x: tf.reduce_sum(tf.tanh(x))  # noqa: E731
     report = fastcheck.check_gradients(total_tanh, x, time_budget=1e-9)
     assert report.mode == "fast" and report.ok, str(report)
-    note = next(n for n in report.notes if n.startswith("mode: fast"))
-    assert "predicted to take" in note and "time_budget=1e-09 s" in note and "mode='full'" in note, note
+    (chosen,) = events_of(report, "ModeChosen")
+    (slow,) = chosen.why
+    assert chosen.mode == "fast" and type(slow).__name__ == "FullTooSlow" and slow.budget == 1e-9, report.notes
     relaxed = fastcheck.check_gradients(total_tanh, x, time_budget=600)
-    assert relaxed.mode != "fast" and any("within time_budget=600 s" in n for n in relaxed.notes), relaxed.notes
+    (fits,) = events_of(relaxed, "ModeChosen")[0].why
+    assert relaxed.mode != "fast" and type(fits).__name__ == "FullFits" and fits.budget == 600, relaxed.notes
     assert fastcheck.check_gradients(total_tanh, x, time_budget=1e-9, mode="full").mode != "fast"  # mode='full' wins
 
 

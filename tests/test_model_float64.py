@@ -5,17 +5,20 @@ inside a functional model with a custom head, and a planted 1% defect in such a 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 
 import fastcheck
 
 keras = pytest.importorskip("keras")
 
-COPY_NOTE = "numerical side on a float64 copy of the model"
-NATIVE_NOTE = "numerical side in the model's own precision"
+def copy_detail(report):
+    """What the report says of the model's float64 copy, where it stands in for the model; None where none does."""
+    return next((e.detail for e in events_of(report, "ModelCopy") if e.copied), None)
 
 
-def copy_note(report):
-    return next((note for note in report.notes if note.startswith(COPY_NOTE)), None)
+def native_detail(report):
+    """Why no float64 copy stands in for the model, where the report says so; None otherwise."""
+    return next((e.detail for e in events_of(report, "ModelCopy") if not e.copied), None)
 
 
 class Head(keras.layers.Layer):
@@ -62,7 +65,7 @@ def nested_cnn(factor=1.0):
 def test_a_functional_model_nesting_a_sub_model_gets_a_float64_copy(factor):
     model, data = nested_cnn(factor)
     report = fastcheck.check_model(model, "mse", data)
-    assert copy_note(report) is not None, str(report)
+    assert copy_detail(report) is not None, str(report)
     assert len(report.pairs) == len(model.trainable_variables)
     if factor == 1.0:
         assert report.ok and report.verdict == "pass", str(report)
@@ -126,16 +129,17 @@ def test_a_subclassed_model_whose_constructor_fixes_the_dtype_gets_a_float64_cop
     task = Task(Trunk(5, dtype="float32"))
     task(x)
     report = fastcheck.check_model(task, "mse", (x, y))
-    assert report.ok and copy_note(report) is not None, str(report)
+    assert report.ok and copy_detail(report) is not None, str(report)
     assert len(report.pairs) == len(task.trainable_variables) == 6
     pinned = Pinned(5)
     pinned(x)
     report = fastcheck.check_model(pinned, "mse", (x, y[:, :1].repeat(5, axis=1)))
-    assert report.ok and copy_note(report) is None, str(report)
-    reason = next(note for note in report.notes if note.startswith(NATIVE_NOTE))
+    assert report.ok and copy_detail(report) is None, str(report)
+    reason = native_detail(report)
     assert "float32" in reason, reason  # the layer that keeps computing in float32 is named
     # One note says why the numerical side stays float32 (the plan tries no float64 evaluation of its own).
-    assert [note for note in report.notes if note.startswith("numerical side")] == [reason], report.notes
+    assert [type(e).__name__ for e in report.events if type(e).__name__ in ("ModelCopy", "NumericalSide")] == [
+        "ModelCopy"], report.notes
 
 
 def tiny_gpt2(keras_hub):
@@ -164,7 +168,7 @@ def test_a_keras_hub_backbone_inside_a_functional_model_gets_a_float64_copy(fact
     head = model.get_layer("head").kernel
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     report = fastcheck.check_model(model, loss, (x, np.array([0, 2])), variables=some_variables(model, head))
-    assert copy_note(report) is not None, str(report)
+    assert copy_detail(report) is not None, str(report)
     assert len(report.pairs) == 4
     assert [pair.input_name for pair in report.pairs if not pair.ok] == ([] if factor == 1.0 else [head.path])
 
@@ -176,4 +180,4 @@ def test_a_keras_hub_task_gets_a_float64_copy():
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     y = np.random.default_rng(3).integers(0, 10, (2, 4))
     report = fastcheck.check_model(model, loss, (x, y), variables=some_variables(model))
-    assert report.ok and copy_note(report) is not None, str(report)
+    assert report.ok and copy_detail(report) is not None, str(report)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+from conftest import events_of
 
 import fastcheck
 from fastcheck.testing import GradientTestCase
@@ -155,7 +156,7 @@ def test_training_on_a_model_without_training_behaviour_is_the_inference_check()
     model = _dense()
     report = fastcheck.check_model(model, "mse", (X, Y), training=True)
     assert report.ok, str(report)
-    assert any("training=True changes nothing here" in note for note in report.notes)
+    assert [e.changes for e in events_of(report, "TrainingMode")] == [False], report.notes
 
 
 def test_module_without_training_argument_refuses_training():

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
 import tf_keras
+from conftest import events_of
 
 import fastcheck
 
@@ -119,7 +120,7 @@ def test_variable_transformed_on_read_is_checked_through_its_transform(dtype):
     assert [p.input_name for p in report.pairs] == ["layers[0].bias", "layers[0].kernel", "layers[1].bias",
                                                     "layers[1].kernel"]
     if dtype == "float32":  # the module itself in float64: the wrapper's transform applies to float64 values
-        assert any(n.startswith("numerical side on a float64 copy") for n in report.notes), report.notes
+        assert any(e.copied for e in events_of(report, "ModelCopy")), report.notes
     assert _bytes(model.variables) == before
 
 
@@ -264,7 +265,8 @@ def test_keras3_model_with_a_loss_of_its_own():
     report = fastcheck.check_model(model, lambda: _mse(y, model(x)))
     assert report.ok, str(report)
     assert [p.input_name for p in report.pairs] == [v.path for v in model.trainable_variables]
-    assert any("loss_fn takes no arguments, so fastcheck cannot give it float64 data" in n for n in report.notes)
+    (side,) = events_of(report, "ModelCopy")
+    assert not side.copied and side.detail.startswith("loss_fn takes no arguments"), report.notes
     with pytest.raises(ValueError, match="precision='float64' was requested, but loss_fn takes no arguments"):
         fastcheck.check_model(model, lambda: _mse(y, model(x)), precision="float64")
 
@@ -340,7 +342,8 @@ def test_library_flags_are_restored_after_a_check_also_when_it_raises(monkeypatc
     before = _bytes(model.variables)
     report = fastcheck.check_model(model, _mse, (x, y))  # precision="auto": the float64 attempt raises inside
     assert report.ok, str(report)
-    assert any("its float64 copy" in n and "float32 only" in n for n in report.notes), report.notes
+    assert any(not e.copied and "its float64 copy" in e.detail and "float32 only" in e.detail
+               for e in events_of(report, "ModelCopy")), report.notes
     assert scope._SHOULD_QUANTIZE is False and np.array_equal(model.kernel.numpy(), latent)
     assert _bytes(model.variables) == before
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 
 import fastcheck
 from fastcheck import _precision
@@ -111,7 +112,9 @@ def test_rounding_at_every_point_keeps_its_noise():
     assert noise.relative > 1e-4, noise
     report = fastcheck.check_gradients(f, x)
     assert report.verdict != "fail", str(report)
-    assert "bfloat16 inside" in str(report), str(report)
+    (found,) = events_of(report, "PrecisionFound")
+    assert found.precision == "bfloat16" and found.why.precision == "bfloat16", report.notes
+    assert events_of(report, "NoiseMeasured"), report.notes  # above float64's rounding
 
 
 def test_noise_spread_over_the_line_has_no_jumps():

@@ -8,14 +8,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+from conftest import events_of
 
 import fastcheck
 from fastcheck._compare import NONDIFFERENTIABLE, UNRESOLVED_KINK
 
 keras = pytest.importorskip("keras")
 
-COPY_NOTE = "numerical side on a float64 copy of the model"
-NATIVE_NOTE = "numerical side in the model's own precision"
+def copy_detail(report):
+    """What the report says of the model's float64 copy, where it stands in for the model; None where none does."""
+    return next((e.detail for e in events_of(report, "ModelCopy") if e.copied), None)
+
+
+def native_detail(report):
+    """Why no float64 copy stands in for the model, where the report says so; None otherwise."""
+    return next((e.detail for e in events_of(report, "ModelCopy") if not e.copied), None)
 
 
 def planted_scale(x, scale, factor):
@@ -103,7 +110,7 @@ def test_network_passes_with_defaults(network, floatx):
     report = fastcheck.check_model(model, loss, data)
     assert report.verdict == "pass", str(report)
     assert len(report.pairs) == len(model.trainable_variables)
-    copied = any(note.startswith(COPY_NOTE) for note in report.notes)
+    copied = copy_detail(report) is not None
     # A float32 model is differentiated numerically on its float64 copy; a float64 model is its own.
     assert copied == (floatx == "float32"), report.notes
 
@@ -157,15 +164,15 @@ def test_activations_at_their_kinks_are_never_a_failure():
 def test_float64_copy_is_checked_against_the_model_and_named(floatx):
     model, data = relu_cnn()
     report = fastcheck.check_model(model, "categorical_crossentropy", data, variables=model.trainable_variables[:2])
-    copy_notes = [note for note in report.notes if note.startswith(COPY_NOTE)]
+    copy_notes = [e.detail for e in events_of(report, "ModelCopy") if e.copied]
     if floatx == "float64":
-        assert not copy_notes and not any(note.startswith(NATIVE_NOTE) for note in report.notes)
+        assert not copy_notes and native_detail(report) is None
         return
     assert len(copy_notes) == 1 and "roundings" in copy_notes[0] and "under the float64 dtype policy" in copy_notes[0]
-    assert "numerical side evaluated in float64 (precision='auto')" in report.notes
+    assert events_of(report, "NumericalSide")[0].upcast
     native = fastcheck.check_model(model, "categorical_crossentropy", data, variables=model.trainable_variables[:2],
                                    precision="native")
-    assert not any(COPY_NOTE in note or NATIVE_NOTE in note for note in native.notes)
+    assert not events_of(native, "ModelCopy"), native.notes
 
 
 class Subclassed(keras.Model):
@@ -234,12 +241,12 @@ def test_a_subclassed_model_takes_its_constructor_arguments_from_its_attributes(
     model(x)
     assert model.get_config()["units"] == 4  # what Keras records: the defaults
     report = fastcheck.check_model(model, "mse", (x, y))
-    copy = next(note for note in report.notes if note.startswith(COPY_NOTE))
+    copy = copy_detail(report)
     assert "attributes of the same names: slope=0.3, units=5" in copy and report.ok, str(report)
     hidden = Leaky(slope=0.3, hidden=True)  # the slope is not found: the copy computes another loss
     hidden(x)
     report = fastcheck.check_model(hidden, "mse", (x, y))
-    reason = next(note for note in report.notes if note.startswith(NATIVE_NOTE))
+    reason = native_detail(report)
     assert "roundings of the loss apart" in reason and "keep each argument as an attribute" in reason, reason
 
 
@@ -250,17 +257,17 @@ def test_a_subclassed_model_is_rebuilt_in_float64_or_checked_natively_saying_why
     before = [v.numpy().copy() for v in model.variables]
     report = fastcheck.check_model(model, "mse", (x, y))
     assert report.ok, str(report)
-    copy = next(note for note in report.notes if note.startswith(COPY_NOTE))
+    copy = copy_detail(report)
     assert "rebuilt from Subclassed.from_config(get_config()) under the float64 dtype policy" in copy
     nested = Nested()
     nested(x)  # its copy's unnamed weight is "variable_1": matched without Keras's number
     report = fastcheck.check_model(nested, "mse", (x, y))
-    assert report.ok and any(note.startswith(COPY_NOTE) for note in report.notes), str(report)
+    assert report.ok and copy_detail(report) is not None, str(report)
     widths = Widths(2)
     widths(x)
     report = fastcheck.check_model(widths, "mse", (x, y))
     assert report.ok, str(report)
-    reason = next(note for note in report.notes if note.startswith(NATIVE_NOTE))
+    reason = native_detail(report)
     assert "Widths is a subclassed model that from_config(get_config()) cannot rebuild" in reason
     with pytest.raises(ValueError, match="precision='float64' was requested, but .*cannot rebuild"):
         fastcheck.check_model(widths, "mse", (x, y), precision="float64")
@@ -294,7 +301,7 @@ def test_a_custom_layer_without_a_config_name_is_cloned_in_float64(factor):
     model(x)
     report = fastcheck.check_model(model, "mse", (x, y))
     rebuilt = "from_config(get_config()) under the float64 dtype policy"
-    assert any(note.startswith(COPY_NOTE) and rebuilt in note for note in report.notes), str(report)
+    assert rebuilt in (copy_detail(report) or ""), str(report)
     failed = {re.sub(r"_\d+$", "", p.input_name.rsplit("/", 1)[-1]) for p in report.pairs if not p.ok}
     assert failed == (set() if factor == 1.0 else {"variable"}), str(report)
 
@@ -326,7 +333,7 @@ def test_subclassed_relu_cnn_has_no_false_alarm_and_its_planted_defect_fails(see
     model(x)
     report = fastcheck.check_model(model, loss, (x, y))
     assert report.ok, str(report)
-    assert any(note.startswith(COPY_NOTE) for note in report.notes), str(report)
+    assert copy_detail(report) is not None, str(report)
     keras.utils.set_random_seed(seed)
     # Rebuilt from get_config, the copy has the default factor: the same forward function, so it stands in.
     wrong = ReluCNN(factor=1.05)
@@ -346,10 +353,11 @@ def test_float16_compute_policy_gets_a_float64_copy_and_float16_tolerances():
     finally:
         keras.config.set_dtype_policy(policy)
     assert report.ok, str(report)
-    copy = next(note for note in report.notes if note.startswith("numerical side on a float64 copy"))
+    copy = copy_detail(report)
     assert "float16 roundings: layer 'dense" in copy and "computes in float16 (dtype policy mixed_float16)" in copy
-    assert any("the analytical side is judged with float16 tolerances atol=0.01, rtol=0.01" in n for n in report.notes)
-    assert native.ok and not any(note.startswith(COPY_NOTE) for note in native.notes), str(native)
+    (found,) = events_of(report, "PrecisionFound")
+    assert (found.precision, found.atol, found.rtol, found.given) == ("float16", 0.01, 0.01, False), report.notes
+    assert native.ok and copy_detail(native) is None, str(native)
 
 
 def test_tf_keras_models_and_modules_get_a_float64_copy():
@@ -357,7 +365,7 @@ def test_tf_keras_models_and_modules_get_a_float64_copy():
     tf_keras_model = tf_keras.Sequential([tf_keras.layers.Dense(3, activation="relu", input_shape=(3,)),
                                           tf_keras.layers.BatchNormalization(), tf_keras.layers.Dense(2)])
     report = fastcheck.check_model(tf_keras_model, "mse", (x, y))
-    assert report.ok and any("cloned layer by layer" in note for note in report.notes), str(report)
+    assert report.ok and "cloned layer by layer" in (copy_detail(report) or ""), str(report)
 
     class Generic(tf.Module):  # dtype-generic code: the module itself runs in float64
         def __init__(self):
@@ -367,14 +375,14 @@ def test_tf_keras_models_and_modules_get_a_float64_copy():
             return tf.tanh(x @ self.w)
 
     report = fastcheck.check_model(Generic(), lambda t, p: tf.reduce_mean((t - p) ** 2), (x, y))
-    assert report.ok and any(note.startswith(COPY_NOTE + ": the module itself") for note in report.notes), str(report)
+    assert report.ok and (copy_detail(report) or "").startswith("the module itself"), str(report)
 
     class Fixed(Generic):  # a float32 constant inside: no float64 copy
         def __call__(self, x):
             return tf.tanh(x @ self.w + tf.constant(0.5))
 
     report = fastcheck.check_model(Fixed(), lambda t, p: tf.reduce_mean((t - p) ** 2), (x, y))
-    assert report.ok and any(note.startswith(NATIVE_NOTE + ": its float64 copy") for note in report.notes), str(report)
+    assert report.ok and (native_detail(report) or "").startswith("its float64 copy"), str(report)
 
 
 def test_report_of_many_variables_reads_failing_first_and_collapses_the_rest():

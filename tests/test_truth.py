@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 from test_real_networks import PlantedScale  # x * scale, its custom gradient's d/dscale times a factor
 
 import fastcheck
@@ -60,7 +61,8 @@ def test_ops_without_forward_mode_are_checked_in_reverse_and_noted(name):
     image = tf.constant(RNG.uniform(size=(1, 32, 32, 2)), tf.float32)
     report = fastcheck.check_gradients(f, image, jit_compile=False)
     assert report.ok, str(report)
-    assert any(n.startswith("forward mode (JVP) not checked") and why in n for n in report.notes), report.notes
+    assert [(e.result, why in e.error) for e in events_of(report, "ForwardProbe")] == [("unsupported", True)], \
+        report.notes
     with pytest.raises(ValueError, match="autodiff='reverse'"):
         fastcheck.check_gradients(f, image, autodiff="both")
 
@@ -70,7 +72,8 @@ def test_scatter_nd_with_duplicate_indices(dtype):
     x = tf.constant([1.0, 2.0, 3.0], dtype)
     report = fastcheck.check_gradients(f, x)
     assert report.ok, str(report)
-    assert any(n.startswith("forward mode (JVP)") for n in report.notes)  # checked or explained, never a crash
+    # checked or explained, never a crash
+    assert events_of(report, "ForwardProbe") or events_of(report, "ForwardNotChecked"), report.notes
 
 
 def test_forward_only_defect_is_a_warning_in_auto_and_a_failure_in_both():
@@ -87,8 +90,7 @@ def test_forward_only_defect_is_a_warning_in_auto_and_a_failure_in_both():
     for jit_compile in ("auto", False):
         small = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), x, jit_compile=jit_compile)
         assert small.ok and not small.warnings, str(small)
-        assert any(n.startswith("forward mode (JVP) not checked") and "pass autodiff='both'" in n
-                   for n in small.notes), small.notes
+        assert events_of(small, "ForwardNotChecked"), small.notes
     large = tf.constant(np.linspace(0.1, 0.4, 2048), tf.float64)
     auto = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), large, jit_compile=False)
     assert auto.ok and auto.warnings and "forward mode (JVP" in auto.warnings[0], str(auto)
@@ -291,7 +293,7 @@ def test_mixed_precision_relu_cnn(policy, factor, correct):
         finally:
             keras.mixed_precision.set_global_policy("float32")
         report = fastcheck.check_model(model, keras.losses.CategoricalCrossentropy(from_logits=True), (x, y))
-        assert any("numerical side on a float64 copy" in note for note in report.notes), str(report)
+        assert any(e.copied for e in events_of(report, "ModelCopy")), str(report)
         if report.ok != correct:
             failures.append(str(report))
         if not correct:
@@ -324,7 +326,8 @@ def test_function_that_changes_with_dtype_is_evaluated_natively():
     f = lambda x: tf.sin(x) * weights[x.dtype]  # noqa: E731
     report = fastcheck.check_gradients(f, tf.constant([0.2, 0.9], tf.float32))
     assert report.ok, str(report)
-    assert any("f computes something else in float64" in n for n in report.notes), report.notes
+    (side,) = events_of(report, "NumericalSide")
+    assert not side.upcast and side.reason == "differs" and side.float64 == pytest.approx(1.5 * side.native), report.notes
 
 
 # ---------------------------------------------------------------- steps and points
@@ -509,7 +512,7 @@ def test_order_two_in_every_entry_point(sign, correct):
 
     second = fastcheck.verify_gradients(f, x, grads, order=2)
     assert second.ok == correct
-    assert any("grads itself was not compared with f's derivatives" in n for n in second.notes), second.notes
+    assert events_of(second, "SecondOrder"), second.notes
     with pytest.raises(TypeError, match="pass grads as a callable"):
         fastcheck.verify_gradients(f, x, [np.cos(x.numpy())], order=2)
     hessian = fastcheck.numerical_jacobian(f, x, order=2)[0][0]

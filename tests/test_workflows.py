@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+from conftest import events_of
 
 import fastcheck
 
@@ -185,7 +186,7 @@ def test_non_trainable_variable_named_in_variables_gets_its_true_gradient():
     report = fastcheck.check_model(model, "mse", _data(), variables=[moving_mean])
     assert report.ok, str(report)
     assert np.abs(report.pairs[0].analytical).max() > 1e-3, str(report)
-    assert any("not trainable, checked because variables= names them" in n for n in report.notes), report.notes
+    assert [e.names for e in events_of(report, "FrozenChecked")] == [(report.pairs[0].input_name,)], report.notes
     assert _snapshot(model) == before
 
 
@@ -214,7 +215,7 @@ def test_model_with_dropout_gets_its_float64_copy():
     model = _keras3(keras.layers.Dropout(0.2))
     report = fastcheck.check_model(model, "mse", _data())
     assert report.ok, str(report)
-    assert any(n.startswith("numerical side on a float64 copy of the model") for n in report.notes), report.notes
+    assert any(e.copied for e in events_of(report, "ModelCopy")), report.notes
 
 
 def test_keras3_weight_kept_from_build_is_refused_clearly():
