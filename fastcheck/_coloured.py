@@ -33,6 +33,7 @@ size exists, except for the ``Dense`` storage of a small pair (``DENSE_REPORT_EN
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -941,12 +942,13 @@ def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_sparsity.Patter
     given = executor.config.sparsity
     if given is not None:
         return given.patterns(plan.m, sizes, names), "given by sparsity="
-    function = executor.route.flat_function
+    function: Any = executor.route.flat_function
     if not callable(function):
         function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast), autograph=plan.autograph)
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in executor.values]
     try:
-        m, dep = _sparsity.trace(function, signature, [(s.position, s.size) for s in plan.checked])
+        graph = function.get_concrete_function(*signature).graph
+        m, dep = _sparsity.trace(graph, [(s.position, s.size) for s in plan.checked])
     except _sparsity.UnknownSparsity as error:
         raise _sparsity.UnknownSparsity(
             f"mode='coloured' needs the sparsity pattern of f's Jacobian, but {error}. Pass the pattern with "

@@ -882,14 +882,13 @@ MOVEMENT = {
 REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "EuclideanNorm", "ArgMax", "ArgMin", "All", "Any"})
 
 
-def trace(function, signature: list, checked: list[tuple[int, int]], budget: int = NONZERO_BUDGET) -> tuple[int, Dep | None]:
-    """(m, Dep of the flat output) of a one-output ``tf.function`` of every input.
+def trace(graph, checked: list[tuple[int, int]], budget: int = NONZERO_BUDGET) -> tuple[int, Dep | None]:
+    """(m, Dep of the flat output) of the graph of a one-output ``tf.function`` of every input
+    (its concrete function's ``graph``: the caller traces f, this module only reads ops).
 
     ``checked``: (argument position, size) of each checked input, in order; their
     elements are the global columns, one input after another.
     """
-    concrete = function.get_concrete_function(*signature)
-    graph = concrete.graph
     n = sum(size for _, size in checked)
     tracer = _Tracer(n, budget, {internal.ref(): external for external, internal in graph.captures})
     inputs: list = [None] * len(graph.inputs)

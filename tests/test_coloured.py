@@ -59,7 +59,8 @@ def test_traced_pattern_is_exact_and_colours_are_few(name):
     f, value, colours = CORRECT[name]
     x = tf.constant(value, tf.float64)
     function = tf.function(lambda v: tf.reshape(f(v), [-1]))
-    m, dep = _sparsity.trace(function, [tf.TensorSpec(x.shape, x.dtype)], [(0, int(np.prod(x.shape)))])
+    m, dep = _sparsity.trace(function.get_concrete_function(tf.TensorSpec(x.shape, x.dtype)).graph,
+                             [(0, int(np.prod(x.shape)))])
     (pattern,) = _sparsity.traced_patterns(m, dep, [int(np.prod(x.shape))])
     with tf.GradientTape() as tape:
         tape.watch(x)
@@ -368,7 +369,7 @@ def test_normalisation_patterns_are_exact_and_shared(name):
     x = tf.constant(RNG.normal(size=(32, 8)), tf.float64)
     f(x)  # a Keras layer builds its variables here, not inside the traced function
     function = tf.function(lambda v: tf.reshape(f(v), [-1]))
-    m, dep = _sparsity.trace(function, [tf.TensorSpec(x.shape, x.dtype)], [(0, 256)])
+    m, dep = _sparsity.trace(function.get_concrete_function(tf.TensorSpec(x.shape, x.dtype)).graph, [(0, 256)])
     (pattern,) = _sparsity.traced_patterns(m, dep, [256])
     dense = np.zeros(pattern.shape, bool)
     dense[pattern.rows, pattern.cols] = True
@@ -463,7 +464,7 @@ def test_layer_norm_at_a_million_elements_traces_to_shared_sets():
     # Rows of 64 over 10^6 elements: 6.4e7 nonzeros, once past the dependency-pair budget.
     function = tf.function(lambda v: tf.reshape(_layer_norm(v), [-1]))
     spec = tf.TensorSpec((15625, 64), tf.float32)
-    m, dep = _sparsity.trace(function, [spec], [(0, 10**6)])
+    m, dep = _sparsity.trace(function.get_concrete_function(spec).graph, [(0, 10**6)])
     (pattern,) = _sparsity.traced_patterns(m, dep, [10**6])
     assert pattern.nnz == 64 * 10**6
     assert len(pattern.gcols) == 10**6 and len(pattern.gptr) - 1 == 15625  # each block's set once

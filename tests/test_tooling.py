@@ -52,3 +52,51 @@ def test_no_import_cycle():
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+def _module_runs() -> list[str]:
+    """fastcheck's modules on the stack from the entry point down to here, a run of frames of one module once."""
+    modules = []
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = pathlib.Path(frame.f_code.co_filename)
+        if path.parent.name == "fastcheck":
+            modules.append(path.stem)
+        frame = frame.f_back
+    modules.reverse()
+    return [m for i, m in enumerate(modules) if i == 0 or modules[i - 1] != m]
+
+
+def test_following_f_visits_each_module_at_most_twice():
+    """Every call of f, from check_gradients down (planning, routing, tracing, the batched sweeps, refinement,
+    each mode), passes through each of fastcheck's modules in at most two separate stretches of the stack."""
+    import numpy as np
+    import tensorflow as tf
+
+    import fastcheck
+
+    worst: dict[str, tuple[int, str]] = {}
+
+    def watched(g):
+        def f(*args):
+            runs = _module_runs()
+            for module in set(runs):
+                if runs.count(module) > worst.get(module, (0, ""))[0]:
+                    worst[module] = (runs.count(module), " > ".join(runs))
+            return g(*args)
+
+        return f
+
+    rng = np.random.default_rng(0)
+    w = tf.constant(rng.normal(size=(5, 4)))
+    x = tf.constant(rng.normal(size=4))
+    for mode in ("full", "fast", "coloured"):
+        for jit_compile in (False, "auto"):
+            fastcheck.check_gradients(watched(lambda v: tf.tanh(tf.linalg.matvec(w, v))), [x], mode=mode,
+                                      jit_compile=jit_compile)
+    fastcheck.check_gradients(watched(lambda v: tf.sin(v) * v), [tf.constant(rng.normal(size=50))])  # element-wise
+    fastcheck.check_gradients(watched(lambda v: tf.nn.relu(v) * 1.01), [x])  # a kink at each element: refinement
+    fastcheck.compute_gradient(watched(lambda v: tf.tanh(v) ** 2), [x])
+    assert worst, "f was never called"
+    bouncing = {m: chain for m, (count, chain) in worst.items() if count > 2}
+    assert not bouncing, bouncing
