@@ -438,6 +438,32 @@ class SampleSeeded:
     seed: int
 
 
+# --- tfp.check_bijector
+
+
+@dataclasses.dataclass(frozen=True)
+class IdentitiesJudged:
+    """The bijector's identities judged with ``atol``, ``rtol`` (``given``: the user's, else ``dtype``'s defaults),
+    plus the numerical Jacobian's band carried into log|det J| and y's rounding carried through the inverse."""
+
+    atol: float
+    rtol: float
+    given: bool
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LogDetConvention:
+    """How ``bijector``'s log-det-Jacobian was judged when it changes the event size: in TFP's ``chart`` of the
+    output (``convention`` "chart"), or as the volume change (``convention`` "volume", ``sizes``: numbers per
+    event in and out) where fastcheck knows no chart."""
+
+    bijector: str
+    convention: Literal["chart", "volume"]
+    chart: str = ""
+    sizes: tuple = ()
+
+
 # --- distribution over replicas
 
 

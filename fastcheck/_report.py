@@ -1186,6 +1186,17 @@ def _said(event, spans: dict | None = None) -> str:
         return (f"sample not checked: {e.distribution}'s sampler {e.sampler}: an implicitly reparameterized sample's "
                 "gradient holds the CDF fixed, not the noise, so a difference quotient at a fixed seed is not its "
                 "derivative")
+    if isinstance(e, events.IdentitiesJudged):
+        return (f"identities judged with atol={e.atol:g}, rtol={e.rtol:g} ({'as given' if e.given else e.dtype + ' defaults'}), "
+                "plus the numerical Jacobian's band carried into log|det J| and y's rounding carried through the inverse")
+    if isinstance(e, events.LogDetConvention) and e.convention == "chart":
+        return (f"log-det-Jacobian in TFP's convention for {e.bijector}: log|det| of the square Jacobian of forward "
+                f"from {e.chart} (the coordinates TFP's own tests use; a coordinate selection adds no log-det of "
+                "its own)")
+    if isinstance(e, events.LogDetConvention):
+        return (f"{e.bijector} maps {e.sizes[0]} numbers per event to {e.sizes[1]} and fastcheck knows no TFP chart "
+                "for it: its log-det-Jacobian was judged as the volume change 0.5 log det(J^T J), which differs from "
+                "a log-det defined in coordinates of the output by that chart's own volume factor")
     if isinstance(e, events.SampleSeeded):
         return (f"sample drawn with the stateless seed ({e.seed}, 0) at every evaluation (never under XLA, which "
                 "draws other numbers from the same seed)")

@@ -24,10 +24,10 @@ import tensorflow as tf
 from fastcheck._api import _config, numerical_jacobian
 from fastcheck._check import run_check
 from fastcheck._config import MACHINE_EPSILON, precision_name
-from fastcheck._events import SampleNotChecked, SampleSeeded
+from fastcheck._events import IdentitiesJudged, LogDetConvention, SampleNotChecked, SampleSeeded
 from fastcheck._plan import normalize_inputs
 from fastcheck._problem import Problem, function_problem
-from fastcheck._report import VERDICT_LABELS, GradientReport
+from fastcheck._report import VERDICT_LABELS, GradientReport, compose, event_dict
 
 __all__ = ["BijectorReport", "IdentityCheck", "check_bijector", "check_distribution"]
 
@@ -108,10 +108,15 @@ class BijectorReport:
     forward: GradientReport
     log_det_gradient: GradientReport
     identities: list[IdentityCheck]
-    notes: list[str] = dataclasses.field(default_factory=list)
+    events: tuple = ()  # what the check found (``fastcheck._events``: IdentitiesJudged, LogDetConvention)
     convention: str = "square"
     chart: str = ""  # the coordinates, when convention == "chart"
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def notes(self) -> list[str]:
+        """The events as the report's notes (composed by ``_report``, as a GradientReport's are)."""
+        return [compose(event) for event in self.events]
 
     @property
     def reports(self) -> list[GradientReport]:
@@ -170,7 +175,8 @@ class BijectorReport:
                 "convention": self.convention, "chart": self.chart, "seconds": self.seconds,
                 "timings": {stage: float(seconds) for stage, seconds in self.timings.items()},
                 "forward": self.forward.to_dict(), "log_det_gradient": self.log_det_gradient.to_dict(),
-                "identities": [i.to_dict() for i in self.identities], "notes": list(self.notes)}
+                "identities": [i.to_dict() for i in self.identities], "notes": list(self.notes),
+                "events": [event_dict(event) for event in self.events]}
 
 
 def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
@@ -292,24 +298,18 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
                   *_inverse_identities(bijector, x, y, fldj, chart_jacobians, in_ndims, out_ndims, atol, rtol,
                                        batch_shape)]
     given = options.get("atol") is not None or options.get("rtol") is not None
-    notes = [f"identities judged with atol={atol:g}, rtol={rtol:g} ({'as given' if given else x.dtype.name + ' defaults'}), "
-             "plus the numerical Jacobian's band carried into log|det J| and y's rounding carried through the inverse"]
+    found: list = [IdentitiesJudged(float(atol), float(rtol), given, x.dtype.name)]
     if convention == "chart":
-        notes.append(f"log-det-Jacobian in TFP's convention for {name}: log|det| of the square Jacobian of forward "
-                     f"from {chart} (the coordinates TFP's own tests use; a coordinate selection adds no log-det of "
-                     "its own)")
+        found.append(LogDetConvention(name, "chart", chart))
     elif convention == "volume":
-        notes.append(f"{name} maps {int(np.prod(event_in))} numbers per event to {int(np.prod(event_out))} and "
-                     "fastcheck knows no TFP chart for it: its log-det-Jacobian was judged as the volume change "
-                     "0.5 log det(J^T J), which differs from a log-det defined in coordinates of the output by that "
-                     "chart's own volume factor")
+        found.append(LogDetConvention(name, "volume", sizes=(int(np.prod(event_in)), int(np.prod(event_out)))))
     timings: dict[str, float] = {}
     for report in (forward_report, log_det_report):
         for stage, seconds in report.timings.items():
             timings[stage] = timings.get(stage, 0.0) + float(seconds)
     timings["jacobian"] = jacobian_seconds
     timings["identities"] = time.perf_counter() - started
-    return BijectorReport(title, forward_report, log_det_report, identities, notes, convention, chart, timings)
+    return BijectorReport(title, forward_report, log_det_report, identities, tuple(found), convention, chart, timings)
 
 
 def check_distribution(make_distribution: Callable, params, x=None, *, seed: int = 0, **options) -> GradientReport:

@@ -87,3 +87,17 @@ def test_an_inconsistent_gradient_says_why_full_mode_ran(escalated):
             "Jacobians, which fit, give the element verdicts)" in text) == escalated, text
     assert any(n.startswith("coloured mode: ") and "is not the transpose of f's Jacobian" in n
                for n in report.notes) == escalated, report.notes
+
+
+def test_a_bijector_reports_its_tolerances_and_chart_as_notes():
+    import tensorflow_probability as tfp
+
+    from fastcheck.tfp import check_bijector
+
+    report = check_bijector(tfp.bijectors.CorrelationCholesky(), RNG.normal(size=(2, 3)), 1)
+    assert [type(e).__name__ for e in report.events] == ["IdentitiesJudged", "LogDetConvention"]
+    assert report.notes[0].startswith("identities judged with atol=1e-08, rtol=1e-06 (float64 defaults), plus ")
+    assert report.notes[1].startswith("log-det-Jacobian in TFP's convention for CorrelationCholesky: log|det| of "
+                                      "the square Jacobian of forward from ")
+    assert f"  note: {report.notes[1]}" in str(report).splitlines()
+    assert report.to_dict()["events"][1]["convention"] == "chart"

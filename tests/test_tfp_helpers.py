@@ -195,7 +195,8 @@ def test_event_size_changing_bijectors_pass_in_tfps_chart(name):
     assert "in TFP's chart" in log_det.name and log_det.abs_error < 1e-6
     fldj = np.asarray(bijector.forward_log_det_jacobian(f64(x), event_ndims=event_ndims)).reshape(-1)
     assert log_det.actual == pytest.approx(fldj[log_det.index[0] if log_det.index else 0])
-    assert any("TFP's convention" in note for note in report.notes)
+    (convention,) = events_of(report, "LogDetConvention")
+    assert convention.convention == "chart" and convention.chart == report.chart, report.notes
 
 
 def test_iterated_sigmoid_centered_matches_tfps_closed_form():
