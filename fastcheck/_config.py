@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from fastcheck import _tables
 from fastcheck._calibration import Calibration
-from fastcheck._sparsity import given
+from fastcheck._pattern import given
 from fastcheck._tables import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_PROBES,
@@ -198,7 +198,7 @@ class CheckConfig:
     progress: bool | None = None
     autodiff: str = "auto"
     time_budget: float | None = None
-    # The Jacobian's sparsity pattern for mode="coloured" (see ``_sparsity.GivenSparsity``);
+    # The Jacobian's sparsity pattern for mode="coloured" (see ``_pattern.GivenSparsity``);
     # stored normalised, identity-hashed.
     sparsity: Any = None
     # A tf.distribute.Strategy whose replicas share the batched evaluations (``_distribute``),
