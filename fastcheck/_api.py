@@ -123,7 +123,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
     return run_check(function_problem(f, inputs, config, wrt), config)
 
 
-def _config(options: dict, entry: str) -> CheckConfig:
+def checked_config(options: dict, entry: str) -> CheckConfig:
     """The configuration from keyword options, with a TypeError naming any unknown one."""
     known = {field.name for field in dataclasses.fields(CheckConfig)}
     unknown = sorted(set(options) - known)
@@ -152,13 +152,13 @@ def numerical_jacobian(f: Callable, inputs, *, wrt=None, **options) -> list[list
     Outputs are the floating leaves of ``f``'s result in ``tf.nest.flatten``
     order; non-floating inputs get ``None``.  Options as for ``check_gradients``.
     """
-    config = _config(options, "numerical_jacobian")
+    config = checked_config(options, "numerical_jacobian")
     return jacobians(function_problem(f, inputs, config, wrt), config, "numerical")
 
 
 def autodiff_jacobian(f: Callable, inputs, *, wrt=None, **options) -> list[list[np.ndarray | None]]:
     """Autodiff Jacobians in the same layout as ``numerical_jacobian``."""
-    config = _config(options, "autodiff_jacobian")
+    config = checked_config(options, "autodiff_jacobian")
     return jacobians(function_problem(f, inputs, config, wrt), config, "analytical")
 
 
@@ -173,7 +173,7 @@ class GradientChecker:
     """
 
     def __init__(self, **defaults):
-        self.config = _config(defaults, "GradientChecker")
+        self.config = checked_config(defaults, "GradientChecker")
 
     def _options(self, overrides) -> dict:
         return {**self.config.__dict__, **overrides}
@@ -211,7 +211,7 @@ def verify_gradients(f: Callable, inputs, grads, **options) -> GradientReport:
       >>> fastcheck.verify_gradients(lambda x: tf.reduce_sum(x ** 2), x, 2 * x).ok
       True
     """
-    config = _config(options, "verify_gradients")
+    config = checked_config(options, "verify_gradients")
     return run_check(supplied_problem(f, inputs, grads, config), config)
 
 
@@ -259,6 +259,6 @@ def check_model(model, loss_fn, data=None, *, variables=None, training: bool = F
         losses or targets that do not match the model's outputs, a variable that
         is not the model's, ``training=True`` for a module without a training mode).
     """
-    config = _config(options, "check_model")
+    config = checked_config(options, "check_model")
     problem = model_problem(model, loss_fn, data, variables, config, training=training, sample_weight=sample_weight)
     return run_check(problem, config)

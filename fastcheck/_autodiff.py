@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._paths import EAGER, LOOP, compile_kernel, pad
-from fastcheck._plan import Plan, _first_line
+from fastcheck._plan import Plan, first_line
 from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS
 
 ZERO = tf.UnconnectedGradients.ZERO
@@ -323,7 +323,7 @@ def forward_probe(plan: Plan, directions: list[np.ndarray]) -> tuple[np.ndarray 
                 leaves = plan.output_leaves(moved)
             jvps = [accumulator.jvp(leaf) for leaf in leaves]
         except Exception as error:  # no forward-mode rule for some op
-            return None, f"{type(error).__name__}: {_first_line(error)}"
+            return None, f"{type(error).__name__}: {first_line(error)}"
         missing = [i for i, j in enumerate(jvps) if j is None]
         if missing:
             return None, (f"TensorFlow returned no JVP for {plan.outputs[missing[0]].name} (an op on its path has no "

@@ -19,7 +19,7 @@ from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
 from fastcheck._paths import EAGER, Route, choose_route, kernel_plan
-from fastcheck._plan import Float64Refused, Plan, _first_line, build_plan
+from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
 from fastcheck._report import (
@@ -70,7 +70,7 @@ def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
 def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
     start = time.perf_counter()
     timings: dict[str, float] = {}
-    with _on_device(config.device), preserved_variables(problem.variables):
+    with on_device(config.device), preserved_variables(problem.variables):
         with timed(timings, "plan"):
             plan = _planned(problem, config)
         if plan.nondeterministic:
@@ -138,7 +138,7 @@ def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.
 @passes_own
 def jacobian_blocks(problem: Problem, config: CheckConfig, sides: tuple[str, ...]) -> dict:
     """``jacobians`` of each side in ``sides`` ("numerical", "analytical"), from one plan and executor."""
-    with _on_device(config.device), preserved_variables(problem.variables):
+    with on_device(config.device), preserved_variables(problem.variables):
         plan = _planned(problem, config)
         if plan.empty:  # the blocks are empty arrays of their shapes
             return {side: [[np.zeros((o.size, s.size)) if s.checked else None for s in plan.inputs]
@@ -281,7 +281,7 @@ def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, call_second
     try:
         found = sparse()
     except ValueError as error:  # _sparsity.UnknownSparsity: an op without a rule, or f cannot be traced
-        return "fast", (why, events.NoPattern(_first_line(error, 120)))
+        return "fast", (why, events.NoPattern(first_line(error, 120)))
     colours, nonzeros = found["colours"], found["nonzeros"]
     limit, _ = _memory_limit(config)
     if colours > COLOURED_MAX_COLUMN_SHARE * plan.n:
@@ -358,7 +358,7 @@ def _memory_limit(config: CheckConfig) -> tuple[int, str]:
 
 
 @contextlib.contextmanager
-def _on_device(device):
+def on_device(device):
     """Run the check eagerly (lifted out of a ``tf.Graph`` context) on ``device``, which must exist."""
     with contextlib.ExitStack() as stack:
         if not tf.executing_eagerly():

@@ -44,10 +44,19 @@ from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary
 from fastcheck._executor import Batch, Executor, evaluate_rows, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, pad
-from fastcheck._plan import InputSpec, Plan, _first_line, with_noise
+from fastcheck._plan import InputSpec, Plan, first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
 from fastcheck._refine import Early, Evaluate, Rungs, descend
-from fastcheck._report import Dense, GradientCheckError, Nonzeros, Outcome, PairReport, _having, _index, kernel_failure
+from fastcheck._report import (
+    Dense,
+    GradientCheckError,
+    Nonzeros,
+    Outcome,
+    PairReport,
+    element_name,
+    having,
+    kernel_failure,
+)
 from fastcheck._tables import (
     BYTES_PER_NONZERO,
     DEEP_LEVELS,
@@ -630,7 +639,7 @@ class _Block:
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
         """Failing nonzeros: their colours again at h/4 (the second step, ``_compare.second_step``), then
         those it does not pass at h ... h/4**5 (h ... h/4**12 where still unsettled)."""
-        failing = _having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE)
+        failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE)
         if not len(failing):
             return
         rows, cols = self.pattern.at(failing)
@@ -706,7 +715,7 @@ class _Block:
         indptr = self.pattern.indptr
         counts = indptr[unique + 1] - indptr[unique]
         owner = np.repeat(np.arange(len(unique)), counts)
-        r, c = self.pattern.at(_sparsity._ranges(indptr[unique], counts))
+        r, c = self.pattern.at(_sparsity.ranges(indptr[unique], counts))
         with np.errstate(invalid="ignore", over="ignore"):
             terms = np.abs(np.asarray(self.analytical.at(r, c), np.float64) * x[c])
         sums = np.bincount(owner, weights=np.where(np.isfinite(terms), terms, 0.0), minlength=len(unique))
@@ -787,7 +796,7 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
             worst = int(index[k])
             output = next(o for o in plan.outputs if o.offset <= worst < o.offset + o.size)
             shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
-            where = _index(output.name, tuple(int(i) for i in np.unravel_index(worst - output.offset, shape)) if shape
+            where = element_name(output.name, tuple(int(i) for i in np.unravel_index(worst - output.offset, shape)) if shape
                            else ())
             return (f"the sparsity pattern ({source}) is wrong for {block.spec.name}: f depends on elements outside it "
                     f"(a random direction moves {where} by {coarse[k]:.3g} more than the pattern's nonzeros "
@@ -882,7 +891,7 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
         k = int(np.argmax(error / np.maximum(allowed, 1e-300)))
         worst = int(bad[k])
         shape = tuple(block.spec.real_view.shape)
-        where = _index(block.spec.name, tuple(int(i) for i in np.unravel_index(worst, shape)) if shape else ())
+        where = element_name(block.spec.name, tuple(int(i) for i in np.unravel_index(worst, shape)) if shape else ())
         found.append((block, (
             f"the reverse-mode gradient of {block.spec.name} is not the transpose of f's Jacobian: for a random "
             f"cotangent u, (J^T u) at {where} is {probe_bad[k]:.8g}, but the Jacobian's nonzeros in that column "
@@ -957,7 +966,7 @@ def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_sparsity.Patter
     except Exception as error:  # f cannot be traced: no graph to read dependencies from
         raise _sparsity.UnknownSparsity(
             f"mode='coloured' traces f to find its Jacobian's sparsity pattern, but f cannot be traced "
-            f"({type(error).__name__}: {_first_line(error, 160)}); pass sparsity=, or mode='full' / mode='fast'.") from None
+            f"({type(error).__name__}: {first_line(error, 160)}); pass sparsity=, or mode='full' / mode='fast'.") from None
     return _sparsity.traced_patterns(m, dep, sizes), "traced from f's graph"
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._check import _on_device, jacobian_blocks
+from fastcheck._check import jacobian_blocks, on_device
 from fastcheck._config import CheckConfig
 from fastcheck._plan import FunctionRaised
 from fastcheck._problem import function_problem
@@ -65,7 +65,7 @@ def compute_gradient(f: Callable, x, delta=None) -> tuple[tuple[np.ndarray, ...]
     if not isinstance(x, (list, tuple)):
         raise ValueError("`x` must be a list or tuple of values convertible to a Tensor "
                          f"(arguments to `f`), not a {type(x)}")
-    with _on_device(None):  # inside tf.Graph().as_default() (TF1-style tests): eagerly, on the side
+    with on_device(None):  # inside tf.Graph().as_default() (TF1-style tests): eagerly, on the side
         try:
             return _compute_gradient(f, x, delta)
         except FunctionRaised as raised:  # as TensorFlow's checker, which calls f itself: f's exception as itself

@@ -34,7 +34,7 @@ import tensorflow as tf
 from fastcheck._config import CheckConfig
 from fastcheck._paths import cached, plan_key
 from fastcheck._plan import Plan
-from fastcheck._sparsity import Dep, _Tracer
+from fastcheck._sparsity import Dep, Tracer
 from fastcheck._tables import MIN_ELEMENTS
 
 # Element-wise ops besides _sparsity's (which walks forward graphs): the gradient kernels of
@@ -46,7 +46,7 @@ GRADIENT_ELEMENTWISE = frozenset({
 })
 
 
-class _Walker(_Tracer):
+class _Walker(Tracer):
     def op(self, op, ins: list) -> list:
         if op.type in GRADIENT_ELEMENTWISE:
             return [self.elementwise(op, ins, f"op {op.type} ({op.name})")]

@@ -55,7 +55,7 @@ from fastcheck._paths import (
     pad,
     plan_key,
 )
-from fastcheck._plan import Plan, _first_line, measure_precision, view
+from fastcheck._plan import Plan, first_line, measure_precision, view
 from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
 from fastcheck._tables import LINE_MARGIN, MEMORY_SAFETY
 
@@ -286,7 +286,7 @@ class Executor:
         following = self.route.following
         if following is None or not is_compile_failure(error):
             return False
-        self.note(FellBack(self.path, following, what, f"{type(error).__name__}: {_first_line(error, 120)}"))
+        self.note(FellBack(self.path, following, what, f"{type(error).__name__}: {first_line(error, 120)}"))
         self.route = dataclasses.replace(self.route, path=following)
         return True
 

@@ -20,9 +20,9 @@ from fastcheck._config import MACHINE_EPSILON
 from fastcheck._events import ForwardNotChecked, ForwardProbe
 from fastcheck._executor import Executor, measured, numerical_columns, steps, timed
 from fastcheck._paths import EAGER
-from fastcheck._plan import Plan, _first_line
+from fastcheck._plan import Plan, first_line
 from fastcheck._refine import Evaluate, Rungs, descend
-from fastcheck._report import Dense, GradientCheckError, Outcome, PairReport, _index, kernel_failure
+from fastcheck._report import Dense, GradientCheckError, Outcome, PairReport, element_name, kernel_failure
 from fastcheck._tables import (
     BELOW_DEVIATIONS,
     BELOW_HOLDS,
@@ -706,7 +706,7 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
                     warnings.append(
                         f"forward mode (JVP, tf.autodiff.ForwardAccumulator) is wrong for {pair.output_name} / "
                         f"{pair.input_name}: {pair.count(_compare.MISMATCH)} elements differ, worst d "
-                        f"{_index(pair.output_name, e.output_index)} / d {_index(pair.input_name, e.input_index)}: "
+                        f"{element_name(pair.output_name, e.output_index)} / d {element_name(pair.input_name, e.input_index)}: "
                         f"JVP={e.analytical:.8g} numerical={e.numerical:.8g}. Reverse mode, which training uses, "
                         "agrees; forward mode differentiates f's forward ops (it ignores tf.custom_gradient) or uses "
                         "a wrong forward-mode rule of an op. Pass autodiff='both' to make it part of the verdict."
@@ -767,7 +767,7 @@ def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[li
     except Exception as error:
         if config.autodiff == "both":
             raise ValueError(f"autodiff='both' asks for forward-mode Jacobians, but TensorFlow cannot compute them for f "
-                             f"({type(error).__name__}: {_first_line(error)}); pass autodiff='reverse'.") from error
+                             f"({type(error).__name__}: {first_line(error)}); pass autodiff='reverse'.") from error
         return [], ForwardProbe("failed", error=type(error).__name__)
     compared = []
     for (spec, _, numerical, status, band, one_sided, _), block in zip(results, forward):

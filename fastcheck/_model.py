@@ -50,7 +50,7 @@ import tensorflow as tf
 
 from fastcheck._config import PRECISION_EPSILON
 from fastcheck._events import FrozenChecked, ModelCopy, TrainingMode
-from fastcheck._plan import _first_line
+from fastcheck._plan import first_line
 from fastcheck._tables import FLOAT64_COPY_ROUNDINGS
 from fastcheck._variables import (
     attribute_paths,
@@ -182,7 +182,7 @@ def _loss_without_data(model, loss_fn, variables, training, sample_weight, preci
         except Exception as error:
             if _raised_by_fastcheck(error):
                 raise
-            raise ValueError(f"loss_fn() raised {type(error).__name__}: {_first_line(error)}.") from error
+            raise ValueError(f"loss_fn() raised {type(error).__name__}: {first_line(error)}.") from error
     _assert_substitution_reaches_loss(f, loss_fn, chosen, values, names, every, keras3=keras3)
     notes = _frozen_note(names, chosen)
     if precision != "native" and any(v.dtype.is_floating and v.dtype != tf.float64 for v in values):
@@ -294,7 +294,7 @@ def _assert_loss_runs(model, x, y, compute, every, training: bool) -> None:
         except Exception as error:
             if _raised_by_fastcheck(error):
                 raise
-            raise ValueError(f"model(x, training={training}) raised {type(error).__name__}: {_first_line(error)}; "
+            raise ValueError(f"model(x, training={training}) raised {type(error).__name__}: {first_line(error)}; "
                              f"check x (shape(s) {_shapes(x)}) against the model's inputs.") from error
         try:
             compute(outputs)
@@ -302,7 +302,7 @@ def _assert_loss_runs(model, x, y, compute, every, training: bool) -> None:
             if _raised_by_fastcheck(error):
                 raise
             raise ValueError(f"loss_fn(y, model(x, training={training})) raised {type(error).__name__}: "
-                             f"{_first_line(error)}; the model's output shape(s) {_shapes(outputs)}, y's {_shapes(y)}: "
+                             f"{first_line(error)}; the model's output shape(s) {_shapes(outputs)}, y's {_shapes(y)}: "
                              "check that y matches the outputs and loss_fn takes (y_true, y_pred).") from error
 
 

@@ -332,13 +332,13 @@ def _call_user(f, args, what: str):
         return f(*args)
     except Exception as error:  # re-raised with the user's context
         raise FunctionRaised(
-            f"f raised {type(error).__name__} when called with {what}: {_first_line(error)}\n"
+            f"f raised {type(error).__name__} when called with {what}: {first_line(error)}\n"
             "fastcheck calls f(*inputs) with the inputs you passed; make sure f runs on them on its own, "
             "e.g. `f(*inputs)` in eager mode."
         ) from error
 
 
-def _first_line(error: Exception, limit: int = 300) -> str:
+def first_line(error: Exception, limit: int = 300) -> str:
     """The gist of an error: its first lines (Keras puts the cause on the second), shortened."""
     # TensorFlow prefixes an op's error with "{{function_node __wrapped__Op_device_...}}": noise to a reader.
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(error))
@@ -550,7 +550,7 @@ def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tu
                                      for t, o in zip(leaves, plan.leaf_is_output) if o])
             reason = _differs_in_float64(plan, upcast, repeat)
     except Exception as error:  # any failure means: f does not run in float64
-        reason = NumericalSide(False, "fails", error=f"{type(error).__name__}: {_first_line(error)[:120]}")
+        reason = NumericalSide(False, "fails", error=f"{type(error).__name__}: {first_line(error)[:120]}")
     if reason is None:
         return True, upcast, NumericalSide(True)
     if config.precision == "float64":

@@ -31,7 +31,7 @@ from fastcheck._compare import (
 )
 from fastcheck._compare import diagnose as _diagnose
 from fastcheck._config import MACHINE_EPSILON
-from fastcheck._plan import InputSpec, Plan, _first_line
+from fastcheck._plan import InputSpec, Plan, first_line
 from fastcheck._tables import COLLAPSE_PASSING, RESOLUTION_RTOLS, SUMMARY_CHUNK, UNDECIDED_DETAILS, WORST_KEPT
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
@@ -525,7 +525,7 @@ class PairReport:
         if self.projected:
             return []
         return [(self._element(int(k)), *self.one_sided.get(self._key(int(k)), (np.nan, np.nan)))
-                for k in _having(self.status.reshape(-1), NONDIFFERENTIABLE)]
+                for k in having(self.status.reshape(-1), NONDIFFERENTIABLE)]
 
     @property
     def kinked_probes(self) -> int:
@@ -564,7 +564,7 @@ class PairReport:
         kinks = self.kinks()
         for e, left, right in kinks[:3]:
             lines.append(
-                f"  not differentiable at d {_index(self.output_name, e.output_index)} / d {_index(self.input_name, e.input_index)}: "
+                f"  not differentiable at d {element_name(self.output_name, e.output_index)} / d {element_name(self.input_name, e.input_index)}: "
                 f"left derivative={left:.8g}, right derivative={right:.8g}, analytical={e.analytical:.8g} "
                 "(the steps cross a kink of f at or near the point: both one-sided derivatives settled, and the "
                 "analytical value is one of them or between them, within their uncertainty)"
@@ -591,7 +591,7 @@ class PairReport:
                 sides = (f", one-sided derivatives {found[0]:.8g} and {found[1]:.8g}" if found is not None
                          else ", the one-sided quotients never settle")
             lines.append(
-                f"    d {_index(self.output_name, e.output_index)} / d {_index(self.input_name, e.input_index)}: "
+                f"    d {element_name(self.output_name, e.output_index)} / d {element_name(self.input_name, e.input_index)}: "
                 f"analytical={e.analytical:.8g} numerical={e.numerical:.8g} |diff|={e.abs_error:.3g} "
                 f"allowed={e.band:.3g} ({e.status}{sides})"
             )
@@ -662,7 +662,7 @@ def _unravel(flat: int, shape: tuple) -> tuple:
     return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
 
 
-def _having(status: np.ndarray, *codes: int) -> np.ndarray:
+def having(status: np.ndarray, *codes: int) -> np.ndarray:
     """Indices of the values whose status is one of ``codes`` (not OK): found among the nonzero
     statuses (OK is 0), so no value-sized boolean temporary is made."""
     index = np.flatnonzero(status)
@@ -721,7 +721,7 @@ def coarse_line(title: str, resolutions: tuple[float, float], rtol: float, fast:
             f"ok. Try {fix}.")
 
 
-def _index(name: str, index: tuple) -> str:
+def element_name(name: str, index: tuple) -> str:
     return f"{name}[{', '.join(map(str, index))}]" if index else name
 
 
@@ -821,7 +821,7 @@ class GradientReport:
             if e is None:
                 summary += f", worst {pair.title} abs error {pair.max_abs_error:.2g}"
             else:
-                summary += (f", worst d {_index(pair.output_name, e.output_index)} / d {_index(pair.input_name, e.input_index)} "
+                summary += (f", worst d {element_name(pair.output_name, e.output_index)} / d {element_name(pair.input_name, e.input_index)} "
                             f"abs error {e.abs_error:.2g} ({e.status})")
         elif self.problems:
             summary += f", {self.problems[0].splitlines()[0][:100]}"
@@ -1483,7 +1483,7 @@ _GRADIENT_OP = re.compile(r"\[Op:(\w*(?:Backprop|Grad)\w*)\]|node (?:gradients?|
 
 def kernel_failure(error: Exception) -> ValueError:
     """The error a strategy raises when f (or its gradient) fails inside a batched kernel: which, and the cause."""
-    gist = _first_line(error)
+    gist = first_line(error)
     gradient = _GRADIENT_OP.search(str(error))
     if gradient:
         op = f" (op {gradient.group(1)})" if gradient.group(1) else ""

@@ -36,11 +36,11 @@ from fastcheck._pattern import (  # noqa: F401 - the pattern's names, re-exporte
     GivenSparsity,
     Pattern,
     UnknownSparsity,
-    _distinct,
-    _index_array,
-    _ranges,
-    _unique,
+    distinct,
     given,
+    index_array,
+    ranges,
+    sorted_unique,
 )
 from fastcheck._tables import FOLD_DEPTH, GREEDY_WORK, NONZERO_BUDGET
 
@@ -154,11 +154,11 @@ class Dep:
         counts = self.counts
         indptr = np.zeros(self.size + 1, np.int64)
         np.cumsum(counts, out=indptr[1:])
-        return indptr, self.cols[_ranges(self.indptr[self.group], counts)]
+        return indptr, self.cols[ranges(self.indptr[self.group], counts)]
 
 
 def _inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct sorted keys, index of each key among them), by sorting (see ``_unique``)."""
+    """(distinct sorted keys, index of each key among them), by sorting (see ``sorted_unique``)."""
     order = np.argsort(keys, kind="stable")
     ordered = keys[order]
     fresh = np.empty(ordered.size, bool)
@@ -181,19 +181,19 @@ def _stack(deps: list, sizes: list[int]) -> Dep:
         indptr = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=indptr[1:])
         cols = np.concatenate([p.cols for p in parts])
-        return Dep(indptr, cols, all(p.injective for p in parts) and _distinct(cols))
+        return Dep(indptr, cols, all(p.injective for p in parts) and distinct(cols))
     starts = np.cumsum([0] + [p.groups for p in parts])
     group = np.concatenate([p.owners + start for p, start in zip(parts, starts)])
     counts = np.concatenate([np.diff(p.indptr) for p in parts])
     indptr = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=indptr[1:])
     cols = np.concatenate([p.cols for p in parts])
-    injective = all(p.injective for p in parts) and _distinct(cols) and np.all(counts <= 1) and _distinct(group[
+    injective = all(p.injective for p in parts) and distinct(cols) and np.all(counts <= 1) and distinct(group[
         (counts > 0)[group]])
     return Dep(indptr, cols, bool(injective), group=group)
 
 
-# Ops constant folding (``_Tracer.constant``) never runs (its depth: ``_tables.FOLD_DEPTH``).
+# Ops constant folding (``Tracer.constant``) never runs (its depth: ``_tables.FOLD_DEPTH``).
 NO_FOLD = frozenset({"PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If", "StatelessIf"})
 
 
@@ -216,7 +216,7 @@ def _run_op(op, inputs: list) -> list:
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
-class _Tracer:
+class Tracer:
     """Walks a traced graph op by op, giving each tensor its ``Dep`` (None: no dependence)."""
 
     def __init__(self, n: int, budget: int, captured: dict | None = None):
@@ -263,7 +263,7 @@ class _Tracer:
         rows = keys // n
         indptr = np.searchsorted(rows, np.arange(size + 1)).astype(np.int64)
         cols = keys - rows * n
-        return Dep(indptr, cols, bool(np.all(np.diff(indptr) <= 1)) and _distinct(cols))
+        return Dep(indptr, cols, bool(np.all(np.diff(indptr) <= 1)) and distinct(cols))
 
     def union(self, deps: list, what: str) -> Dep | None:
         """Element-wise union of Deps of one size (None entries ignored)."""
@@ -299,9 +299,9 @@ class _Tracer:
         self._check(int(counts.sum()), what)
         pair = np.arange(len(distinct), dtype=np.int64)
         keys = np.concatenate([
-            np.repeat(pair, np.diff(a.indptr)[xa]) * n + a.cols[_ranges(a.indptr[xa], np.diff(a.indptr)[xa])],
-            np.repeat(pair, np.diff(b.indptr)[yb]) * n + b.cols[_ranges(b.indptr[yb], np.diff(b.indptr)[yb])]])
-        united = self._from_keys(_unique(keys), len(distinct))
+            np.repeat(pair, np.diff(a.indptr)[xa]) * n + a.cols[ranges(a.indptr[xa], np.diff(a.indptr)[xa])],
+            np.repeat(pair, np.diff(b.indptr)[yb]) * n + b.cols[ranges(b.indptr[yb], np.diff(b.indptr)[yb])]])
+        united = self._from_keys(sorted_unique(keys), len(distinct))
         if len(distinct) == a.size and np.array_equal(inverse, np.arange(a.size)):
             return united
         return self._regroup(united, inverse)
@@ -318,7 +318,7 @@ class _Tracer:
         counts = np.where(possible, counts, 0)
         self._check(int(counts.sum()), what)
         owner = np.repeat(np.arange(len(gi), dtype=np.int64), counts)
-        query = go[owner] * n + inner.cols[_ranges(inner.indptr[gi], counts)]
+        query = go[owner] * n + inner.cols[ranges(inner.indptr[gi], counts)]
         keys = outer.keys(n)
         where = np.minimum(np.searchsorted(keys, query), max(len(keys) - 1, 0))
         missing = keys[where] != query if len(keys) else np.ones(len(query), bool)
@@ -332,7 +332,7 @@ class _Tracer:
         if table.group is not None and np.array_equal(group, table.group):
             return table
         counts = np.diff(table.indptr)[group]
-        injective = bool(np.all(counts <= 1)) and _distinct(group[counts > 0]) and _distinct(
+        injective = bool(np.all(counts <= 1)) and distinct(group[counts > 0]) and distinct(
             table.cols[table.indptr[group[counts > 0]]])
         return Dep(table.indptr, table.cols, injective, group=group)
 
@@ -344,12 +344,12 @@ class _Tracer:
         if dep.offset >= 0:  # reading the checked input itself: element e is column offset + e
             self._check(len(idx), what)
             cols = idx + dep.offset if dep.offset else idx
-            return Dep(indptr, cols, bool(np.all(np.diff(indptr) <= 1)) and _distinct(cols))
+            return Dep(indptr, cols, bool(np.all(np.diff(indptr) <= 1)) and distinct(cols))
         reads = np.diff(indptr)
         owner = np.repeat(np.arange(size, dtype=np.int64), reads)
         groups = dep.owners[idx]
         if dep.group is not None:  # only the distinct (output, group) pairs matter
-            keys = _unique(owner * max(dep.groups, 1) + groups)
+            keys = sorted_unique(owner * max(dep.groups, 1) + groups)
             owner, groups = keys // max(dep.groups, 1), keys % max(dep.groups, 1)
             reads = np.bincount(owner, minlength=size)
         if np.all(reads <= 1):  # each output reads one set: it shares that group
@@ -359,14 +359,14 @@ class _Tracer:
             return self._regroup(Dep(table.indptr, table.cols), chosen)
         counts = np.diff(dep.indptr)[groups]
         self._check(int(counts.sum()), what)
-        cols = dep.cols[_ranges(dep.indptr[groups], counts)]
+        cols = dep.cols[ranges(dep.indptr[groups], counts)]
         rows = np.repeat(owner, counts)
         if dep.injective and dep.group is None:  # distinct inputs of distinct columns: no duplicate within a row
             out_counts = np.bincount(rows, minlength=size)
             out = np.zeros(size + 1, np.int64)
             np.cumsum(out_counts, out=out[1:])
-            return Dep(out, cols, bool(np.all(out_counts <= 1)) and _distinct(cols))
-        return self._from_keys(_unique(rows * max(self.n, 1) + cols), size)
+            return Dep(out, cols, bool(np.all(out_counts <= 1)) and distinct(cols))
+        return self._from_keys(sorted_unique(rows * max(self.n, 1) + cols), size)
 
     def windows(self, table: np.ndarray, dep: Dep | None, what: str) -> Dep | None:
         """``compose`` for a dense table [out_size, k] of input elements (-1: none)."""
@@ -648,7 +648,7 @@ def trace(graph, checked: list[tuple[int, int]], budget: int = NONZERO_BUDGET) -
     elements are the global columns, one input after another.
     """
     n = sum(size for _, size in checked)
-    tracer = _Tracer(n, budget, {internal.ref(): external for external, internal in graph.captures})
+    tracer = Tracer(n, budget, {internal.ref(): external for external, internal in graph.captures})
     inputs: list = [None] * len(graph.inputs)
     offset = 0
     for position, size in checked:
@@ -674,22 +674,22 @@ def traced_patterns(m: int, dep: Dep | None, sizes: list[int]) -> list[Pattern]:
     if group is not None:
         used, group = _inverse(group)
         counts = np.diff(indptr)[used]
-        cols = cols[_ranges(indptr[used], counts)]
+        cols = cols[ranges(indptr[used], counts)]
         indptr = np.zeros(len(used) + 1, np.int64)
         np.cumsum(counts, out=indptr[1:])
-        group = _index_array(group, len(used))
+        group = index_array(group, len(used))
     owner = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
     total = max(int(bounds[-1]), 1)
     keys = owner * total + cols
     if keys.size > 1 and not bool(np.all(keys[1:] > keys[:-1])):
-        keys = _unique(keys)
+        keys = sorted_unique(keys)
         owner, cols = keys // total, keys % total
     result = []
     for k, size in enumerate(sizes):
         mine = (cols >= bounds[k]) & (cols < bounds[k + 1])
         gptr = np.zeros(len(indptr), np.int64)
         np.cumsum(np.bincount(owner[mine], minlength=len(indptr) - 1), out=gptr[1:])
-        result.append(Pattern((m, size), gptr, _index_array(cols[mine] - bounds[k], size), group))
+        result.append(Pattern((m, size), gptr, index_array(cols[mine] - bounds[k], size), group))
     return result
 
 
@@ -837,15 +837,15 @@ def greedy_colours(indptr: np.ndarray, cols: np.ndarray, n: int, rng) -> np.ndar
         col_max = _segment_max(row_max[col_rows], col_ptr)
         chosen = np.flatnonzero(open_ & (col_max <= priority))
         # Colours already taken next to each chosen column: its rows' columns.
-        rows_of = _ranges(col_ptr[chosen], np.diff(col_ptr)[chosen])
+        rows_of = ranges(col_ptr[chosen], np.diff(col_ptr)[chosen])
         owner = np.repeat(np.arange(len(chosen)), np.diff(col_ptr)[chosen])
         rows = col_rows[rows_of]
-        neighbours = cols[_ranges(indptr[rows], lengths[rows])]
+        neighbours = cols[ranges(indptr[rows], lengths[rows])]
         who = np.repeat(owner, lengths[rows])
         taken = labels[neighbours]
         keep = taken >= 0
         width = int(taken.max(initial=0)) + 2
-        keys = _unique(who[keep] * width + taken[keep])
+        keys = sorted_unique(who[keep] * width + taken[keep])
         group, value = keys // width, keys % width
         first = np.searchsorted(group, np.arange(len(chosen)))
         rank = np.arange(len(keys)) - first[group]

@@ -263,7 +263,7 @@ FULL_RERUN_MAX_ENTRIES = 1 << 23
 # pairs is "dense / unknown": a coloured check would not pay (``_sparsity``).
 NONZERO_BUDGET = 50_000_000
 GREEDY_WORK = 20_000_000  # the greedy colouring runs when the sum of squared row lengths is at most this
-FOLD_DEPTH = 32  # constant folding (``_sparsity._Tracer.constant``): how deep a chain of ops it follows
+FOLD_DEPTH = 32  # constant folding (``_sparsity.Tracer.constant``): how deep a chain of ops it follows
 UPCAST_MAX_ELEMENTS = 1_000_000  # precision="auto" upcasts the numerical side to float64 up to this many input elements
 # The float64 copy of a model (``_model``) stands in for it on the numerical side when its loss equals the
 # model's within this many float32 roundings (machine epsilons) of the loss's magnitude.  A float32 forward pass

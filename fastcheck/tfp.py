@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._api import _config, numerical_jacobian
+from fastcheck._api import checked_config, numerical_jacobian
 from fastcheck._check import run_check
 from fastcheck._config import MACHINE_EPSILON, precision_name
 from fastcheck._events import IdentitiesJudged, LogDetConvention, SampleNotChecked, SampleSeeded
@@ -233,7 +233,7 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
       >>> check_bijector(tfp.bijectors.Softplus(), [0.5, -1.0, 2.0], event_ndims=0).ok
       True
     """
-    config = _config(options, "check_bijector")
+    config = checked_config(options, "check_bijector")
     _tfp()
     x = _floating_tensor(x, "x")
     name = type(bijector).__name__
@@ -347,7 +347,7 @@ def check_distribution(make_distribution: Callable, params, x=None, *, seed: int
     if not callable(make_distribution):
         raise TypeError(f"make_distribution must be callable as make_distribution(*params), e.g. "
                         f"tfp.distributions.Normal; got {type(make_distribution).__name__}.")
-    config = _config(options, "check_distribution")
+    config = checked_config(options, "check_distribution")
     tfp = _tfp()
     params = list(params) if isinstance(params, (list, tuple)) else [params]
     values = [spec.value for spec in normalize_inputs(params)]
