@@ -19,7 +19,8 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._executor import Batch, Executor, view
-from fastcheck._paths import EAGER, LOOP, compile_kernel, pad
+from fastcheck._kernels import pad
+from fastcheck._paths import EAGER, LOOP, compile_kernel
 from fastcheck._plan import Plan, first_line
 from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS
 

@@ -18,7 +18,8 @@ from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._paths import EAGER, Route, choose_route, kernel_plan
+from fastcheck._kernels import kernel_plan
+from fastcheck._paths import EAGER, Route, choose_route
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own

@@ -43,7 +43,8 @@ from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary
 from fastcheck._executor import Batch, Executor, evaluate_rows, measured, timed, view
-from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel, pad
+from fastcheck._kernels import pad
+from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel
 from fastcheck._plan import InputSpec, Plan, first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
 from fastcheck._refine import Early, Evaluate, Rungs, descend

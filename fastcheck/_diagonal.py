@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import CheckConfig
-from fastcheck._paths import cached, plan_key
+from fastcheck._kernels import cached, plan_key
 from fastcheck._plan import Plan
 from fastcheck._sparsity import Dep, Tracer
 from fastcheck._tables import MIN_ELEMENTS

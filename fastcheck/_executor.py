@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import threading
 import time
 from collections.abc import Hashable
@@ -43,21 +44,11 @@ from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._diagonal import elementwise
 from fastcheck._distribute import Share, spread_for
 from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory
-from fastcheck._paths import (
-    GRAPH,
-    LOOP,
-    Progress,
-    Route,
-    cached,
-    compile_kernel,
-    is_cached,
-    is_compile_failure,
-    pad,
-    plan_key,
-)
+from fastcheck._kernels import cached, is_cached, pad, plan_key
+from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._plan import Plan, first_line, measure_precision, view
 from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
-from fastcheck._tables import LINE_MARGIN, MEMORY_SAFETY
+from fastcheck._tables import LINE_MARGIN, MEMORY_SAFETY, PROGRESS_SECONDS
 
 
 class ShapeChangeError(ValueError):
@@ -202,6 +193,32 @@ def measured(executor: Executor, plan: Plan, line=None) -> Plan:
 def _f_kernel(f, autograph: bool):
     """f as a traced function (one per check: the name keeps TensorFlow's retracing warning off it)."""
     return tf.function(lambda *args: f(*args), autograph=autograph, reduce_retracing=True)
+
+
+class Progress:
+    """A tqdm bar for long batched sweeps: shown when asked, or on a terminal once the
+    sweep is predicted (from its pace so far) to take more than PROGRESS_SECONDS."""
+
+    def __init__(self, enabled: bool | None, total: int, unit: str):
+        self.enabled, self.total, self.unit = enabled, total, unit
+        self.done, self.start, self.bar = 0, time.perf_counter(), None
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        if self.bar is None and self.enabled is not False and self.done < self.total:
+            elapsed = time.perf_counter() - self.start
+            predicted = elapsed / self.done * self.total
+            if self.enabled or (sys.stderr.isatty() and predicted > PROGRESS_SECONDS):
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=self.total, initial=self.done - count, unit=self.unit, desc="fastcheck",
+                                leave=False, disable=False)
+        if self.bar is not None:
+            self.bar.update(count)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 @dataclasses.dataclass(frozen=True)

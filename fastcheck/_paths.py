@@ -1,4 +1,5 @@
-"""Execution paths: which one runs, how kernels are compiled, cached and fallen back from.
+"""Execution paths: which one runs a check (the route, from a probe of f's graph), how each compiles, and when
+it cannot run f (the fallback). The compiled kernels themselves are cached in ``_kernels``.
 
 Paths, from fastest per element to cheapest to start:
 
@@ -13,12 +14,7 @@ Paths, from fastest per element to cheapest to start:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import re
-import sys
-import time
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -34,18 +30,17 @@ from fastcheck._calibration import (  # noqa: F401 - routing's value, re-exporte
 )
 from fastcheck._config import CheckConfig
 from fastcheck._events import ChunkReason, RouteReason
+from fastcheck._kernels import cached, plan_key
 from fastcheck._plan import Plan
-from fastcheck._raised import Raised, call_carrying_own
+from fastcheck._raised import Raised
 from fastcheck._tables import (
     JOINT_CALL_PERTURBATIONS,
     JOINT_ELEMENTS_PER_SECOND,
     JOINT_EXTRA_ELEMENTS,
     JOINT_MIN_CHUNK,
-    KERNEL_CACHE_ENTRIES,
     MEMORY_BOUND_INTENSITY,
     MEMORY_SAFETY,
     MIN_CACHED_CHUNK,
-    PROGRESS_SECONDS,
     XLA_MIN_WORK,
 )
 
@@ -75,7 +70,6 @@ XLA_SLOW_OPS = frozenset({"Betainc", "Igamma", "Igammac", "IgammaGradA"})
 XLA_SLOW_CPU_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
 
 
-_cache: collections.OrderedDict = collections.OrderedDict()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,104 +96,6 @@ class Route:
     def following(self) -> str | None:
         """The path to fall back to when this one cannot run f (None on the eager path)."""
         return LOOP if self.path == XLA and self.has_loops else FALLBACK.get(self.path)
-
-
-class _QuietInternalRetracing:
-    """Drops TensorFlow's "triggered tf.function retracing" warning for fastcheck's own kernels.
-
-    Each new function checked compiles new kernels (a test suite checks a fresh lambda
-    per test), which TensorFlow reads as a tf.function created in a loop; the warning
-    would point users at fastcheck's internals, where nothing is wrong.
-    """
-
-    def filter(self, record) -> bool:
-        message = record.getMessage()
-        return not ("triggered tf.function retracing" in message and _OWN_KERNELS.search(message))
-
-
-_OWN_KERNELS = re.compile(r"(_kernel|probe_graph|reverse_jvp|Directional)[^ ]*\.<locals>|fastcheck\.")
-tf.get_logger().addFilter(_QuietInternalRetracing())
-
-
-def plan_key(plan: Plan, config: CheckConfig) -> tuple:
-    """What a compiled kernel depends on: f, signatures, precision, the compile settings.
-
-    f is keyed by identity; when f is garbage-collected its kernels leave the cache
-    (so a later function at the same address never meets them, and a test suite that
-    checks a fresh lambda per test does not accumulate graphs).
-    """
-    f = plan.f.function if isinstance(plan.f, WeakCall) else plan.f
-    f_key = (id(f.__func__), id(f.__self__)) if hasattr(f, "__func__") and hasattr(f, "__self__") else id(f)
-    _evict_when_collected(f, f_key)
-    signature = tuple((s.position, tuple(s.value.shape), s.dtype.name, s.checked) for s in plan.inputs)
-    outputs = tuple((o.shape, o.dtype.name) for o in plan.outputs) + (tuple(plan.leaf_is_output),)
-    return (f_key, signature, outputs, plan.eval_upcast, config.compiled_key)
-
-
-_watched: dict = {}  # f_key -> the finalizer that evicts f's kernels
-
-
-def _evict_when_collected(f, f_key) -> None:
-    if f_key in _watched:
-        return
-    owner = f.__self__ if hasattr(f, "__func__") and hasattr(f, "__self__") else f
-    try:
-        _watched[f_key] = weakref.finalize(owner, _evict, f_key)
-    except TypeError:  # not weak-referenceable (a builtin): lives as long as the process anyway
-        _watched[f_key] = None
-
-
-def _evict(f_key) -> None:
-    _watched.pop(f_key, None)
-    for key in [k for k in _cache if k[0] == f_key]:
-        del _cache[key]
-
-
-class WeakCall:
-    """Calls f without keeping it alive: cached kernels hold this, not f (see ``plan_key``).
-
-    Every call of f after planning goes through it: the user's own exception leaves as
-    ``_raised.Raised``, past the fallbacks and handlers between f and the caller.
-    """
-
-    def __init__(self, f):
-        try:
-            self._ref = weakref.WeakMethod(f) if hasattr(f, "__func__") and hasattr(f, "__self__") else weakref.ref(f)
-        except TypeError:  # not weak-referenceable (a builtin): held, as it lives as long as the process anyway
-            self._ref = lambda: f
-
-    @property
-    def function(self):
-        f = self._ref()
-        if f is None:  # pragma: no cover - the cache drops kernels before f dies
-            raise ReferenceError("the checked function no longer exists")
-        return f
-
-    def __call__(self, *args, **kwargs):
-        return call_carrying_own(self.function, args, kwargs)
-
-
-def kernel_plan(plan: Plan) -> Plan:
-    """The plan as compiled kernels should hold it: f by weak reference, when f allows one."""
-    if isinstance(plan.f, WeakCall):
-        return plan
-    return dataclasses.replace(plan, f=WeakCall(plan.f))
-
-
-def cached(key: tuple, make):
-    """LRU cache of compiled kernels, emptied of a function's kernels when it is collected."""
-    if key in _cache:
-        _cache.move_to_end(key)
-        return _cache[key]
-    value = make()
-    _cache[key] = value
-    while len(_cache) > KERNEL_CACHE_ENTRIES:
-        _cache.popitem(last=False)
-    return value
-
-
-def is_cached(key: tuple) -> bool:
-    return key in _cache
 
 
 def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> tuple[Route, Calibration]:
@@ -412,32 +308,6 @@ def _shared_bytes(graph) -> int:
     return total
 
 
-class Progress:
-    """A tqdm bar for long batched sweeps: shown when asked, or on a terminal once the
-    sweep is predicted (from its pace so far) to take more than PROGRESS_SECONDS."""
-
-    def __init__(self, enabled: bool | None, total: int, unit: str):
-        self.enabled, self.total, self.unit = enabled, total, unit
-        self.done, self.start, self.bar = 0, time.perf_counter(), None
-
-    def advance(self, count: int) -> None:
-        self.done += count
-        if self.bar is None and self.enabled is not False and self.done < self.total:
-            elapsed = time.perf_counter() - self.start
-            predicted = elapsed / self.done * self.total
-            if self.enabled or (sys.stderr.isatty() and predicted > PROGRESS_SECONDS):
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=self.total, initial=self.done - count, unit=self.unit, desc="fastcheck",
-                                leave=False, disable=False)
-        if self.bar is not None:
-            self.bar.update(count)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def compile_kernel(fn, path: str, autograph: bool = False, input_signature=None):
     """A tf.function of a kernel on ``path``; AutoGraph only for an f that needs it (see ``probe_graph``).
     An ``input_signature`` with unknown dimensions lets one trace serve every size."""
@@ -449,10 +319,3 @@ def is_compile_failure(error: Exception) -> bool:
     """Errors that mean "this path cannot run f", as opposed to "f is broken"."""
     return isinstance(error, (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
                               tf.errors.InternalError, NotImplementedError, ValueError, TypeError))
-
-
-def pad(values: np.ndarray, size: int) -> np.ndarray:
-    """Pad a chunk to the kernel's static size by repeating its last entry."""
-    if len(values) == size:
-        return values
-    return np.concatenate([values, np.repeat(values[-1:], size - len(values), axis=0)])

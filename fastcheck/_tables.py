@@ -289,7 +289,7 @@ VERDICT_CHUNK = 1 << 16
 # ``_report``: values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each (a dense
 # 16384 x 16384 pair is 2 GB an array).
 SUMMARY_CHUNK = 1 << 20
-PROGRESS_SECONDS = 2.0  # ``_paths.Progress``: a sweep shows progress (on a terminal) when predicted to take longer
+PROGRESS_SECONDS = 2.0  # ``_executor.Progress``: a sweep shows progress (on a terminal) when predicted to take longer
 # ``_distribute``: a collective waits this long for the other workers (a worker computing a long chunk keeps the
 # others waiting; one that took another path would otherwise hang them).
 COLLECTIVE_TIMEOUT_SECONDS = 600.0

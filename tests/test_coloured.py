@@ -200,7 +200,7 @@ def test_sparsity_option_is_validated():
 
 def _executor_for(f, x, **options):
     from fastcheck._check import _executor
-    from fastcheck._paths import kernel_plan
+    from fastcheck._kernels import kernel_plan
     from fastcheck._plan import build_plan
 
     config = CheckConfig(mode="coloured", **options)

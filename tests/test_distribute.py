@@ -234,7 +234,7 @@ def test_out_of_memory_halves_the_chunk_and_each_share_runs_on_its_replica():
     from fastcheck._check import _executor
     from fastcheck._config import CheckConfig
     from fastcheck._executor import Batch
-    from fastcheck._paths import kernel_plan
+    from fastcheck._kernels import kernel_plan
     from fastcheck._plan import build_plan
 
     config = CheckConfig(jit_compile=False, devices=["/CPU:0"])

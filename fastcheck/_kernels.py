@@ -1,0 +1,130 @@
+"""Compiled kernels: cached per f, its signatures and the check's settings, and dropped when f dies.
+
+A check's kernels (the differences, the autodiff rows, fast mode's probes, coloured mode's colours) are
+``tf.function``s of f.  They are kept in one LRU cache keyed by ``plan_key`` (f by identity), so a
+repeated check of f traces nothing; they hold f through ``WeakCall``, so the cache never keeps f alive,
+and f's kernels leave the cache when f is collected (a suite checking a fresh lambda per test does not
+accumulate graphs).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from fastcheck._config import CheckConfig
+from fastcheck._plan import Plan
+from fastcheck._raised import call_carrying_own
+from fastcheck._tables import KERNEL_CACHE_ENTRIES
+
+_cache: collections.OrderedDict = collections.OrderedDict()
+
+
+class _QuietInternalRetracing:
+    """Drops TensorFlow's "triggered tf.function retracing" warning for fastcheck's own kernels.
+
+    Each new function checked compiles new kernels (a test suite checks a fresh lambda
+    per test), which TensorFlow reads as a tf.function created in a loop; the warning
+    would point users at fastcheck's internals, where nothing is wrong.
+    """
+
+    def filter(self, record) -> bool:
+        message = record.getMessage()
+        return not ("triggered tf.function retracing" in message and _OWN_KERNELS.search(message))
+
+
+_OWN_KERNELS = re.compile(r"(_kernel|probe_graph|reverse_jvp|Directional)[^ ]*\.<locals>|fastcheck\.")
+tf.get_logger().addFilter(_QuietInternalRetracing())
+
+
+def plan_key(plan: Plan, config: CheckConfig) -> tuple:
+    """What a compiled kernel depends on: f, signatures, precision, the compile settings.
+
+    f is keyed by identity; when f is garbage-collected its kernels leave the cache
+    (so a later function at the same address never meets them, and a test suite that
+    checks a fresh lambda per test does not accumulate graphs).
+    """
+    f = plan.f.function if isinstance(plan.f, WeakCall) else plan.f
+    f_key = (id(f.__func__), id(f.__self__)) if hasattr(f, "__func__") and hasattr(f, "__self__") else id(f)
+    _evict_when_collected(f, f_key)
+    signature = tuple((s.position, tuple(s.value.shape), s.dtype.name, s.checked) for s in plan.inputs)
+    outputs = tuple((o.shape, o.dtype.name) for o in plan.outputs) + (tuple(plan.leaf_is_output),)
+    return (f_key, signature, outputs, plan.eval_upcast, config.compiled_key)
+
+
+_watched: dict = {}  # f_key -> the finalizer that evicts f's kernels
+
+
+def _evict_when_collected(f, f_key) -> None:
+    if f_key in _watched:
+        return
+    owner = f.__self__ if hasattr(f, "__func__") and hasattr(f, "__self__") else f
+    try:
+        _watched[f_key] = weakref.finalize(owner, _evict, f_key)
+    except TypeError:  # not weak-referenceable (a builtin): lives as long as the process anyway
+        _watched[f_key] = None
+
+
+def _evict(f_key) -> None:
+    _watched.pop(f_key, None)
+    for key in [k for k in _cache if k[0] == f_key]:
+        del _cache[key]
+
+
+class WeakCall:
+    """Calls f without keeping it alive: cached kernels hold this, not f (see ``plan_key``).
+
+    Every call of f after planning goes through it: the user's own exception leaves as
+    ``_raised.Raised``, past the fallbacks and handlers between f and the caller.
+    """
+
+    def __init__(self, f):
+        try:
+            self._ref = weakref.WeakMethod(f) if hasattr(f, "__func__") and hasattr(f, "__self__") else weakref.ref(f)
+        except TypeError:  # not weak-referenceable (a builtin): held, as it lives as long as the process anyway
+            self._ref = lambda: f
+
+    @property
+    def function(self):
+        f = self._ref()
+        if f is None:  # pragma: no cover - the cache drops kernels before f dies
+            raise ReferenceError("the checked function no longer exists")
+        return f
+
+    def __call__(self, *args, **kwargs):
+        return call_carrying_own(self.function, args, kwargs)
+
+
+def kernel_plan(plan: Plan) -> Plan:
+    """The plan as compiled kernels should hold it: f by weak reference, when f allows one."""
+    if isinstance(plan.f, WeakCall):
+        return plan
+    return dataclasses.replace(plan, f=WeakCall(plan.f))
+
+
+def cached(key: tuple, make):
+    """LRU cache of compiled kernels, emptied of a function's kernels when it is collected."""
+    if key in _cache:
+        _cache.move_to_end(key)
+        return _cache[key]
+    value = make()
+    _cache[key] = value
+    while len(_cache) > KERNEL_CACHE_ENTRIES:
+        _cache.popitem(last=False)
+    return value
+
+
+def is_cached(key: tuple) -> bool:
+    return key in _cache
+
+
+def pad(values: np.ndarray, size: int) -> np.ndarray:
+    """Pad a chunk to the kernel's static size by repeating its last entry."""
+    if len(values) == size:
+        return values
+    return np.concatenate([values, np.repeat(values[-1:], size - len(values), axis=0)])
