@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import CheckConfig
-from fastcheck._kernels import cached, plan_key
+from fastcheck._kernels import cached, is_cached, plan_key
 from fastcheck._plan import Plan
 from fastcheck._sparsity import Dep, Tracer
 from fastcheck._tables import MIN_ELEMENTS
@@ -116,14 +116,21 @@ def _structure(plan: Plan, eval_values, native_values) -> bool:
         return False
 
 
-def elementwise(plan: Plan, config: CheckConfig, eval_values, native_values) -> bool:
+def elementwise(plan: Plan, config: CheckConfig, eval_values, native_values, loop_seconds: float) -> bool:
     """Whether the eager loops may run as this module's few calls: one real checked input and
-    one real output leaf of as many elements, and f element-wise in it (cached per f)."""
+    one real output leaf of as many elements, and f element-wise in it (cached per f).
+
+    The walk that finds out costs a few milliseconds (``WALK_SECONDS``): on the first check of f it
+    runs only where the loops it could spare (``loop_seconds``, routing's prediction) cost more; a
+    repeated check of f walks once, and every later one reads the cached answer."""
     if len(plan.checked) != 1 or len(plan.outputs) != 1:
         return False
     spec, output = plan.checked[0], plan.outputs[0]
     if (spec.is_complex or output.dtype.is_complex or spec.size != output.size or spec.size < MIN_ELEMENTS
             or not spec.dtype.is_floating):
         return False
-    return bool(cached(plan_key(plan, config) + ("elementwise",),
-                       lambda: _structure(plan, eval_values, native_values)))
+    key = plan_key(plan, config) + ("elementwise",)
+    if not is_cached(key) and loop_seconds < config.table("WALK_SECONDS") and not is_cached(key + ("seen",)):
+        cached(key + ("seen",), lambda: True)  # f's first check: the loops are cheaper than the walk
+        return False
+    return bool(cached(key, lambda: _structure(plan, eval_values, native_values)))

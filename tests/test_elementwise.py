@@ -15,7 +15,8 @@ def _reports(f, xs, monkeypatch, **options):
     with monkeypatch.context() as patched:
         patched.setattr(_executor, "elementwise", lambda *args: False)
         loops = fastcheck.check_gradients(f, xs, progress=False, **options)
-    return loops, fastcheck.check_gradients(f, xs, progress=False, **options)
+    # WALK_SECONDS=0: the structure is read on the first check of f, however cheap its loops
+    return loops, fastcheck.check_gradients(f, xs, progress=False, tables={"WALK_SECONDS": 0}, **options)
 
 
 def _same(a, b) -> bool:
@@ -80,3 +81,23 @@ def test_compute_gradient_reuses_its_shifted_function():
     del f
     gc.collect()
     assert held() is None
+
+
+def test_a_small_f_is_walked_only_when_checked_again():
+    # The structure walk costs milliseconds: a fresh f whose loops are predicted cheaper runs them (what
+    # a suite's fresh f per test pays), a repeated check walks once, and later checks make the few calls.
+    calls = []
+
+    def f(t):
+        calls.append(1)
+        return tf.tanh(t)
+
+    x = tf.constant(np.linspace(-1.0, 1.0, 6))
+    counts = []
+    for _ in range(3):
+        calls.clear()
+        report = fastcheck.check_gradients(f, [x], progress=False)
+        assert report.ok and report.path == "eager", str(report)
+        counts.append(len(calls))
+    first, walked, repeated = counts
+    assert repeated < first and walked > repeated, counts  # 2n + 5 calls, then the walk's graphs, then 7
