@@ -194,6 +194,12 @@ def _block_verdicts(analytical, numerical, noise, atol, rtol):
     return status, band
 
 
+def probe_band(atol: float, rtol: float, norms, numerical, noise):
+    """Fast mode's band for a probe d's element-wise J d: ``atol ||d||_2 + rtol |numerical| + noise`` per output
+    element (``norms``: ||d||_2, shaped to broadcast against ``numerical``); numpy arrays or tensors alike."""
+    return atol * norms + rtol * abs(numerical) + noise
+
+
 def richardson(coarse: np.ndarray, fine: np.ndarray, ratio: float) -> tuple[np.ndarray, np.ndarray]:
     """Extrapolate two central differences (steps h and h/ratio) and estimate the error left."""
     factor = ratio**2
