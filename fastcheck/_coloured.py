@@ -647,14 +647,18 @@ class _Block:
         """Back to the first sweep's values (before a new judgement under measured noise)."""
         self.override, self.one_sided = None, {}
 
-    def judge(self, plan: Plan, atol: float, rtol: float) -> None:
-        """The status of every nonzero under the rounding (or measured) noise, block by block."""
+    def judge(self, plan: Plan, atol: float, rtol: float, beside=None) -> None:
+        """The status of every nonzero under the rounding (or measured) noise, block by block;
+        ``beside(part, numerical, band)``, when given, reads each block's values and bands as they
+        are judged (what ``values(part, bands=True)`` would compute again)."""
         assert self.override is None, "reset() first"
         self.rule = (plan, atol, rtol)
         status = self.status if self.status.size == self.nnz else np.empty(self.nnz, np.int8)
         for part in self.parts():
             rows, _, a, spans, numerical = self._read(part)
-            status[part], _ = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
+            status[part], band = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
+            if beside is not None:
+                beside(part, numerical, band)
         self.status = status
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
@@ -757,32 +761,73 @@ def _outside(plan: Plan, part, value, predicted, spread, realised, eps):
         return np.abs(value - predicted), PATTERN_MARGIN * (spread + rounding)
 
 
-def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str | None:
-    """Whether random dense probes find Jacobian mass outside the pattern (confirmed at h/4)."""
-    m, rng = plan.m, np.random.default_rng(seed + 7919)
+class _Exceeded:
+    """A diagonal pattern's probe read block by block: the rows where |J d - N d| exceeds what it may be
+    (every row of ``where`` when given), with both."""
+
+    def __init__(self, plan: Plan, probe: _Probe, where=None):
+        self.plan, self.probe, self.where = plan, probe, where
+        self.eps = MACHINE_EPSILON[plan.eval_dtype]
+        self._found: list = []
+
+    def read(self, part, numerical: np.ndarray, band: np.ndarray) -> None:
+        probe, where = self.probe, self.where
+        coarse, allowed = _outside(self.plan, part, probe.value(part), numerical, band, probe.realised(part), self.eps)
+        with np.errstate(invalid="ignore"):
+            keep = np.arange(len(coarse)) if where is not None else np.flatnonzero(coarse > allowed)
+        if len(keep):
+            index = where[keep] if where is not None else keep + part.start
+            self._found.append((index, coarse[keep], allowed[keep]))
+
+    def found(self) -> tuple:
+        if not self._found:
+            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+        return tuple(np.concatenate(parts_) for parts_ in zip(*self._found))
+
+
+def _probe_signs(seed: int):
+    """The pattern probes' seeds, in order."""
+    rng = np.random.default_rng(seed + 7919)
+    for _ in range(PATTERN_PROBES):
+        yield int(rng.integers(0, 2**31 - 1))
+
+
+def _judged(plan: Plan, blocks: list[_Block], atol: float, rtol: float, seed: int) -> list:
+    """``judge`` every block; a diagonal pattern's first pattern probe is evaluated first and read beside
+    the verdicts, block by block (its values and bands are the judgement's: one pass over 10^7 elements,
+    not two): per block, (the probe's seed, its ``_Exceeded``), or None."""
+    firsts: list = []
+    for block in blocks:
+        signs = next(_probe_signs(seed), None)
+        if signs is None or not block.pattern.diagonal or block.nnz != plan.m:
+            block.judge(plan, atol, rtol)
+            firsts.append(None)
+            continue
+        exceeded = _Exceeded(plan, block.columns.probe(signs, 1.0))
+        block.judge(plan, atol, rtol, beside=exceeded.read)
+        firsts.append((signs, exceeded))
+    return firsts
+
+
+def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=None) -> str | None:
+    """Whether random dense probes find Jacobian mass outside the pattern (confirmed at h/4); ``read``:
+    the first probe as ``_judged`` read it."""
+    m = plan.m
     eps = MACHINE_EPSILON[plan.eval_dtype]
     pattern = block.pattern
 
     def excess(signs, divide, where=None):
         """(rows, |J d - sum N_ij d_j|, what it may be: rounding and the nonzeros' bands) at the rows
         where it is exceeded (at ``where`` when given)."""
+        if where is None and divide == 1.0 and read is not None and read[0] == signs:
+            return read[1].found()  # read beside the verdicts (``_judged``)
         probe = block.columns.probe(signs, divide)
         if pattern.diagonal:  # block by block, in cache; only the exceeded rows kept
-            found = []
-            parts = list(block.parts(0, m))
-            if where is not None:
-                parts = [where]
-            for part in parts:
+            exceeded = _Exceeded(plan, probe, where)
+            for part in [where] if where is not None else block.parts(0, m):
                 _, _, _, numerical, band = block.values(part, bands=True)
-                coarse, allowed = _outside(plan, part, probe.value(part), numerical, band, probe.realised(part), eps)
-                with np.errstate(invalid="ignore"):
-                    keep = np.arange(len(coarse)) if where is not None else np.flatnonzero(coarse > allowed)
-                if len(keep):
-                    index = where[keep] if where is not None else keep + part.start
-                    found.append((index, coarse[keep], allowed[keep]))
-            if not found:
-                return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
-            return tuple(np.concatenate(parts_) for parts_ in zip(*found))
+                exceeded.read(part, numerical, band)
+            return exceeded.found()
         # sum_j N_ij d_j and the bands' spread per row, accumulated block by block (rows ascend).
         value, realised = probe.value(), probe.realised()
         predicted, spread = np.zeros(m), np.zeros(m)
@@ -803,8 +848,7 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
             index = np.flatnonzero(coarse > allowed) if where is None else where
         return index, coarse[index], allowed[index]
 
-    for _ in range(PATTERN_PROBES):
-        signs = int(rng.integers(0, 2**31 - 1))
+    for signs in _probe_signs(seed):
         index, coarse, allowed = excess(signs, 1.0)
         if not len(index):
             continue
@@ -827,12 +871,13 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
     return None
 
 
-def _probes(executor: Executor, plan: Plan, blocks: list, source: str, atol: float, supplied: bool):
+def _probes(executor: Executor, plan: Plan, blocks: list, source: str, atol: float, supplied: bool, firsts: list):
     """(problems, blocks with a wrong pattern, [(block, text)] whose reverse-mode gradient is off it):
-    the pattern probe on every block, then the VJP probe on those whose pattern holds."""
+    the pattern probe on every block (its first as ``_judged`` read it), then the VJP probe on those
+    whose pattern holds."""
     problems, wrong = [], []
-    for block in blocks:
-        problem = _pattern_problem(block, plan, executor.config.seed, source)
+    for block, first in zip(blocks, firsts):
+        problem = _pattern_problem(block, plan, executor.config.seed, source, first)
         if problem:
             problems.append(problem)
             wrong.append(block)
@@ -1094,10 +1139,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
             block.sweep()
     atol, rtol = config.tolerances(plan.precision)
     with timed(timings, "verdicts"):
-        for block in blocks:
-            block.judge(plan, atol, rtol)
+        firsts = _judged(plan, blocks, atol, rtol, config.seed)
     with timed(timings, "pattern"):
-        problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None)
+        problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
     sampled = None
     if (problems or inconsistent) and plan.noise is None:
         # f's own rounding may be what a probe saw (an op in bfloat16 inside moves every output by
@@ -1109,9 +1153,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         for block in blocks:
             block.reset()
             block.wrong_pattern = block.inconsistent = False
-            block.judge(plan, atol, rtol)
+        firsts = _judged(plan, blocks, atol, rtol, config.seed)
         with timed(timings, "pattern"):
-            problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None)
+            problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
     judged = [b for b in blocks if not any(b is w for w in wrong)]
     # Failing nonzeros are refined first (a few colours at smaller steps): at 10^7 elements
     # truncation fails a handful of them, and measuring f's noise costs far more than
