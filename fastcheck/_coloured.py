@@ -203,7 +203,10 @@ class _Differences:
         if not self.narrow:
             return
         with np.errstate(invalid="ignore"):
-            row, column = np.nonzero((target != difference) & ~np.isnan(difference))
+            row, column = np.nonzero(target != difference)  # NaN too (NaN != NaN), left out among the few found
+        if len(row):
+            exact = ~np.isnan(difference[row, column])
+            row, column = row[exact], column[exact]
         if len(row):
             self._index.append((row + part.start) * self.m + column + block.start)
             self._exact.append(difference[row, column])
