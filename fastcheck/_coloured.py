@@ -262,12 +262,19 @@ class _Columns:
         self.evaluations = 0
         self._constants: tuple | None = None
         self._zeros: tf.Tensor | None = None
+        self._spans: np.ndarray | None = None  # [n] where columns hold several nonzeros (``span``)
         self._sides: dict = {}  # level -> (sorted keys row * n + col, f(x + d), f(x - d)) evaluated by ``sides``
 
     def span(self, cols) -> np.ndarray:
         """(x + h) - (x - h) in the evaluation dtype, as float64, at the columns ``cols`` (a slice or an
-        index array): computed where read, a block at a time (a stored [n] float64 array is 80 MB of
-        fresh pages at 10^7 elements, slower to fault in than to recompute)."""
+        index array).  Computed where read, a block at a time, where each column holds one nonzero (a
+        stored [n] float64 array is 80 MB of fresh pages at 10^7 elements, slower to fault in than to
+        recompute); stored once where columns hold several (layer norm's 64: one gather, not two and
+        the arithmetic, per nonzero)."""
+        if self._spans is None and self.pattern.nnz > self.x.size:
+            self._spans = _blocked(lambda part: _span(self.x[part], self.step[part]), self.x.size)
+        if self._spans is not None:
+            return self._spans[cols]
         return _span(self.x[cols], self.step[cols])
 
     def run(self, labels, step, ids: np.ndarray, consume, sides: bool = True, scales=None, rows=None,
