@@ -213,7 +213,10 @@ class _Differences:
         if not self.narrow:
             return
         with np.errstate(invalid="ignore"):
-            row, column = np.nonzero((target != difference) & ~np.isnan(difference))
+            row, column = np.nonzero(target != difference)  # NaN too (NaN != NaN), left out among the few found
+        if len(row):
+            exact = ~np.isnan(difference[row, column])
+            row, column = row[exact], column[exact]
         if len(row):
             self._index.append((row + part.start) * self.m + column + block.start)
             self._exact.append(difference[row, column])
@@ -256,7 +259,7 @@ class _Columns:
     def __init__(self, executor: Executor, plan: Plan, position: int, pattern: _sparsity.Pattern, labels: np.ndarray,
                  held: int = 0):
         self.executor, self.plan, self.position, self.pattern = executor, plan, position, pattern
-        self.labels = labels.astype(np.int32)
+        self.labels = np.asarray(labels, np.int32)  # no copy of int32 labels (10^7 columns: 40 MB)
         self.colours = int(labels.max()) + 1 if labels.size else 0
         value = executor.values[position]
         self.dtype = value.dtype.as_numpy_dtype
@@ -269,12 +272,20 @@ class _Columns:
         self.evaluations = 0
         self._constants: tuple | None = None
         self._zeros: tf.Tensor | None = None
+        self._spans: np.ndarray | None = None  # [n] where columns hold several nonzeros (``span``)
+        self._sides: dict = {}  # level -> (sorted keys row * n + col, f(x + d), f(x - d)) evaluated by ``sides``
 
-    def spans(self, step: np.ndarray, factor: float = 1.0) -> np.ndarray:
-        """(x + d) - (x - d) in the evaluation dtype, as float64, for d = ``step`` (that dtype, over
-        ``x``'s elements) times ``factor`` (a power of two: exact), block by block."""
-        x, scale = self.x, self.dtype(factor)
-        return _blocked(lambda part: _span(x[part], step[part] * scale if factor != 1.0 else step[part]), x.size)
+    def span(self, cols) -> np.ndarray:
+        """(x + h) - (x - h) in the evaluation dtype, as float64, at the columns ``cols`` (a slice or an
+        index array).  Computed where read, a block at a time, where each column holds one nonzero (a
+        stored [n] float64 array is 80 MB of fresh pages at 10^7 elements, slower to fault in than to
+        recompute); stored once where columns hold several (layer norm's 64: one gather, not two and
+        the arithmetic, per nonzero)."""
+        if self._spans is None and self.pattern.nnz > self.x.size:
+            self._spans = _blocked(lambda part: _span(self.x[part], self.step[part]), self.x.size)
+        if self._spans is not None:
+            return self._spans[cols]
+        return _span(self.x[cols], self.step[cols])
 
     def run(self, labels, step, ids: np.ndarray, consume, sides: bool = True, scales=None, rows=None,
             what: str = "coloured differences") -> None:
@@ -343,9 +354,37 @@ class _Columns:
 
     def sides(self, rows: np.ndarray, cols: np.ndarray, levels: list[int]):
         """Per level k: f(x + d), f(x - d) at each nonzero's row along its column's colour direction
-        at step h / REFINE_RATIO**k, and the spans of its column -- every level in one batch.  The
-        direction is restricted to the columns given: columns of one colour share no row, so any
-        subset of them still recovers its nonzeros."""
+        at step h / REFINE_RATIO**k, and the spans of its column -- every level not yet evaluated for
+        all of these nonzeros in one batch.  The direction is restricted to the columns given: columns
+        of one colour share no row, so any subset of them still recovers its nonzeros.
+
+        A (nonzero, level) evaluated before is read back, not evaluated again: f is deterministic (the
+        plan checked), and a nonzero's row sees its own column alone.  The refinement under measured
+        noise, after a first refinement without it, then reuses that one's ladder (a planted defect at
+        10^7 elements: its ~12 evaluations of f once, not twice)."""
+        keys = np.asarray(rows, np.int64) * self.x.size + np.asarray(cols, np.int64)
+        found: dict = {}
+        for level in levels:
+            known = self._sides.get(level)
+            if known is not None and len(known[0]):
+                where = np.minimum(np.searchsorted(known[0], keys), len(known[0]) - 1)
+                if np.array_equal(known[0][where], keys):
+                    found[level] = (known[1][where], known[2][where])
+        missing = [level for level in levels if level not in found]
+        if missing:
+            plus, minus = self._evaluated(rows, cols, missing)
+            for k, level in enumerate(missing):
+                found[level] = (plus[k], minus[k])
+                old = self._sides.get(level, (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)))
+                # Each key once, the earlier evaluation first (np.unique keeps its first occurrence).
+                merged, first = np.unique(np.concatenate([old[0], keys]), return_index=True)
+                self._sides[level] = (merged, np.concatenate([old[1], plus[k]])[first],
+                                      np.concatenate([old[2], minus[k]])[first])
+        x, d = self.x[cols], self.step[cols]
+        return [(*found[level], _span(x, d * self.dtype(REFINE_RATIO ** -float(level)))) for level in levels]
+
+    def _evaluated(self, rows: np.ndarray, cols: np.ndarray, levels: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """f(x + d), f(x - d) [len(levels), len(rows)] of ``sides``, evaluated: every level in one batch."""
         colour = self.labels[cols].astype(np.int64)
         present, slot = np.unique(colour, return_inverse=True)
         # Labels -1 outside the columns given, made on the device (no n-sized array from the host);
@@ -367,9 +406,7 @@ class _Columns:
                 minus[level, picked] = np.asarray(down)[k - part.start, picked]
 
         self.run(labels, step, ids, consume, scales=scales, rows=rows)
-        x, d = self.x[cols], self.step[cols]
-        spans = [_span(x, d * f) for f in factors]
-        return [(plus[k], minus[k], spans[k]) for k in range(len(levels))]
+        return plus, minus
 
     def probe(self, seed: int, divide: float = 1.0):
         """(f(x + d) - f(x - d)) / 2 [m] along d = s * h / divide, s random weights of either sign and
@@ -379,9 +416,7 @@ class _Columns:
         that holds (i, i) mixes into the compressed (i, i) as J_ik h_k / h_i, and equal signs of
         d_i and d_k would cancel it from the probe half the time."""
         _, step = self.constants()
-        r = tf.random.stateless_uniform([self.x.size], seed=tf.constant([seed, 7919], tf.int32), minval=-1.0,
-                                        maxval=1.0, dtype=step.dtype)
-        d = step * tf.where(r < 0, r - 1, r + 1) * tf.constant(self.dtype(0.5 / divide))
+        d = _random_direction(step, tf.constant([seed, 7919], tf.int32), tf.constant(self.dtype(0.5 / divide)))
         found: list = []
 
         def consume(part, plus, minus):
@@ -390,6 +425,15 @@ class _Columns:
         self.run(self.zero_labels(), d, np.zeros(1, np.int64), consume, what="coloured pattern probe")
         (plus, minus), = found
         return _Probe(plus, minus, view(d), self.x)
+
+
+@tf.function(autograph=False, reduce_retracing=True)
+def _random_direction(step, seed, scale):
+    """step * s * scale, s uniform in [-2, -1) or [1, 2) (drawn from ``seed``): one graph, whose
+    temporaries reuse each other's buffers (eagerly, each of its five ops over 10^7 elements faults
+    in a fresh 40 MB); the same ops, the same values."""
+    r = tf.random.stateless_uniform(tf.shape(step), seed=seed, minval=-1.0, maxval=1.0, dtype=step.dtype)
+    return step * tf.where(r < 0, r - 1, r + 1) * scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,8 +475,11 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
     compressed = [np.empty((colours, p.shape[1]), dtype) for p in patterns]
 
     def consume(part, blocks):
-        for target, block in zip(compressed, blocks):
-            target[part] = block
+        for k, (target, block) in enumerate(zip(compressed, blocks)):
+            if part == slice(0, colours) and block.shape == target.shape and block.dtype == target.dtype:
+                compressed[k] = block  # every colour in one call: its array as it came, not a copy (40 MB at 10^7)
+            else:
+                target[part] = block
 
     itemsize = plan.native_flat_dtype.size
     per_colour = (plan.m + plan.n + max(executor.route.elements_per_eval, 1)) * itemsize * 4
@@ -549,7 +596,6 @@ class _Block:
     columns: _Columns
     analytical: _Analytical
     compressed: _Differences | None = None
-    spans: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # [n_k] per column
     status: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int8))
     # (sorted nonzero indices, numerical, band) that refinement settled; ``reset`` drops them.
     override: tuple | None = None
@@ -575,27 +621,25 @@ class _Block:
             return part, part
         return self.pattern.entries(part.start, part.stop)
 
-    def first_sweep(self, rows, cols) -> np.ndarray:
-        """The first sweep's quotient of each nonzero (float64, a fresh array)."""
+    def first_sweep(self, rows, cols, spans: np.ndarray) -> np.ndarray:
+        """The first sweep's quotient of each nonzero (float64, a fresh array); ``spans`` are its columns'."""
         compressed = self.compressed
         assert compressed is not None, "sweep() first"
         colours = None if compressed.colours == 1 else self.columns.labels[cols]
         differences = compressed.take(colours, rows)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            differences /= self.spans[cols]
+            differences /= spans
         return differences
 
     def values(self, part, bands: bool = False):
         """(rows, cols, analytical, numerical[, band]) of the nonzeros ``part`` (a slice, or an
         index array), refinement applied."""
-        rows, cols = self.where(part) if isinstance(part, slice) else self.pattern.at(part)
-        a = self.analytical.at(rows, cols)
-        numerical = self.first_sweep(rows, cols)
+        rows, cols, a, spans, numerical = self._read(part)
         band = None
         if bands:
             assert self.rule is not None, "judge() first"
             plan, atol, rtol = self.rule
-            _, band = _verdicts(a, numerical, _noise(plan, rows, self.spans[cols]), atol, rtol)
+            _, band = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
         if self.override is not None:
             index, values, refined_band = self.override
             if isinstance(part, slice):
@@ -610,6 +654,12 @@ class _Block:
                 band[mine] = refined_band[theirs]
         return (rows, cols, a, numerical, band) if bands else (rows, cols, a, numerical)
 
+    def _read(self, part):
+        """(rows, cols, analytical, spans, first-sweep numerical) of the nonzeros ``part``."""
+        rows, cols = self.where(part) if isinstance(part, slice) else self.pattern.at(part)
+        spans = self.columns.span(cols)
+        return rows, cols, self.analytical.at(rows, cols), spans, self.first_sweep(rows, cols, spans)
+
     def materialise(self, start: int, stop: int):
         """(rows, cols, analytical, numerical, band) as whole arrays over ``start:stop`` (a small pair's report)."""
         found = [self.values(part, bands=True) for part in self.parts(start, stop)]
@@ -622,19 +672,23 @@ class _Block:
         """One central difference per colour, kept compressed: [C, m]."""
         columns = self.columns
         self.compressed = columns.sweep()
-        self.spans = columns.spans(columns.step)
 
     def reset(self) -> None:
         """Back to the first sweep's values (before a new judgement under measured noise)."""
         self.override, self.one_sided = None, {}
 
-    def judge(self, plan: Plan, atol: float, rtol: float) -> None:
-        """The status of every nonzero under the rounding (or measured) noise, block by block."""
+    def judge(self, plan: Plan, atol: float, rtol: float, beside=None) -> None:
+        """The status of every nonzero under the rounding (or measured) noise, block by block;
+        ``beside(part, numerical, band)``, when given, reads each block's values and bands as they
+        are judged (what ``values(part, bands=True)`` would compute again)."""
+        assert self.override is None, "reset() first"
         self.rule = (plan, atol, rtol)
         status = self.status if self.status.size == self.nnz else np.empty(self.nnz, np.int8)
         for part in self.parts():
-            rows, cols, a, numerical = self.values(part)
-            status[part], _ = _verdicts(a, numerical, _noise(plan, rows, self.spans[cols]), atol, rtol)
+            rows, _, a, spans, numerical = self._read(part)
+            status[part], band = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
+            if beside is not None:
+                beside(part, numerical, band)
         self.status = status
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
@@ -652,8 +706,9 @@ class _Block:
 
         # The second step: most failures of a first sweep at 10^7 elements are float32's truncation where f' is
         # near 0, which h/4 and Richardson's extrapolation pass; only the rest go down the ladder.
-        first = self.first_sweep(rows, cols)[None, :]
-        first_noise = _noise(plan, rows, self.spans[cols])[None, :]
+        spans = self.columns.span(cols)
+        first = self.first_sweep(rows, cols, spans)[None, :]
+        first_noise = _noise(plan, rows, spans)[None, :]
 
         def passes(rungs: Rungs):
             (second, second_noise, *_), = rungs.levels
@@ -736,32 +791,73 @@ def _outside(plan: Plan, part, value, predicted, spread, realised, eps):
         return np.abs(value - predicted), PATTERN_MARGIN * (spread + rounding)
 
 
-def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str | None:
-    """Whether random dense probes find Jacobian mass outside the pattern (confirmed at h/4)."""
-    m, rng = plan.m, np.random.default_rng(seed + 7919)
+class _Exceeded:
+    """A diagonal pattern's probe read block by block: the rows where |J d - N d| exceeds what it may be
+    (every row of ``where`` when given), with both."""
+
+    def __init__(self, plan: Plan, probe: _Probe, where=None):
+        self.plan, self.probe, self.where = plan, probe, where
+        self.eps = MACHINE_EPSILON[plan.eval_dtype]
+        self._found: list = []
+
+    def read(self, part, numerical: np.ndarray, band: np.ndarray) -> None:
+        probe, where = self.probe, self.where
+        coarse, allowed = _outside(self.plan, part, probe.value(part), numerical, band, probe.realised(part), self.eps)
+        with np.errstate(invalid="ignore"):
+            keep = np.arange(len(coarse)) if where is not None else np.flatnonzero(coarse > allowed)
+        if len(keep):
+            index = where[keep] if where is not None else keep + part.start
+            self._found.append((index, coarse[keep], allowed[keep]))
+
+    def found(self) -> tuple:
+        if not self._found:
+            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+        return tuple(np.concatenate(parts_) for parts_ in zip(*self._found))
+
+
+def _probe_signs(seed: int):
+    """The pattern probes' seeds, in order."""
+    rng = np.random.default_rng(seed + 7919)
+    for _ in range(PATTERN_PROBES):
+        yield int(rng.integers(0, 2**31 - 1))
+
+
+def _judged(plan: Plan, blocks: list[_Block], atol: float, rtol: float, seed: int) -> list:
+    """``judge`` every block; a diagonal pattern's first pattern probe is evaluated first and read beside
+    the verdicts, block by block (its values and bands are the judgement's: one pass over 10^7 elements,
+    not two): per block, (the probe's seed, its ``_Exceeded``), or None."""
+    firsts: list = []
+    for block in blocks:
+        signs = next(_probe_signs(seed), None)
+        if signs is None or not block.pattern.diagonal or block.nnz != plan.m:
+            block.judge(plan, atol, rtol)
+            firsts.append(None)
+            continue
+        exceeded = _Exceeded(plan, block.columns.probe(signs, 1.0))
+        block.judge(plan, atol, rtol, beside=exceeded.read)
+        firsts.append((signs, exceeded))
+    return firsts
+
+
+def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=None) -> str | None:
+    """Whether random dense probes find Jacobian mass outside the pattern (confirmed at h/4); ``read``:
+    the first probe as ``_judged`` read it."""
+    m = plan.m
     eps = MACHINE_EPSILON[plan.eval_dtype]
     pattern = block.pattern
 
     def excess(signs, divide, where=None):
         """(rows, |J d - sum N_ij d_j|, what it may be: rounding and the nonzeros' bands) at the rows
         where it is exceeded (at ``where`` when given)."""
+        if where is None and divide == 1.0 and read is not None and read[0] == signs:
+            return read[1].found()  # read beside the verdicts (``_judged``)
         probe = block.columns.probe(signs, divide)
         if pattern.diagonal:  # block by block, in cache; only the exceeded rows kept
-            found = []
-            parts = list(block.parts(0, m))
-            if where is not None:
-                parts = [where]
-            for part in parts:
+            exceeded = _Exceeded(plan, probe, where)
+            for part in [where] if where is not None else block.parts(0, m):
                 _, _, _, numerical, band = block.values(part, bands=True)
-                coarse, allowed = _outside(plan, part, probe.value(part), numerical, band, probe.realised(part), eps)
-                with np.errstate(invalid="ignore"):
-                    keep = np.arange(len(coarse)) if where is not None else np.flatnonzero(coarse > allowed)
-                if len(keep):
-                    index = where[keep] if where is not None else keep + part.start
-                    found.append((index, coarse[keep], allowed[keep]))
-            if not found:
-                return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
-            return tuple(np.concatenate(parts_) for parts_ in zip(*found))
+                exceeded.read(part, numerical, band)
+            return exceeded.found()
         # sum_j N_ij d_j and the bands' spread per row, accumulated block by block (rows ascend).
         value, realised = probe.value(), probe.realised()
         predicted, spread = np.zeros(m), np.zeros(m)
@@ -782,8 +878,7 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
             index = np.flatnonzero(coarse > allowed) if where is None else where
         return index, coarse[index], allowed[index]
 
-    for _ in range(PATTERN_PROBES):
-        signs = int(rng.integers(0, 2**31 - 1))
+    for signs in _probe_signs(seed):
         index, coarse, allowed = excess(signs, 1.0)
         if not len(index):
             continue
@@ -806,12 +901,13 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
     return None
 
 
-def _probes(executor: Executor, plan: Plan, blocks: list, source: str, atol: float, supplied: bool):
+def _probes(executor: Executor, plan: Plan, blocks: list, source: str, atol: float, supplied: bool, firsts: list):
     """(problems, blocks with a wrong pattern, [(block, text)] whose reverse-mode gradient is off it):
-    the pattern probe on every block, then the VJP probe on those whose pattern holds."""
+    the pattern probe on every block (its first as ``_judged`` read it), then the VJP probe on those
+    whose pattern holds."""
     problems, wrong = [], []
-    for block in blocks:
-        problem = _pattern_problem(block, plan, executor.config.seed, source)
+    for block, first in zip(blocks, firsts):
+        problem = _pattern_problem(block, plan, executor.config.seed, source, first)
         if problem:
             problems.append(problem)
             wrong.append(block)
@@ -1073,10 +1169,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
             block.sweep()
     atol, rtol = config.tolerances(plan.precision)
     with timed(timings, "verdicts"):
-        for block in blocks:
-            block.judge(plan, atol, rtol)
+        firsts = _judged(plan, blocks, atol, rtol, config.seed)
     with timed(timings, "pattern"):
-        problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None)
+        problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
     sampled = None
     if (problems or inconsistent) and plan.noise is None:
         # f's own rounding may be what a probe saw (an op in bfloat16 inside moves every output by
@@ -1088,9 +1183,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         for block in blocks:
             block.reset()
             block.wrong_pattern = block.inconsistent = False
-            block.judge(plan, atol, rtol)
+        firsts = _judged(plan, blocks, atol, rtol, config.seed)
         with timed(timings, "pattern"):
-            problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None)
+            problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
     judged = [b for b in blocks if not any(b is w for w in wrong)]
     # Failing nonzeros are refined first (a few colours at smaller steps): at 10^7 elements
     # truncation fails a handful of them, and measuring f's noise costs far more than

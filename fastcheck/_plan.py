@@ -419,11 +419,12 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
         start = time.perf_counter()
         _call_user(f, native, "the inputs (third call)")
         call_seconds = min(call_seconds, time.perf_counter() - start)
-    nondeterministic, notes = None, []
+    nondeterministic, notes, same = None, [], True
     for name, first, second in zip(names, leaves, again):
         a, b = view(first), view(second)
         if a.shape == b.shape and (_bitwise_equal(a, b) or np.array_equal(a, b, equal_nan=True)):
             continue
+        same = False
         diff = float(np.max(np.abs(a.astype(np.complex128) - b.astype(np.complex128)))) if a.shape == b.shape else float("inf")
         # Parallel reductions (GPU, some CPU kernels) differ between calls in the
         # last bits: that is noise, measured and allowed for, not randomness.  A
@@ -451,10 +452,13 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
                 declared=computes_in)
     if plan.empty:  # no Jacobian entry: nothing to measure or choose (run_check and jacobians say so)
         return plan
-    upcast, eval_output, note = _choose_precision(plan, config, flat(again))
+    # The second call's outputs, once: the precision choice and the call-to-call noise read them (the
+    # first call's values where the two are equal: no second float64 copy, 80 MB at 10^7 elements).
+    repeat = native_output if same else flat(again)
+    upcast, eval_output, note = _choose_precision(plan, config, repeat)
     precision, reason = _declared_precision(plan)
     return dataclasses.replace(plan, eval_upcast=upcast, eval_output=eval_output, notes=notes + ([note] if note else []),
-                               repeat_output=None if upcast else flat(again), precision=precision,
+                               repeat_output=None if upcast else repeat, precision=precision,
                                precision_reason=reason)
 
 

@@ -705,13 +705,13 @@ def colour(pattern: Pattern, shape: tuple, seed: int = 0) -> np.ndarray:
     longest row).
     """
     n = pattern.shape[1]
-    if not pattern.nnz or pattern.diagonal:
-        return np.zeros(n, np.int64)
+    if not pattern.nnz or pattern.diagonal:  # one colour: int32 zeros, what the kernels take (no copy of n labels)
+        return np.zeros(n, np.int32)
     indptr, cols = pattern.table()
     lengths = np.diff(indptr)
     bound = int(lengths.max())
     if bound <= 1:  # no two columns share a row (elementwise f): one colour
-        return np.zeros(n, np.int64)
+        return np.zeros(n, np.int32)
     best = lattice(indptr, cols.astype(np.int64), n, shape)
     count = int(best.max()) + 1 if n else 0
     if count > bound and int(np.sum(lengths.astype(np.int64) ** 2)) <= GREEDY_WORK:
@@ -758,8 +758,8 @@ def row_colour(patterns: list[Pattern], shape: tuple, seed: int = 0) -> np.ndarr
     and better than the lattice, runs on the explicit transpose.
     """
     m = patterns[0].shape[0]
-    if all(not p.nnz or p.diagonal for p in patterns):
-        return np.zeros(m, np.int64)
+    if all(not p.nnz or p.diagonal for p in patterns):  # one colour, int32 as in ``colour``
+        return np.zeros(m, np.int32)
     shape = tuple(shape) if shape else (m,)
     tables = []
     for p in patterns:
@@ -773,7 +773,7 @@ def row_colour(patterns: list[Pattern], shape: tuple, seed: int = 0) -> np.ndarr
         tables.append((p, groups, size, owner, column_rows))
     bound = max(int(t[4].max(initial=0)) for t in tables)
     if bound <= 1:  # no two rows share a column: one colour
-        return np.zeros(m, np.int64)
+        return np.zeros(m, np.int32)
     strides = np.cumprod((1,) + tuple(shape[:0:-1]))[::-1]
     moduli = [1] * len(shape)
     rows = np.arange(m, dtype=np.int64)
