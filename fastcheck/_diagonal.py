@@ -116,13 +116,13 @@ def _structure(plan: Plan, eval_values, native_values) -> bool:
         return False
 
 
-def elementwise(plan: Plan, config: CheckConfig, eval_values, native_values, loop_seconds: float) -> bool:
+def elementwise(plan: Plan, config: CheckConfig, eval_values, native_values) -> bool:
     """Whether the eager loops may run as this module's few calls: one real checked input and
     one real output leaf of as many elements, and f element-wise in it (cached per f).
 
-    The walk that finds out costs a few milliseconds (``WALK_SECONDS``): on the first check of f it
-    runs only where the loops it could spare (``loop_seconds``, routing's prediction) cost more; a
-    repeated check of f walks once, and every later one reads the cached answer."""
+    The walk that finds out costs a few milliseconds: on the first check of f it runs only from
+    ``WALK_ELEMENTS`` elements, where the loops it could spare cost more; a repeated check of f
+    walks once, and every later one reads the cached answer."""
     if len(plan.checked) != 1 or len(plan.outputs) != 1:
         return False
     spec, output = plan.checked[0], plan.outputs[0]
@@ -130,7 +130,7 @@ def elementwise(plan: Plan, config: CheckConfig, eval_values, native_values, loo
             or not spec.dtype.is_floating):
         return False
     key = plan_key(plan, config) + ("elementwise",)
-    if not is_cached(key) and loop_seconds < config.table("WALK_SECONDS") and not is_cached(key + ("seen",)):
+    if not is_cached(key) and spec.size < config.table("WALK_ELEMENTS") and not is_cached(key + ("seen",)):
         cached(key + ("seen",), lambda: True)  # f's first check: the loops are cheaper than the walk
         return False
     return bool(cached(key, lambda: _structure(plan, eval_values, native_values)))

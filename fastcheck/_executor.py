@@ -477,8 +477,7 @@ class Executor:
         checked input; found once per f, signatures and configuration)."""
         if self.path != EAGER or self.share is not None or not self.route.traceable:
             return False
-        return self.once("elementwise", lambda: elementwise(self.plan, self.config, self.values, self.native,
-                                                            self.route.predicted[0]))
+        return self.once("elementwise", lambda: elementwise(self.plan, self.config, self.values, self.native))
 
     def _centre(self) -> np.ndarray:
         """f at x on the numerical side, as the eager loop calls it (flat, float64): planning's evaluation

@@ -189,10 +189,12 @@ VJP_LOOP_SECONDS = 0.05  # row colours x one eager call of f up to which coloure
 LINE_MARGIN = 2.0
 MIN_ELEMENTS = 2  # ``_diagonal``: below this many elements the loops are as cheap as the structure's graph
 # ``_diagonal``'s structure walk (f and its VJP built as graphs and read op by op) took 3.5 ms for a one-op f
-# (tf.math.reciprocal over 6 elements, AMD EPYC, idle), where the whole eager loop is predicted at ~1 ms: on the
-# first check of an f the walk runs only where the loops are predicted to take longer than this; a later check
-# of the same f walks (once; the answer is cached with f's kernels).  A suite's fresh f per test pays no walk.
-WALK_SECONDS = 3.5e-3
+# (tf.math.reciprocal over 6 elements, AMD EPYC, idle), where the eager loops it spares (m VJPs at ~0.1 ms, 2n
+# calls of f) cost ~1 ms: on the first check of an f it runs only from WALK_ELEMENTS elements (about where the
+# spared loops cost more; by size, not by a timing, so a check makes the same calls of f on every run); a
+# later check of the same f walks (once; the answer is cached with f's kernels).  A suite's fresh small f per
+# test pays no walk.
+WALK_ELEMENTS = 32
 # autodiff="auto" probes forward mode (``_full``) only on traced checks of at least this many first-sweep
 # evaluations: below, the ForwardAccumulator's helper traces cost a third of the check or more (dense n=1024, a
 # new function in a warm process: 0.05-0.07 s of 0.2 s; TFP's betainc at 300 elements: 1.1 s of 1.5 s), for a
@@ -309,5 +311,5 @@ FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis need
 # The tunables a check reads from its options (``CheckConfig.table``), so ``tables={name: value}``
 # overrides them for that check: for experiments with a threshold, and for tests that reach a branch
 # (coloured mode's sampled noise, its sparse report, a check too large to hold) on a small problem.
-CONFIGURABLE = frozenset({"NOISE_ALL", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "WALK_SECONDS"})
+CONFIGURABLE = frozenset({"NOISE_ALL", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "WALK_ELEMENTS"})
 
