@@ -35,7 +35,7 @@ from fastcheck._config import CheckConfig
 from fastcheck._kernels import cached, is_cached, plan_key
 from fastcheck._plan import Plan
 from fastcheck._sparsity import Dep, Tracer
-from fastcheck._tables import MIN_ELEMENTS
+from fastcheck._tables import MIN_ELEMENTS, WALK_CALL_SECONDS
 
 # Element-wise ops besides _sparsity's (which walks forward graphs): the gradient kernels of
 # element-wise ops, and unary special functions.
@@ -121,8 +121,9 @@ def elementwise(plan: Plan, config: CheckConfig, eval_values, native_values) -> 
     one real output leaf of as many elements, and f element-wise in it (cached per f).
 
     The walk that finds out costs a few milliseconds: on the first check of f it runs only from
-    ``WALK_ELEMENTS`` elements, where the loops it could spare cost more; a repeated check of f
-    walks once, and every later one reads the cached answer."""
+    ``WALK_ELEMENTS`` elements, or for an f whose one call takes ``WALK_CALL_SECONDS``, where the
+    loops it could spare cost more; a repeated check of f walks once, and every later one reads the
+    cached answer."""
     if len(plan.checked) != 1 or len(plan.outputs) != 1:
         return False
     spec, output = plan.checked[0], plan.outputs[0]
@@ -130,7 +131,8 @@ def elementwise(plan: Plan, config: CheckConfig, eval_values, native_values) -> 
             or not spec.dtype.is_floating):
         return False
     key = plan_key(plan, config) + ("elementwise",)
-    if not is_cached(key) and spec.size < config.table("WALK_ELEMENTS") and not is_cached(key + ("seen",)):
+    cheap = spec.size < config.table("WALK_ELEMENTS") and plan.call_seconds < WALK_CALL_SECONDS
+    if not is_cached(key) and cheap and not is_cached(key + ("seen",)):
         cached(key + ("seen",), lambda: True)  # f's first check: the loops are cheaper than the walk
         return False
     return bool(cached(key, lambda: _structure(plan, eval_values, native_values)))

@@ -193,8 +193,10 @@ MIN_ELEMENTS = 2  # ``_diagonal``: below this many elements the loops are as che
 # calls of f) cost ~1 ms: on the first check of an f it runs only from WALK_ELEMENTS elements (about where the
 # spared loops cost more; by size, not by a timing, so a check makes the same calls of f on every run); a
 # later check of the same f walks (once; the answer is cached with f's kernels).  A suite's fresh small f per
-# test pays no walk.
+# test pays no walk.  An f whose one call takes WALK_CALL_SECONDS or more (a TFP special function: milliseconds;
+# one TF op: ~20 us) is walked at any size: its 2n + m calls cost more than the walk.
 WALK_ELEMENTS = 32
+WALK_CALL_SECONDS = 1e-3
 # autodiff="auto" probes forward mode (``_full``) only on traced checks of at least this many first-sweep
 # evaluations: below, the ForwardAccumulator's helper traces cost a third of the check or more (dense n=1024, a
 # new function in a warm process: 0.05-0.07 s of 0.2 s; TFP's betainc at 300 elements: 1.1 s of 1.5 s), for a
