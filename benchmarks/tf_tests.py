@@ -510,7 +510,7 @@ def markdown(record: dict) -> str:
         "`tf.test.compute_gradient` + the test's own assertion (**tf**), `fastcheck.compute_gradient` + the same "
         "assertion (**drop-in**), and `fastcheck.check_gradients` (**verdict**, fastcheck's rule). *fresh*: a new "
         f"function object for each run (what each test of a suite pays; the fastest of {FRESH_REPEATS}), after a "
-        "warm-up case; *warm*: the same function again (the fastest of {WARM_REPEATS} runs, the contenders taking turns). Ratios are fastcheck / tf seconds (below 1: fastcheck faster).",
+        f"warm-up case; *warm*: the same function again (the fastest of {WARM_REPEATS} runs, the contenders taking turns). Ratios are fastcheck / tf seconds (below 1: fastcheck faster).",
         "",
         f"- CPU: {record['cpu']} ({record['cpus']} logical CPUs), TensorFlow {record['tensorflow']}",
         f"- load before: `{record['uptime_before']}`",
