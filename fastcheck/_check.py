@@ -26,6 +26,7 @@ from fastcheck._raised import passes_own
 from fastcheck._report import (
     Dense,
     GradientReport,
+    Outcome,
     PairReport,
     describe_nonfinite,
     native_reason,
@@ -117,7 +118,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
                               [*vacuous_warnings(outcome.pairs), *outcome.warnings], calibration=learnt)
 
 
-def _escalates(plan: Plan, config: CheckConfig, executor: Executor, outcome) -> bool:
+def _escalates(plan: Plan, config: CheckConfig, executor: Executor, outcome: Outcome) -> bool:
     """The one escalation rule: a check reruns in full mode when coloured mode found the reverse-mode gradient
     inconsistent with f's sparsity pattern (its row colours' VJPs disagree with a dense cotangent's, so it cannot
     name the wrong elements) and the full Jacobians fit: at most FULL_RERUN_MAX_ENTRIES entries, within the memory

@@ -19,15 +19,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._calibration import (  # noqa: F401 - routing's value, re-exported for its readers
-    EAGER,
-    Calibration,
-    cache_bytes,
-    keep_shared,
-    measured_dispatch,
-    routing_calibration,
-    shared_calibration,
-)
+from fastcheck._calibration import EAGER, Calibration  # EAGER: the fourth path, named where its costs are learnt
 from fastcheck._config import CheckConfig
 from fastcheck._events import ChunkReason, RouteReason
 from fastcheck._kernels import cached, plan_key

@@ -207,7 +207,7 @@ FORWARD_PROBES = 1  # random sign vectors of that JVP check: one over every colu
 # -- memory model (``_paths``, ``_coloured``, ``_config``) ---------------------------------------------
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes: memory_budget=None, which sizes the batched evaluations
 # Each call's working set -- f's shared constants and variables, the chunk's x+ and x- rows and their
-# intermediates -- is kept within the CPU's last-level cache (``_paths.cache_bytes``) where that still leaves
+# intermediates -- is kept within the CPU's last-level cache (``_calibration.cache_bytes``) where that still leaves
 # MIN_CACHED_CHUNK perturbations per call (to amortise the ~0.5 ms per call).  Measured on an AMD EPYC with a
 # 32 MiB L3, XLA sweeps of tanh(W x), float64: n=16384, m=64 3.2-3.4 s at 94-112 perturbations per call (the
 # cache's size) against 4.9-5.2 s at 581 (memory_budget's); n=4096 m=64 0.23 s against 0.33 s; n=4096 m=256

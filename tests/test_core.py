@@ -426,11 +426,11 @@ def test_public_api_matches_readme():
 
 
 def _route(f, x, **options):
-    from fastcheck import _config, _paths, _plan
+    from fastcheck import _calibration, _config, _paths, _plan
 
     config = _config.CheckConfig(**options)
     plan = _plan.build_plan(f, [x], config)
-    calibration = _paths.shared_calibration() if config.calibration is None else config.calibration  # re-exported
+    calibration = _calibration.shared_calibration() if config.calibration is None else config.calibration
     return _paths.choose_route(plan, config, calibration)[0]
 
 
