@@ -553,11 +553,11 @@ def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tu
     try:
         out = plan.f(*[from_real_view(v, tf.complex128) if s.checked and s.is_complex else v
                        for s, v in zip(plan.inputs, upcast_args)])
-        leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(out)]
+        leaves = [out] if isinstance(out, tf.Tensor) else [tf.convert_to_tensor(t) for t in tf.nest.flatten(out)]
         low_out = [t.dtype.name for t, o in zip(leaves, plan.leaf_is_output) if o and real_dtype(t.dtype) != tf.float64]
         if low_out:
             reason = NumericalSide(False, "returns", dtype=low_out[0])
-        elif [tuple(t.shape) for t in leaves] != [tuple(t.shape) for t in tf.nest.flatten(plan.structure)]:
+        elif [t.shape for t in leaves] != [t.shape for t in _flatten_output(plan.structure, "")]:
             reason = NumericalSide(False, "shapes")
         else:
             upcast = np.concatenate([np.reshape(to_real_view(t).numpy(), [-1]).astype(np.float64)
@@ -586,10 +586,11 @@ def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> N
         eps = max(eps, PRECISION_EPSILON[plan.declared[0]])
     with np.errstate(invalid="ignore", over="ignore"):
         difference = np.abs(upcast - native)
-        scale = np.abs(native) + np.sqrt(np.mean(np.square(native[np.isfinite(native)]))) if np.isfinite(native).any() else 0
+        finite = np.isfinite(native)
+        scale = np.abs(native) + np.sqrt(np.mean(np.square(native[finite]))) if finite.any() else 0
         allowed = 64 * eps * scale
         outside = difference > allowed
-        outside &= np.isfinite(native) & np.isfinite(upcast)
+        outside &= finite & np.isfinite(upcast)
     if not outside.any():
         return None
     noise = measure_noise(lambda moved: plan.call_flat_numpy(moved), plan.native_values(),
