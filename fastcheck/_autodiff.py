@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import gen_array_ops
 
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._kernels import pad
@@ -225,7 +226,7 @@ class AutodiffJacobian:
         # Fresh tensors, as a training step has: TFP bijectors cache log-det-Jacobians per
         # tensor object, so a taped call on the objects planning already used would
         # reuse values computed outside the tape (and miss their gradient).
-        values = [tf.identity(v) for v in self.values]
+        values = [gen_array_ops.identity(v) for v in self.values]  # the op itself: tf.identity's Python is ~30 calls
         sources = [values[s.position] for s in plan.checked]
         if self.forward:
             pace = _Pace(limit, plan.n)
@@ -274,7 +275,7 @@ class AutodiffJacobian:
         """The row loop's [m, m] block of an element-wise f (``_diagonal``) from two VJPs: the cotangent 1
         gives each row's diagonal entry, the cotangent 0 each row's entries off it."""
         dtype = leaf.dtype.as_numpy_dtype
-        on, off = (_densify(eager_vjp(tape, [leaf], [source], [tf.constant(np.full(leaf.shape, value, dtype))])[0])
+        on, off = (_densify(eager_vjp(tape, [leaf], [source], [tf.constant(np.full(leaf.shape.as_list(), value, dtype))])[0])
                    .numpy().reshape(-1).astype(np.float64) for value in (1, 0))
         block = np.repeat(off[None, :], off.size, axis=0)
         np.fill_diagonal(block, on)
