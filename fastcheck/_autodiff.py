@@ -285,18 +285,19 @@ class AutodiffJacobian:
         """Reverse mode one output row at a time; ``taped()`` gives a (tape, leaves) pass to differentiate."""
         rows: list[list[np.ndarray]] = [[] for _ in sources]
         for index, leaf in enumerate(leaves):
+            shape = leaf.shape.as_list()  # numpy reads a list at once, a TensorShape dimension by dimension
             basis = np.zeros(leaf.shape.num_elements(), leaf.dtype.as_numpy_dtype)
             for k in range(basis.size):
                 basis[k] = 1
-                cotangent = tf.constant(basis.reshape(leaf.shape))
+                cotangent = tf.constant(basis.reshape(shape))
                 basis[k] = 0
                 tape, outputs = taped()
                 grads = eager_vjp(tape, [outputs[index]], sources, [cotangent])
                 for row, g in zip(rows, grads):
-                    row.append(_densify(g).numpy().reshape(-1).astype(np.float64))
+                    row.append(_densify(g).numpy().reshape(-1))
                 if pace.over():
                     return None
-        return [np.stack(row) for row in rows]
+        return [np.stack(row).astype(np.float64) for row in rows]
 
 
 def _flat_numpy(plan: Plan, leaves) -> np.ndarray:

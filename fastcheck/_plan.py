@@ -303,8 +303,11 @@ class Plan:
         """``call_flat`` for the eager loop: the same numbers as a numpy vector, with no
         TensorFlow op besides f's own (a reshape or cast op costs as much as a small f)."""
         target = np.float64 if upcast else self.native_flat_dtype.as_numpy_dtype
+        result = self._call(values)
+        if type(result) is _EAGER_TENSOR and not result.dtype.is_complex and self.leaf_is_output == [True]:
+            return result.numpy().astype(target, copy=False).reshape(-1)  # one real tensor: nothing to walk
         pieces = []
-        for leaf, is_output in zip(tf.nest.flatten(self._call(values)), self.leaf_is_output):
+        for leaf, is_output in zip(tf.nest.flatten(result), self.leaf_is_output):
             if not is_output:
                 continue
             # .numpy(): np.asarray of a 0-d bfloat16 tensor fails ("__array__ method not producing an array")
@@ -319,6 +322,9 @@ class Plan:
 
     def eval_values(self) -> list[tf.Tensor]:
         return list(self._eval_values)
+
+
+_EAGER_TENSOR = type(tf.constant(0.0))
 
 
 class Float64Refused(Exception):
