@@ -63,7 +63,7 @@ fastest of ``WARM_REPEATS`` = 7 runs, the contenders taking turns).
 The table gives the seconds, the ratios fastcheck / tf (below 1: fastcheck is faster),
 their median and the ratio of the totals, group by group, with the CPU model and the load average.
 
-    python -m benchmarks tf_tests [--only SUBSTRING[,SUBSTRING]] [--out DIR]
+    python -m benchmarks tf_tests [--only SUBSTRING[,SUBSTRING]] [--group tuned,held-out,defect] [--out DIR]
 """
 
 from __future__ import annotations
@@ -1181,6 +1181,8 @@ def _json_safe(value):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks tf_tests", description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated substrings of case names")
+    parser.add_argument("--group", default=None,
+                        help=f"comma-separated groups to run: {', '.join(GROUPS)}, {DEFECT} (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -1192,8 +1194,12 @@ def main(argv=None) -> int:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         cases = [c for c in cases if any(w in c.name for w in wanted)]
         defects = [c for c in defects if any(w in c.name for w in wanted)]
+    if args.group:
+        groups = {g.strip() for g in args.group.split(",")}
+        cases = [c for c in cases if c.group in groups]
+        defects = [c for c in defects if c.group in groups]
     if not cases and not defects:
-        print("no case matches --only", file=sys.stderr)
+        print("no case matches --only / --group", file=sys.stderr)
         return 2
     record = run(cases, defects, log=lambda line: print(line, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
