@@ -192,12 +192,16 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
 def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:
     """[m] the rows of outputs whose pair with this input passes at a resolution coarser than
     ``RESOLUTION_RTOLS`` rtols: the tolerances (atol against a small gradient) or the numerics keep
-    it from seeing a 1% error."""
+    it from seeing a 1% error.  A pair whose gradient and numerical derivative are 0 at every element
+    (f does not move with this input: a ReLU's second derivative, a saturated activation) has no
+    relative error for any twin to resolve: its twin could only pass it again."""
     rows = np.zeros(plan.m, bool)
     for output in plan.outputs:
         part = slice(output.offset, output.offset + output.size)
         s, b, x = status[part], band[part], a[part]
         if not s.size or _compare.IS_FAILING[s].any() or _compare.decisive_at_largest(x, b, s, rtol):
+            continue
+        if not x.any() and not numerical[part].any():
             continue
         if _compare.resolution(x, b, b, s == _compare.OK)[0] > RESOLUTION_RTOLS * rtol:
             rows[part] = True
