@@ -22,6 +22,7 @@ from fastcheck._check import jacobian_blocks, on_device
 from fastcheck._config import CheckConfig
 from fastcheck._plan import FunctionRaised
 from fastcheck._problem import function_problem
+from fastcheck._tables import SHIFT_HELD_ELEMENTS
 
 # The dtypes tf.test.compute_gradient accepts for the inputs and the output.
 _ALLOWED = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.complex64, tf.complex128)
@@ -99,25 +100,46 @@ def _compute_gradient(f: Callable, x, delta) -> tuple[tuple[np.ndarray, ...], tu
 def _shifted(f: Callable, xs: list[tf.Tensor]) -> Callable:
     """``u -> f(*(x + u))``, in u's dtype (the numerical side may evaluate in float64).
 
-    The same function object for the same f and the same x objects while f lives: fastcheck
-    caches what it learns of a function (kernels, its element-wise structure) by identity, so a
-    repeated call reuses it.  The cached wrapper holds f and x weakly (the caller holds them
-    during the call), so neither outlives the caller's references."""
+    The same function object for the same f at the same x while f lives: fastcheck caches what it
+    learns of a function (kernels, its element-wise structure) by identity, so a repeated call
+    reuses it.  The same x is the same tensor objects, or, up to ``SHIFT_HELD_ELEMENTS`` elements in
+    all, the same dtypes, shapes and bytes: TensorFlow's tests pass numpy arrays, converted afresh
+    on every call, and a new wrapper each time retraced f's kernels and forgot its structure.  Such
+    an x is held (one per f) until the next call with other values or until f is collected; a larger
+    one is held by weak reference (the caller holds it during the call)."""
     try:
         held = None if hasattr(f, "__self__") else _SHIFTED.get(f)  # a bound method is a new object each time
     except TypeError:  # not weak-referenceable (a builtin): a new wrapper each time
         held = None
-    if held is not None and len(held[0]) == len(xs) and all(ref() is x for ref, x in zip(held[0], xs)):
+    if held is not None and _same_point(held[0], xs):
         return held[1]
     if hasattr(f, "__self__"):
         return _wrapper(lambda: f, lambda: xs)
     try:
-        f_ref, x_refs = weakref.ref(f), tuple(weakref.ref(x) for x in xs)
+        f_ref = weakref.ref(f)
     except TypeError:
         return _wrapper(lambda: f, lambda: xs)
+    if sum(x.shape.num_elements() for x in xs) <= SHIFT_HELD_ELEMENTS:
+        kept = tuple(xs)
+        shifted = _wrapper(f_ref, lambda: kept)
+        _SHIFTED[f] = (kept, shifted)
+        return shifted
+    x_refs = tuple(weakref.ref(x) for x in xs)
     shifted = _wrapper(f_ref, lambda: [ref() for ref in x_refs])
     _SHIFTED[f] = (x_refs, shifted)
     return shifted
+
+
+def _same_point(held: tuple, xs: list[tf.Tensor]) -> bool:
+    """Whether ``held`` (tensors, or weak references to them) is the point ``xs``: the same objects,
+    or held tensors of the same dtypes, shapes and bytes."""
+    if len(held) != len(xs):
+        return False
+    if all(isinstance(h, weakref.ref) and h() is x for h, x in zip(held, xs)):
+        return True
+    return all(isinstance(h, tf.Tensor) and (h is x or (h.dtype == x.dtype and h.shape == x.shape
+                                                         and h.numpy().tobytes() == x.numpy().tobytes()))
+               for h, x in zip(held, xs))
 
 
 def _wrapper(function, values) -> Callable:

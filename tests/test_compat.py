@@ -174,3 +174,27 @@ def test_bfloat16_scalars_as_tensorflows_own_test_writes_them():
     theoretical, numerical = fastcheck.compute_gradient(lambda x, y: x + y, [x, y])
     assert [t.shape for t in theoretical] == [(1, 1), (1, 1)]
     assert fastcheck.max_error(theoretical, numerical) < 1e-2
+
+
+def test_repeated_call_at_numpy_values_reuses_what_it_learnt():
+    # TensorFlow's tests pass numpy arrays: new tensors on every call. A repeated call at the same values
+    # finds f's element-wise structure again (a few calls of f instead of 2n + m), and a call at other
+    # values differentiates there.
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return tf.sin(x) * 2.0
+
+    x = np.linspace(-1.0, 1.0, 15).reshape(3, 5)
+    counts = []
+    for _ in range(3):
+        calls.clear()
+        theoretical, numerical = fastcheck.compute_gradient(f, [x.copy()], delta=1e-3)
+        counts.append(len(calls))
+        np.testing.assert_allclose(np.diag(theoretical[0]), 2 * np.cos(x).reshape(-1), rtol=1e-12)
+    assert counts[2] < counts[0] / 2, counts
+    other = x + 0.5
+    theoretical, numerical = fastcheck.compute_gradient(f, [other], delta=1e-3)
+    np.testing.assert_allclose(np.diag(theoretical[0]), 2 * np.cos(other).reshape(-1), rtol=1e-12)
+    np.testing.assert_allclose(np.diag(numerical[0]), 2 * np.cos(other).reshape(-1), rtol=1e-5)
