@@ -18,7 +18,7 @@ from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._kernels import kernel_plan
+from fastcheck._kernels import count_check, kernel_plan, plan_key
 from fastcheck._paths import EAGER, Route, choose_route
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
@@ -198,7 +198,8 @@ def _planning(problem: Problem, config: CheckConfig) -> CheckConfig:
 
 def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:
     with timed(timings, "route"):
-        route, calibration = choose_route(plan, config, _received(config))
+        checks = count_check(plan_key(plan, config)) if config.jit_compile == "auto" else 1
+        route, calibration = choose_route(plan, config, _received(config), checks)
         return Executor(plan, config, route, calibration)
 
 

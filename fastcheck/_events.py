@@ -272,6 +272,7 @@ class RouteReason:
     op: str = ""
     overridden: bool = False
     work: float = 0.0
+    repeated: int = 0  # a traced path for the repeated check number ``repeated`` of f, whose ``eager`` loop it skips
 
 
 @dataclasses.dataclass(frozen=True)

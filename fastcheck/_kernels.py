@@ -113,14 +113,32 @@ def cached(key: tuple, make):
         _cache.move_to_end(key)
         return _cache[key]
     value = make()
+    _put(key, value)
+    return value
+
+
+def _put(key: tuple, value) -> None:
     _cache[key] = value
+    _cache.move_to_end(key)
     while len(_cache) > KERNEL_CACHE_ENTRIES:
         _cache.popitem(last=False)
-    return value
 
 
 def is_cached(key: tuple) -> bool:
     return key in _cache
+
+
+def peek(key: tuple, default=None):
+    """The cached value of ``key``, or ``default``; makes nothing."""
+    return _cache.get(key, default)
+
+
+def count_check(key: tuple) -> int:
+    """How many checks of a problem (``plan_key``) this process has routed, this one included, while its
+    kernels' cache entries live."""
+    count = int(_cache.get(key + ("checks",), 0)) + 1
+    _put(key + ("checks",), count)
+    return count
 
 
 def pad(values: np.ndarray, size: int) -> np.ndarray:

@@ -22,7 +22,7 @@ import tensorflow as tf
 from fastcheck._calibration import EAGER, Calibration  # EAGER: the fourth path, named where its costs are learnt
 from fastcheck._config import CheckConfig
 from fastcheck._events import ChunkReason, RouteReason
-from fastcheck._kernels import cached, plan_key
+from fastcheck._kernels import cached, peek, plan_key
 from fastcheck._plan import Plan
 from fastcheck._raised import Raised
 from fastcheck._tables import (
@@ -83,6 +83,9 @@ class Route:
     # (``joint_chunk``); 0: one kernel per input.
     joint_chunk: int = 0
     traceable: bool = True  # False: tracing f failed (it runs only eagerly), so no graph of it is built
+    # f is checked again and again (``_repeated``): its kernels are compiled for the checks to come, none of
+    # its Jacobians tried eagerly first
+    repeated: bool = False
 
     @property
     def following(self) -> str | None:
@@ -90,12 +93,15 @@ class Route:
         return LOOP if self.path == XLA and self.has_loops else FALLBACK.get(self.path)
 
 
-def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> tuple[Route, Calibration]:
+def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, checks: int = 1) -> tuple[Route, Calibration]:
     """The route for ``plan``, predicted by ``calibration``, and the calibration after routing
-    (which traced f's probe, unless it chose the eager path for a small check)."""
+    (which traced f's probe, unless it chose the eager path for a small check); ``checks``: this
+    check's number among the process's checks of the same problem (``_kernels.count_check``)."""
     n, m = plan.n, plan.m
     predicted_eager, predicted_traced = calibration.predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
-    if config.jit_compile == "auto" and predicted_eager < predicted_traced:
+    small = config.jit_compile == "auto" and predicted_eager < predicted_traced
+    repeated = _repeated(plan, config, predicted_eager, checks) if config.jit_compile == "auto" else 0
+    if small and not repeated:
         return Route(EAGER, RouteReason("small", predicted_eager, predicted_traced, first_trace=not calibration.traced),
                      {s.position: s.size for s in plan.checked}, m, 0,
                      predicted=(predicted_eager, predicted_traced)), calibration
@@ -151,10 +157,25 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration) -> t
         path, reason = XLA, RouteReason("pays", work=work)
     else:
         path, reason = GRAPH, RouteReason("too small", work=work)
+    if small and repeated:  # the eager loop was predicted cheaper for this one check
+        reason = dataclasses.replace(reason, repeated=repeated, eager=predicted_eager)
     traced_seconds = predicted_traced or calibration.predict(plan)[1]
     joint = joint_chunk(plan, path, chunk_rows, traced_seconds) if not (has_loops or op_types & JOINT_UNVECTORISED_OPS) else 0
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
-                 probe.autograph, (predicted_eager, predicted_traced), joint), calibration
+                 probe.autograph, (predicted_eager, predicted_traced), joint, repeated=bool(repeated)), calibration
+
+
+def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: int) -> int:
+    """``checks`` (this check's number among the checks of the same problem: f, signatures,
+    configuration) when it is the ``REPEAT_TRACE_CHECKS``-th or later and its eager loop is predicted
+    at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again (at several
+    points, in a loop, in property tests), and its traced kernels, paid for once, make each later
+    check a few batched calls.  An f whose element-wise structure is known stays eager: its eager
+    check is a few calls already."""
+    if (checks < config.table("REPEAT_TRACE_CHECKS") or predicted_eager < config.table("REPEAT_TRACE_SECONDS")
+            or peek(plan_key(plan, config) + ("elementwise",))):
+        return 0
+    return checks
 
 
 # pfor converts these with a while_loop when their filter and their input are both batched, as

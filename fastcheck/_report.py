@@ -1228,6 +1228,13 @@ _FORWARD_PROBE = {
 
 def route_reason(why: events.RouteReason) -> str:
     """Why routing chose its path, as a phrase."""
+    if why.repeated:
+        return (_route_rule(why) + f"; check {why.repeated} of the same f: its kernels are traced once and reused by "
+                f"its later checks, instead of its eager loop (predicted {why.eager * 1e3:.0f} ms)")
+    return _route_rule(why)
+
+
+def _route_rule(why: events.RouteReason) -> str:
     if why.rule == "small":
         return (f"small check: eager loop predicted {why.eager * 1e3:.0f} ms, tracing {why.traced * 1e3:.0f} ms"
                 + (" (the first trace in this process)" if why.first_trace else ""))

@@ -722,3 +722,32 @@ def test_convolutions_run_without_xla_on_cpu():
     # The same work without a convolution goes to XLA.
     dense = _route(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64), x, device="/CPU:0")
     assert dense.path == "xla", dense.reason
+
+
+def test_an_f_checked_again_and_again_gets_its_kernels_traced_once():
+    # Three checks of one cheap f (routed eagerly: its loops cost a fraction of a trace): the first two
+    # run the eager loops, the third traces the kernels (the report says why), the next reuses them;
+    # the verdicts and the Jacobians are the same on either path.
+    from fastcheck.testing import Calibration
+
+    x = tf.constant(RNG.normal(size=48), tf.float32)
+
+    def f(x):
+        return tf.reverse(x, [0]) * 2.0
+
+    config = {"progress": False, "calibration": Calibration(), "tables": {"REPEAT_TRACE_SECONDS": 0}}
+    reports = [fastcheck.check_gradients(f, x, **config) for _ in range(4)]
+    assert [r.path for r in reports[:2]] == ["eager", "eager"], [r.path for r in reports]
+    assert reports[2].path in ("graph", "xla") and reports[3].path == reports[2].path
+    assert all(r.ok for r in reports)
+    routes = [e.reason for e in events_of(reports[2], "PathChosen")]
+    assert routes and routes[0].repeated == 3
+    assert "check 3 of the same f" in str(reports[2])
+    np.testing.assert_array_equal(reports[3].pairs[0].analytical, reports[0].pairs[0].analytical)
+    # the tunable turns it off
+    off = {**config, "tables": {"REPEAT_TRACE_CHECKS": 10**9}}
+
+    def g(x):  # a new f, counted afresh
+        return tf.reverse(x, [0]) * 2.0
+
+    assert [fastcheck.check_gradients(g, x, **off).path for _ in range(4)] == ["eager"] * 4

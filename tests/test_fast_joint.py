@@ -89,8 +89,10 @@ def test_f_is_called_and_traced_as_often_for_twelve_inputs_as_for_two():
         report = fastcheck.check_gradients(_network(calls=calls), _inputs(count), mode="fast", jit_compile=False)
         assert report.ok and report.path == "graph", str(report)
         counts[count] = len(calls)
-    # Planning, the route's probe trace, one VJP: never one kernel or VJP per input.
-    assert counts[12] == counts[2], counts
+    # Planning, the route's probe trace, one VJP: never one kernel or VJP per input (12 inputs would add
+    # at least 10 calls). Planning times f with a third call only when its second took under
+    # CALL_TIMING_LIMIT: under load one of the two may straddle it, hence the one call of slack.
+    assert counts[12] <= counts[2] + 1, counts
 
 
 def test_defects_in_every_input_fail_every_pair_and_stop_localising_one_by_one():
