@@ -150,6 +150,15 @@ def _steps(plan: Plan, config, x: np.ndarray, dtype=np.float64) -> np.ndarray:
     return _blocked(lambda part: eps * np.maximum(1.0, np.abs(x[part].astype(np.float64))), x.size, dtype)
 
 
+@tf.function(autograph=False, reduce_retracing=True)
+def _device_steps(x, eps):
+    """``_steps`` of a float32 or float64 tensor, made on the device as the kernels' constant: the same
+    float64 operations and one rounding to x's dtype, bit for bit, without an [n] copy from the host
+    (10^7 elements: the numpy blocks and ``tf.constant`` took ~0.13 s, this ~0.03 s)."""
+    wide = eps * tf.maximum(tf.constant(1.0, tf.float64), tf.abs(tf.cast(tf.reshape(x, [-1]), tf.float64)))
+    return tf.cast(wide, x.dtype)
+
+
 def _take(array: np.ndarray, index) -> np.ndarray:
     """``array[index]``, or ``array`` itself where ``index`` is None (the identity: a diagonal pattern)."""
     return array if index is None else array[index]
@@ -178,13 +187,17 @@ class _Differences:
     exact in float32 unless they differ in scale (Sterbenz), so the float32 array holds all
     but a few (outputs crossing zero), which are kept apart as (flat index, float64 value).
     Half the memory of a float64 [C, m] (conv 256x256x8: 151 MB, not 302 MB); the values read
-    back are the float64 ones, bit for bit.
+    back are the float64 ones, bit for bit.  One colour (an elementwise f) keeps the kernel's
+    f(x + d) and f(x - d) [1, m] as they came instead (``sides``), subtracted in float64 where read:
+    the same values without a pass over the outputs to store them, and a lower peak (the copy
+    existed beside the kernel's output).
     """
 
     def __init__(self, colours: int, m: int, narrow: bool):
         self.m = m
-        self.values = np.empty((colours, m), np.float32 if narrow else np.float64)
+        self.values = np.empty((colours, m), np.float32 if narrow else np.float64)  # no pages until written
         self.narrow = narrow
+        self.sides: tuple | None = None
         self._index: list = []
         self._exact: list = []
         self.index, self.exact = np.zeros(0, np.int64), np.zeros(0)
@@ -196,11 +209,16 @@ class _Differences:
 
     @property
     def nbytes(self) -> int:
+        if self.sides is not None:
+            return sum(side.nbytes for side in self.sides)
         return self.values.nbytes + self.index.nbytes + self.exact.nbytes
 
     def store(self, part: slice, plus: np.ndarray, minus: np.ndarray) -> None:
         """``consume`` of the sweep: rows ``part`` (colours) of the differences ``plus - minus`` [count, m],
         taken in float64 one block of ``VERDICT_CHUNK`` outputs at a time (in cache: no float64 [count, m])."""
+        if self.colours == 1:
+            self.sides = (plus, minus)
+            return
         for start in range(0, self.m, VERDICT_CHUNK):
             block = slice(start, min(start + VERDICT_CHUNK, self.m))
             self._stored(part, block, np.subtract(plus[:, block], minus[:, block], dtype=np.float64))
@@ -235,6 +253,9 @@ class _Differences:
     def take(self, colours, rows) -> np.ndarray:
         """float64 values at (``colours``, ``rows``): arrays, or ``colours`` None for a single colour
         (``rows`` may then be a slice)."""
+        if self.sides is not None:  # one colour
+            plus, minus = self.sides
+            return np.subtract(plus[0][rows], minus[0][rows], dtype=np.float64)
         if colours is None:
             result = self.values[0][rows].astype(np.float64)
         else:
@@ -264,7 +285,13 @@ class _Columns:
         value = executor.values[position]
         self.dtype = value.dtype.as_numpy_dtype
         self.x = view(value).reshape(-1)
-        self.step = _steps(plan, executor.config, self.x, self.dtype)
+        self._step_t: tf.Tensor | None = None
+        if value.dtype in (tf.float32, tf.float64):
+            eps = executor.config.step(MACHINE_EPSILON[plan.eval_dtype])
+            self._step_t = _device_steps(value, tf.constant(eps, tf.float64))
+            self.step = view(self._step_t)
+        else:
+            self.step = _steps(plan, executor.config, self.x, self.dtype)
         chunk = max(1, min(_shared(executor.chunks[position], held, executor.config.budget), max(self.colours, 1)))
         name = plan.inputs[position].name
         self.batch = Batch("coloured differences", ("coloured", position), chunk, subject=name, moves=name,
@@ -335,7 +362,8 @@ class _Columns:
         if self._constants is None:
             # One colour over every column (an elementwise f): the device's zeros, not a copy.
             same = self.colours == 1 and not np.any(self.labels)
-            self._constants = (self.zero_labels() if same else tf.constant(self.labels), tf.constant(self.step))
+            step = self._step_t if self._step_t is not None else tf.constant(self.step)
+            self._constants = (self.zero_labels() if same else tf.constant(self.labels), step)
         return self._constants
 
     def zero_labels(self) -> tf.Tensor:
@@ -387,11 +415,11 @@ class _Columns:
         """f(x + d), f(x - d) [len(levels), len(rows)] of ``sides``, evaluated: every level in one batch."""
         colour = self.labels[cols].astype(np.int64)
         present, slot = np.unique(colour, return_inverse=True)
-        # Labels -1 outside the columns given, made on the device (no n-sized array from the host);
-        # each column once (scatter_nd adds duplicates: a column holds many nonzeros).
+        # The steps of the columns given, 0 elsewhere (those stay put), made on the device (no n-sized
+        # array from the host); each column once (scatter_nd adds duplicates: a column holds many nonzeros).
         distinct = np.unique(np.asarray(cols, np.int64))
-        labels = tf.scatter_nd(tf.constant(distinct[:, None]), tf.constant(self.labels[distinct] + 1), [self.x.size]) - 1
-        _, step = self.constants()
+        labels, _ = self.constants()
+        step = tf.scatter_nd(tf.constant(distinct[:, None]), tf.constant(self.step[distinct]), [self.x.size])
         factors = [self.dtype(REFINE_RATIO ** -float(k)) for k in levels]
         ids = np.tile(present, len(levels))
         scales = np.repeat(np.array(factors, self.dtype), len(present))
@@ -543,6 +571,31 @@ def _eager_vjp(executor: Executor, plan: Plan, positions: list[int]):
     return vjp
 
 
+def _probe_vjp(executor: Executor, plan: Plan, blocks: list, table: np.ndarray, choice: np.ndarray) -> list:
+    """J^T u (flat, per block's input) for the dense cotangent u = ``table[choice]`` [m]: one compiled VJP
+    kernel, u gathered on the device from the int8 ``choice`` (an eager VJP at 10^7 elements faults in a
+    fresh 40 MB per op, 3x the kernel's time, and a float32 u is 4x the bytes to copy), eager on the
+    eager path."""
+    positions = [b.spec.position for b in blocks]
+    found: list = []
+
+    def call(size, part, count):
+        path = _kernel_path(executor, 4)
+        kernel = executor.kernel(("coloured vjp probe", path), lambda: vjp_kernel(
+            executor.plan, path, lambda y, table, choice: tf.cast(tf.gather(table, tf.cast(choice, tf.int32)), y.dtype)))
+        out = kernel(executor.native, tf.constant(table), tf.constant(choice))
+        by_position = {s.position: o for s, o in zip(plan.checked, out)}
+        found.extend(tf.reshape(by_position[p], [-1]) for p in positions)
+
+    def eager():
+        found.extend(_eager_vjp(executor, plan, positions)(table[choice]))
+
+    batch = Batch("coloured VJP probe", "coloured vjp probe", 1, subject="coloured mode", unit="VJPs", item="VJP",
+                  advice="pass a smaller problem or a device with more memory.", spread=False, progress=False)
+    executor.chunked(batch, 1, call, eager)
+    return found
+
+
 class _Analytical:
     """The analytical values of one block's nonzeros, read where needed off the Jacobian compressed
     by rows ([R, n_k]: nonzero (i, j) is ``[row colour of i, j]``) or off the user's dense
@@ -570,7 +623,8 @@ def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
         level *= NOISE_FACTOR * plan.row_epsilon_at(rows)
         if plan.noise is not None:
             np.maximum(level, MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
-        level[~np.isfinite(level)] = 0.0
+        # One test after the division, not one before it too: a level that is not finite stays so
+        # divided by a span (or turns NaN), and both became 0 -- the same values, one pass less.
         level /= np.abs(spans)
         level[~np.isfinite(level)] = 0.0
         return level
@@ -939,9 +993,9 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
     rng = np.random.default_rng(executor.config.seed + 6151)
     dtype = plan.native_flat_dtype
     # The native dtype holds these weights exactly: no float64 copy of an m-sized array.
-    weights = np.asarray(VJP_PROBE_WEIGHTS, dtype.as_numpy_dtype)[rng.integers(0, len(VJP_PROBE_WEIGHTS), plan.m,
-                                                                                dtype=np.int8)]
-    grads = _eager_vjp(executor, plan, [b.spec.position for b in blocks])(weights)
+    table = np.asarray(VJP_PROBE_WEIGHTS, dtype.as_numpy_dtype)
+    choice = rng.integers(0, len(VJP_PROBE_WEIGHTS), plan.m, dtype=np.int8)
+    grads = _probe_vjp(executor, plan, blocks, table, choice)
     # The rounding of the precision f computes in, where measured lower than its dtype's (a bfloat16 op inside).
     eps = max(float(np.finfo(dtype.as_numpy_dtype).eps) if dtype.is_floating else 2.0**-52,
               PRECISION_EPSILON.get(plan.precision, 0.0) if plan.noise is not None else 0.0)
@@ -958,21 +1012,27 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
                 error = np.abs(value - predicted)
                 allowed = floor + VJP_PROBE_ROUNDING * eps * (magnitude + np.abs(value))
                 bad = np.flatnonzero(np.isfinite(value) & np.isfinite(predicted) & (error > allowed))
-            return bad + (columns.start if isinstance(columns, slice) else 0), error[bad], allowed[bad], value[bad], \
-                predicted[bad]
+            index = bad + columns.start if isinstance(columns, slice) else columns[bad]
+            return index, error[bad], allowed[bad], value[bad], predicted[bad]
 
         parts = []
         if block.pattern.diagonal:  # one nonzero per column: judged block by block, no n-sized temporaries
             for part in block.parts():
-                term = (weights[part] * block.analytical.at(part, part)).astype(np.float64)
-                parts.append(judged(part, term, np.abs(term)))
+                term = table[choice[part]] * block.analytical.at(part, part)  # exact: u is a power of two
+                # Where the probe is exactly u_j a_jj (an elementwise f's VJP scales with its cotangent), its
+                # error is 0 and passes: the rule runs on the other elements only.
+                differ = np.flatnonzero(probe[part] != term)
+                if len(differ):
+                    wide = term[differ].astype(np.float64)
+                    found_ = judged(differ + part.start, wide, np.abs(wide))
+                    parts.append(found_)
         else:
             predicted, magnitude = np.zeros(n), np.zeros(n)
             for part in block.parts():
                 rows, cols = block.where(part)
                 # u_i a_ij in the native dtype: exact (u is a power of two).  A non-finite a makes its
                 # column's sums non-finite, and such a column is not judged here (its status says so).
-                term = weights[rows] * block.analytical.at(rows, cols)
+                term = table[choice[rows]] * block.analytical.at(rows, cols)
                 # Into the columns' range only (consecutive rows' columns lie close): no n-sized temporaries.
                 lo, hi = int(cols.min(initial=0)), int(cols.max(initial=-1)) + 1
                 local = cols - lo
