@@ -71,6 +71,7 @@ from fastcheck._tables import (
     SECOND_STEP,
     VERDICT_CHUNK,
     VJP_LOOP_SECONDS,
+    VJP_PROBE_KERNEL_SECONDS,
     VJP_PROBE_ROUNDING,
     VJP_PROBE_WEIGHTS,
     XLA_MIN_EVALUATIONS,
@@ -575,9 +576,12 @@ def _probe_vjp(executor: Executor, plan: Plan, blocks: list, table: np.ndarray, 
     """J^T u (flat, per block's input) for the dense cotangent u = ``table[choice]`` [m]: one compiled VJP
     kernel, u gathered on the device from the int8 ``choice`` (an eager VJP at 10^7 elements faults in a
     fresh 40 MB per op, 3x the kernel's time, and a float32 u is 4x the bytes to copy), eager on the
-    eager path."""
+    eager path and for an f whose call takes less than ``VJP_PROBE_KERNEL_SECONDS`` (the kernel's trace
+    would cost more than the eager VJP it spares)."""
     positions = [b.spec.position for b in blocks]
     found: list = []
+    if plan.call_seconds < VJP_PROBE_KERNEL_SECONDS:
+        return _eager_vjp(executor, plan, positions)(table[choice])
 
     def call(size, part, count):
         path = _kernel_path(executor, 4)
