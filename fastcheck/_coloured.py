@@ -659,6 +659,9 @@ class _Block:
     override: tuple | None = None
     # (plan, atol, rtol) of the last judgement: what the bands are computed under.
     rule: tuple | None = None
+    # The nonzeros not OK after the last judgement (ascending): later stages change only statuses that
+    # are not OK, so those not OK now are among them (10^7 statuses: no pass over them all to find 5321).
+    flagged: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     one_sided: dict = dataclasses.field(default_factory=dict)
     wrong_pattern: bool = False
     inconsistent: bool = False  # the reverse-mode gradient failed the dense cotangent probe
@@ -742,17 +745,20 @@ class _Block:
         assert self.override is None, "reset() first"
         self.rule = (plan, atol, rtol)
         status = self.status if self.status.size == self.nnz else np.empty(self.nnz, np.int8)
+        flagged = []
         for part in self.parts():
             rows, _, a, spans, numerical = self._read(part)
             status[part], band = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
+            flagged.append(np.flatnonzero(status[part]) + part.start)  # OK is 0
             if beside is not None:
                 beside(part, numerical, band)
         self.status = status
+        self.flagged = np.concatenate(flagged) if flagged else np.zeros(0, np.int64)
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
         """Failing nonzeros: their colours again at h/4 (the second step, ``_compare.second_step``), then
         those it does not pass at h ... h/4**5 (h ... h/4**12 where still unsettled)."""
-        failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE)
+        failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE, among=self.flagged)
         if not len(failing):
             return
         rows, cols = self.pattern.at(failing)
@@ -1259,7 +1265,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
     with timed(timings, "refine"):
         for block in judged:
             block.refine(plan, atol, rtol)
-    if any(np.count_nonzero(b.status) for b in judged) and plan.noise is None:  # OK is 0: no temporary
+    if any(np.count_nonzero(b.status[b.flagged]) for b in judged) and plan.noise is None:  # OK is 0
         with timed(timings, "noise"):
             plan, sampled = _measured_rows(executor, plan, judged)
         atol, rtol = config.tolerances(plan.precision)

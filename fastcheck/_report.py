@@ -676,10 +676,11 @@ def _unravel(flat: int, shape: tuple) -> tuple:
     return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
 
 
-def having(status: np.ndarray, *codes: int) -> np.ndarray:
+def having(status: np.ndarray, *codes: int, among: np.ndarray | None = None) -> np.ndarray:
     """Indices of the values whose status is one of ``codes`` (not OK): found among the nonzero
-    statuses (OK is 0), so no value-sized boolean temporary is made."""
-    index = np.flatnonzero(status)
+    statuses (OK is 0), so no value-sized boolean temporary is made; only among the indices
+    ``among`` (ascending) where given: a superset of those not OK, known without a pass over them all."""
+    index = np.flatnonzero(status) if among is None else among[status[among] != OK]
     return index[np.isin(status[index], codes)]
 
 
