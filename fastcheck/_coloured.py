@@ -1214,10 +1214,12 @@ def prospect(executor: Executor, plan: Plan) -> dict:
 
 def held_bytes(found: Layout, plan: Plan) -> int:
     """Host bytes the coloured check holds from its sweep to its report: the statuses, the
-    colours' differences [C, m] (float32 for f evaluated in float32, else float64), the VJPs
-    [R, n] (native dtype) and the patterns."""
+    colours' differences [C, m] (float32 for f evaluated in float32, else float64; one colour:
+    f(x + d) and f(x - d) in the evaluation dtype, ``_Differences.sides``), the VJPs [R, n]
+    (native dtype) and the patterns."""
     narrow = 4 if plan.eval_dtype.size <= 4 else 8
-    return int(sum(p.nnz for p in found.patterns) * BYTES_PER_NONZERO + narrow * sum(found.colours) * plan.m
+    differences = sum(2 * plan.eval_dtype.size if c == 1 else narrow * c for c in found.colours) * plan.m
+    return int(sum(p.nnz for p in found.patterns) * BYTES_PER_NONZERO + differences
                + plan.native_flat_dtype.size * found.row_colours * plan.n + sum(p.bytes for p in found.patterns))
 
 
