@@ -71,7 +71,6 @@ from fastcheck._tables import (
     SECOND_STEP,
     VERDICT_CHUNK,
     VJP_LOOP_SECONDS,
-    VJP_PROBE_KERNEL_SECONDS,
     VJP_PROBE_ROUNDING,
     VJP_PROBE_WEIGHTS,
     XLA_MIN_EVALUATIONS,
@@ -572,34 +571,6 @@ def _eager_vjp(executor: Executor, plan: Plan, positions: list[int]):
     return vjp
 
 
-def _probe_vjp(executor: Executor, plan: Plan, blocks: list, table: np.ndarray, choice: np.ndarray) -> list:
-    """J^T u (flat, per block's input) for the dense cotangent u = ``table[choice]`` [m]: one compiled VJP
-    kernel, u gathered on the device from the int8 ``choice`` (an eager VJP at 10^7 elements faults in a
-    fresh 40 MB per op, 3x the kernel's time, and a float32 u is 4x the bytes to copy), eager on the
-    eager path and for an f whose call takes less than ``VJP_PROBE_KERNEL_SECONDS`` (the kernel's trace
-    would cost more than the eager VJP it spares)."""
-    positions = [b.spec.position for b in blocks]
-    found: list = []
-    if plan.call_seconds < VJP_PROBE_KERNEL_SECONDS:
-        return _eager_vjp(executor, plan, positions)(table[choice])
-
-    def call(size, part, count):
-        path = _kernel_path(executor, 4)
-        kernel = executor.kernel(("coloured vjp probe", path), lambda: vjp_kernel(
-            executor.plan, path, lambda y, table, choice: tf.cast(tf.gather(table, tf.cast(choice, tf.int32)), y.dtype)))
-        out = kernel(executor.native, tf.constant(table), tf.constant(choice))
-        by_position = {s.position: o for s, o in zip(plan.checked, out)}
-        found.extend(tf.reshape(by_position[p], [-1]) for p in positions)
-
-    def eager():
-        found.extend(_eager_vjp(executor, plan, positions)(table[choice]))
-
-    batch = Batch("coloured VJP probe", "coloured vjp probe", 1, subject="coloured mode", unit="VJPs", item="VJP",
-                  advice="pass a smaller problem or a device with more memory.", spread=False, progress=False)
-    executor.chunked(batch, 1, call, eager)
-    return found
-
-
 class _Analytical:
     """The analytical values of one block's nonzeros, read where needed off the Jacobian compressed
     by rows ([R, n_k]: nonzero (i, j) is ``[row colour of i, j]``) or off the user's dense
@@ -1003,9 +974,9 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
     rng = np.random.default_rng(executor.config.seed + 6151)
     dtype = plan.native_flat_dtype
     # The native dtype holds these weights exactly: no float64 copy of an m-sized array.
-    table = np.asarray(VJP_PROBE_WEIGHTS, dtype.as_numpy_dtype)
-    choice = rng.integers(0, len(VJP_PROBE_WEIGHTS), plan.m, dtype=np.int8)
-    grads = _probe_vjp(executor, plan, blocks, table, choice)
+    weights = np.asarray(VJP_PROBE_WEIGHTS, dtype.as_numpy_dtype)[rng.integers(0, len(VJP_PROBE_WEIGHTS), plan.m,
+                                                                                dtype=np.int8)]
+    grads = _eager_vjp(executor, plan, [b.spec.position for b in blocks])(weights)
     # The rounding of the precision f computes in, where measured lower than its dtype's (a bfloat16 op inside).
     eps = max(float(np.finfo(dtype.as_numpy_dtype).eps) if dtype.is_floating else 2.0**-52,
               PRECISION_EPSILON.get(plan.precision, 0.0) if plan.noise is not None else 0.0)
@@ -1028,21 +999,20 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
         parts = []
         if block.pattern.diagonal:  # one nonzero per column: judged block by block, no n-sized temporaries
             for part in block.parts():
-                term = table[choice[part]] * block.analytical.at(part, part)  # exact: u is a power of two
+                term = weights[part] * block.analytical.at(part, part)  # exact: u is a power of two
                 # Where the probe is exactly u_j a_jj (an elementwise f's VJP scales with its cotangent), its
                 # error is 0 and passes: the rule runs on the other elements only.
                 differ = np.flatnonzero(probe[part] != term)
                 if len(differ):
                     wide = term[differ].astype(np.float64)
-                    found_ = judged(differ + part.start, wide, np.abs(wide))
-                    parts.append(found_)
+                    parts.append(judged(differ + part.start, wide, np.abs(wide)))
         else:
             predicted, magnitude = np.zeros(n), np.zeros(n)
             for part in block.parts():
                 rows, cols = block.where(part)
                 # u_i a_ij in the native dtype: exact (u is a power of two).  A non-finite a makes its
                 # column's sums non-finite, and such a column is not judged here (its status says so).
-                term = table[choice[rows]] * block.analytical.at(rows, cols)
+                term = weights[rows] * block.analytical.at(rows, cols)
                 # Into the columns' range only (consecutive rows' columns lie close): no n-sized temporaries.
                 lo, hi = int(cols.min(initial=0)), int(cols.max(initial=-1)) + 1
                 local = cols - lo

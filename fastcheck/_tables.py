@@ -183,7 +183,6 @@ JOINT_MIN_CHUNK = 8
 # Eager autodiff passes (``_autodiff``) run when predicted (from the first pass) to finish within these.
 EAGER_SECONDS = 0.25
 EAGER_LOOP_SECONDS = 30.0
-VJP_PROBE_KERNEL_SECONDS = 3e-3  # one call of f from which coloured mode's VJP probe runs as a compiled kernel, not eagerly (sin(x) x: 10^5 elements, 0.3 ms a call, a fresh f's check paid 11 ms more for the trace; 10^7, 30 ms, the eager VJP took 3x the kernel)
 VJP_LOOP_SECONDS = 0.05  # row colours x one eager call of f up to which coloured VJPs run one colour per call
 # On the eager path the line kernel (``_executor``) is traced only where the calls it saves are predicted to
 # cost this many times its tracing: the routing's trace estimate is a whole check's, and some f trace far
