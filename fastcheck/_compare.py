@@ -183,8 +183,9 @@ def _block_verdicts(analytical, numerical, noise, atol, rtol):
         band *= rtol
         band += atol
         band += np.where(np.isfinite(noise), noise, 0.0)
-        difference = np.abs(analytical - numerical)
-        status = (difference > band).astype(np.int8)  # MISMATCH == 1
+        difference = np.subtract(analytical, numerical)
+        np.abs(difference, out=difference)
+        status = np.greater(difference, band).view(np.int8)  # MISMATCH == 1 (a bool is one byte, 0 or 1)
     numerical_bad = ~np.isfinite(numerical)
     if numerical_bad.any():
         status[numerical_bad] = NUMERICAL_NONFINITE

@@ -170,7 +170,7 @@ class Nonzeros:
         share of failing elements, which the pair takes over all nonzeros."""
         picked, values = [], []
         spare = 3
-        for chunk in self.chunks(bands=False):
+        for chunk in self._chunks_to_sample():
             keep = chunk.status != OK
             if spare:
                 extra = np.flatnonzero(~keep & np.isfinite(chunk.numerical) & (chunk.numerical != 0))[:spare]
@@ -184,6 +184,20 @@ class Nonzeros:
             return None
         a, n = (np.concatenate([v[k] for v in values]) for k in range(2))
         return a[None, :], n[None, :], np.concatenate(picked)[None, :]
+
+    def _chunks_to_sample(self) -> Iterator[Chunk]:
+        """``chunks`` without bands, from the first up to where three nonzero OK values are found, and
+        after it those with a status not OK: the chunks ``sample`` reads anything from (a passing
+        check of 10^7 elements: one chunk, not every one)."""
+        spare = 3
+        for part in self._block.parts(self._start, self._stop):
+            at = slice(part.start - self._start, part.stop - self._start)
+            status = self.status[at]
+            if spare or status.any():  # OK is 0
+                _, _, a, n = self._block.values(part)
+                if spare:
+                    spare -= min(spare, int(np.count_nonzero((status == OK) & np.isfinite(n) & (n != 0))))
+                yield Chunk(at.start, status, a, n, None)
 
     def facts(self) -> dict:
         return {"shape": [int(d) for d in self.jacobian_shape], "nonzeros": int(self.status.size)}
@@ -662,10 +676,11 @@ def _unravel(flat: int, shape: tuple) -> tuple:
     return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
 
 
-def having(status: np.ndarray, *codes: int) -> np.ndarray:
+def having(status: np.ndarray, *codes: int, among: np.ndarray | None = None) -> np.ndarray:
     """Indices of the values whose status is one of ``codes`` (not OK): found among the nonzero
-    statuses (OK is 0), so no value-sized boolean temporary is made."""
-    index = np.flatnonzero(status)
+    statuses (OK is 0), so no value-sized boolean temporary is made; only among the indices
+    ``among`` (ascending) where given: a superset of those not OK, known without a pass over them all."""
+    index = np.flatnonzero(status) if among is None else among[status[among] != OK]
     return index[np.isin(status[index], codes)]
 
 

@@ -158,7 +158,8 @@ CLOSE_CALL = 4.0  # a traced check teaches the calibration only where eager and 
 REPEAT_TRACE_CHECKS = 3
 REPEAT_TRACE_SECONDS = 0.005
 EAGER_LEARN_SECONDS = 0.02  # an eager check teaches it only where its predicted loop takes this long
-CALL_TIMING_LIMIT = 0.05  # seconds: a third call times f when one call is cheaper than this (``_plan``)
+EQUAL_BLOCK = 1 << 18  # bytes per block of ``_plan``'s bitwise comparison of two calls: in cache, no output-sized temporary
+CALL_TIMING_LIMIT = 0.01  # seconds: a third call times f when one call is cheaper than this (``_plan``; 0.05 before 2026-12-02: sin(x) x at 10^7, 30 ms a call, paid a third call for a timing its second gives)
 # Where XLA does not pay: three rules, one per kind of work, in different units (not one number).
 # Routing (``_paths.choose_route``): below XLA_MIN_WORK element-evaluations of batched work XLA's compile time
 # (0.2-0.4 s on CPU) does not pay off.  Measured cold on TF 2.21 CPU: graph mode wins on dense tanh(W x) up to
