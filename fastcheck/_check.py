@@ -104,9 +104,10 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
         inconsistent = list(outcome.inconsistent)
         learnt = executor.calibration
-        if mode == "full" and not rerun and not executor.ran_elementwise:
+        if mode == "full" and not rerun and not executor.ran_elementwise and not executor.chosen.repeated:
             # What routing predicted, against what it cost: later checks route by it (not an
-            # element-wise f's few calls, which say nothing of an eager loop's 2n + m).
+            # element-wise f's few calls, which say nothing of an eager loop's 2n + m; nor a repeated
+            # check's, whose kernels were traced before: it says nothing of what tracing costs).
             learnt = learnt.learn_from(executor.chosen, executor.path,
                                        sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
         found = run_events(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)

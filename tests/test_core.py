@@ -737,6 +737,12 @@ def test_an_f_checked_again_and_again_gets_its_kernels_traced_once():
 
     config = {"progress": False, "calibration": Calibration(), "tables": {"REPEAT_TRACE_SECONDS": 0}}
     reports = [fastcheck.check_gradients(f, x, **config) for _ in range(4)]
+    # A repeated check's cost says nothing of tracing (its kernels were traced before): it teaches routing
+    # nothing, or every later fresh check would be routed to a trace predicted far too cheap.
+    learnt = config["calibration"]
+    for _ in range(3):
+        learnt = fastcheck.check_gradients(f, x, **{**config, "calibration": learnt}).calibration
+    assert learnt.traced_ratios == () and learnt.eager_ratios == config["calibration"].eager_ratios
     assert [r.path for r in reports[:2]] == ["eager", "eager"], [r.path for r in reports]
     assert reports[2].path in ("graph", "xla") and reports[3].path == reports[2].path
     assert all(r.ok for r in reports)
