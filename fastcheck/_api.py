@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fastcheck._check import jacobians, run_check
-from fastcheck._config import CheckConfig
+from fastcheck._config import INTERNAL_FIELDS, CheckConfig
 from fastcheck._problem import function_problem, model_problem, supplied_problem
 from fastcheck._report import GradientCheckError, GradientReport
 
@@ -125,7 +125,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
 
 def checked_config(options: dict, entry: str) -> CheckConfig:
     """The configuration from keyword options, with a TypeError naming any unknown one."""
-    known = {field.name for field in dataclasses.fields(CheckConfig)}
+    known = {field.name for field in dataclasses.fields(CheckConfig)} - INTERNAL_FIELDS
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"{entry}() got unknown option(s) {', '.join(map(repr, unknown))}; "
@@ -176,7 +176,7 @@ class GradientChecker:
         self.config = checked_config(defaults, "GradientChecker")
 
     def _options(self, overrides) -> dict:
-        return {**self.config.__dict__, **overrides}
+        return {**self.config.options(), **overrides}
 
     def check(self, f: Callable, inputs, **overrides) -> GradientReport:
         return check_gradients(f, inputs, **self._options(overrides))

@@ -11,18 +11,15 @@ chunk of columns instead of two calls of f per column).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import gen_math_ops
 
 from fastcheck._check import jacobian_blocks, on_device
 from fastcheck._config import CheckConfig
 from fastcheck._plan import FunctionRaised
 from fastcheck._problem import function_problem
-from fastcheck._tables import SHIFT_HELD_ELEMENTS
 
 # The dtypes tf.test.compute_gradient accepts for the inputs and the output.
 _ALLOWED = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.complex64, tf.complex128)
@@ -83,77 +80,13 @@ def _compute_gradient(f: Callable, x, delta) -> tuple[tuple[np.ndarray, ...], tu
         if value.dtype.base_dtype not in _ALLOWED:
             raise TypeError(f"Cannot compute gradient for unsupported type {value.dtype.name} of argument {position}: "
                             "compute_gradient differentiates float16, bfloat16, float32, float64 and complex inputs.")
-    if delta is None:
-        config = CheckConfig(progress=False, autodiff="reverse")
-        function, at = f, xs
-    else:
-        # fastcheck steps element j by eps * max(1, |x_j|): f moved to the point, f(x + u)
-        # at u = 0, takes the absolute step eps = delta (the Jacobians in u are those in x).
-        config = CheckConfig(eps=float(delta), progress=False, autodiff="reverse")
-        function, at = _shifted(f, xs), [tf.zeros_like(value) for value in xs]
-    blocks = jacobian_blocks(function_problem(function, at, config), config, ("analytical", "numerical"))
+    # delta: every element moves by exactly +- delta (fastcheck's own step is relative: eps * max(1, |x_j|))
+    config = (CheckConfig(progress=False, autodiff="reverse") if delta is None
+              else CheckConfig(eps=float(delta), absolute_step=True, progress=False, autodiff="reverse"))
+    blocks = jacobian_blocks(function_problem(f, xs, config), config, ("analytical", "numerical"))
     theoretical, numerical = ([_stacked(rows, value, position) for position, value in enumerate(xs)]
                               for rows in (blocks["analytical"], blocks["numerical"]))
     return tuple(theoretical), tuple(numerical)
-
-
-def _shifted(f: Callable, xs: list[tf.Tensor]) -> Callable:
-    """``u -> f(*(x + u))``, in u's dtype (the numerical side may evaluate in float64).
-
-    The same function object for the same f at the same x while f lives: fastcheck caches what it
-    learns of a function (kernels, its element-wise structure) by identity, so a repeated call
-    reuses it.  The same x is the same tensor objects, or, up to ``SHIFT_HELD_ELEMENTS`` elements in
-    all, the same dtypes, shapes and bytes: TensorFlow's tests pass numpy arrays, converted afresh
-    on every call, and a new wrapper each time retraced f's kernels and forgot its structure.  Such
-    an x is held (one per f) until the next call with other values or until f is collected; a larger
-    one is held by weak reference (the caller holds it during the call)."""
-    try:
-        held = None if hasattr(f, "__self__") else _SHIFTED.get(f)  # a bound method is a new object each time
-    except TypeError:  # not weak-referenceable (a builtin): a new wrapper each time
-        held = None
-    if held is not None and _same_point(held[0], xs):
-        return held[1]
-    if hasattr(f, "__self__"):
-        return _wrapper(lambda: f, lambda: xs)
-    try:
-        f_ref = weakref.ref(f)
-    except TypeError:
-        return _wrapper(lambda: f, lambda: xs)
-    if sum(x.shape.num_elements() for x in xs) <= SHIFT_HELD_ELEMENTS:
-        kept = tuple(xs)
-        shifted = _wrapper(f_ref, lambda: kept)
-        _SHIFTED[f] = (kept, shifted)
-        return shifted
-    x_refs = tuple(weakref.ref(x) for x in xs)
-    shifted = _wrapper(f_ref, lambda: [ref() for ref in x_refs])
-    _SHIFTED[f] = (x_refs, shifted)
-    return shifted
-
-
-def _same_point(held: tuple, xs: list[tf.Tensor]) -> bool:
-    """Whether ``held`` (tensors, or weak references to them) is the point ``xs``: the same objects,
-    or held tensors of the same dtypes, shapes and bytes."""
-    if len(held) != len(xs):
-        return False
-    if all(isinstance(h, weakref.ref) and h() is x for h, x in zip(held, xs)):
-        return True
-    return all(isinstance(h, tf.Tensor) and (h is x or (h.dtype == x.dtype and h.shape == x.shape
-                                                         and h.numpy().tobytes() == x.numpy().tobytes()))
-               for h, x in zip(held, xs))
-
-
-def _wrapper(function, values) -> Callable:
-    # TensorFlow's ops themselves (AddV2, Cast: the ops, and gradients, of ``tf.cast(x, u.dtype) + u``): the
-    # operator's dispatch is ~60 Python calls, and f is called 7 times in a small check.
-    def shifted(*us):
-        return function()(*[gen_math_ops.add_v2(value if value.dtype == u.dtype else gen_math_ops.cast(value, u.dtype), u)
-                            for value, u in zip(values(), us)])
-
-    return shifted
-
-
-# f -> (weak references to the x it was shifted to, the shifted function), while f lives.
-_SHIFTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _stacked(rows: list[list[np.ndarray | None]], value: tf.Tensor, position: int) -> np.ndarray:

@@ -177,6 +177,10 @@ def _require_calibration(calibration) -> None:
                         "earlier check, fastcheck.testing.Calibration(), or None for the process's shared one.")
 
 
+# Fields no public entry point takes as an option (``CheckConfig.options``).
+INTERNAL_FIELDS = frozenset({"absolute_step"})
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckConfig:
     """Everything that decides how a check runs; frozen and hashable.
@@ -211,6 +215,8 @@ class CheckConfig:
     # Overrides of tunables in ``_tables`` by name (those in ``_tables.CONFIGURABLE``), stored
     # as sorted (name, value) pairs; read through ``table``.
     tables: Any = None
+    # eps is every element's absolute step (``compute_gradient``'s delta), not a relative one
+    absolute_step: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "sparsity", given(self.sparsity))
@@ -231,6 +237,8 @@ class CheckConfig:
                 raise TypeError(f"{name}={value!r} is not a number: pass a finite positive float, or None for the dtype default.")
             if value is not None and (not np.isfinite(value) or value < 0 or (name == "eps" and value == 0)):
                 raise ValueError(f"{name}={value!r} is not valid: pass a finite positive number, or None for the dtype default.")
+        if self.absolute_step and self.eps is None:
+            raise ValueError("absolute_step=True takes its step from eps: pass eps= as well.")
         if self.jit_compile not in ("auto", True, False):
             raise ValueError(f"jit_compile={self.jit_compile!r} is not valid: pass 'auto', True or False.")
         if self.memory_budget is not None and (not isinstance(self.memory_budget, (int, np.integer)) or self.memory_budget <= 0):
@@ -292,6 +300,11 @@ class CheckConfig:
     def table(self, name: str):
         """The tunable ``name`` of ``_tables``: the ``tables=`` override where given, else the table's value."""
         return dict(self.tables or ()).get(name, getattr(_tables, name))
+
+    def options(self) -> dict:
+        """The configuration as the keyword options of the public entry points (without ``absolute_step``,
+        which only ``compute_gradient``'s delta sets)."""
+        return {name: value for name, value in self.__dict__.items() if name not in INTERNAL_FIELDS}
 
     def replace(self, **overrides) -> CheckConfig:
         return dataclasses.replace(self, **overrides)

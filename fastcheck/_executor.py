@@ -596,12 +596,15 @@ class Executor:
 
 
 def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
-    """Per-element step ``eps * max(1, |x_j|)`` for one input (real view, flattened).
+    """Per-element step ``eps * max(1, |x_j|)`` for one input (real view, flattened), or ``eps`` itself
+    where the configuration asks for an absolute step (``compute_gradient``'s delta).
 
     ``eps`` is the evaluation dtype's ``machine_epsilon ** (1/3)``: the steps do not
     follow f's measured noise (a larger relative step spans periods of cos at 5e7);
     noise-limited columns are re-estimated over larger steps instead (``_full._coarsen``).
     """
+    if config.absolute_step and config.eps is not None:  # the configuration refuses one without the other
+        return np.full(plan.inputs[position].size, float(config.eps))
     x = plan.eval_value(plan.inputs[position]).numpy().reshape(-1).astype(np.float64)
     return config.step(MACHINE_EPSILON[plan.eval_dtype]) * np.maximum(1.0, np.abs(x))
 

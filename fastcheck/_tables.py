@@ -229,10 +229,6 @@ CACHE_BYTES = 64 << 20
 # Entries of the compiled-kernel cache (LRU; a function's kernels also leave it when f is collected): the
 # value _paths always had, not tuned by a measurement.
 KERNEL_CACHE_ENTRIES = 64
-# ``compute_gradient(f, x, delta=)``: an x of up to this many elements in all is held with f's shifted
-# function, so that a repeated call at the same values (TensorFlow's tests pass numpy arrays, new tensors
-# each call) reuses what fastcheck learnt of f; one x per f, 8 MiB of float64 at most.
-SHIFT_HELD_ELEMENTS = 1 << 20
 MIN_CACHED_CHUNK = 32
 # Working memory of one perturbed evaluation, relative to its traced tensors (pfor keeps some intermediates of
 # both the plus and minus halves alive).
