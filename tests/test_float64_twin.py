@@ -108,3 +108,21 @@ def test_a_model_with_a_small_gradient_defect_fails_in_check_model():
     assert verdicts[1.01].verdict == "fail"
     (failed,) = [p for p in verdicts[1.01].failures if p.label == "FAIL"]
     assert failed.input_name.endswith("/gain") and failed.float64_gradient
+
+
+def test_a_pair_that_is_zero_everywhere_is_not_twinned():
+    # ReLU's second derivative at points off its kink: gradient and numerical derivative are 0 at every
+    # element, no relative error to resolve (the check says it shows nothing); a small nonzero pair beside
+    # it still is.
+    def relu_gradient(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.nn.relu(x)
+        return tape.gradient(y, x)
+
+    x = tf.constant([[-0.9, -0.5, -0.1], [0.1, 0.5, 0.9]], tf.float32)
+    report = fastcheck.check_gradients(relu_gradient, x)
+    assert report.verdict == "pass" and not report.pairs[0].float64_gradient
+    assert "twin" not in report.timings
+    report = fastcheck.check_gradients(_loss(1.0), POINT)
+    assert report.pairs[0].float64_gradient
