@@ -153,12 +153,14 @@ class AutodiffJacobian:
         # Eager VJPs/JVPs cost no tracing: they win for scalar outputs, few rows,
         # and above all for while-loop functions, whose gradient graphs take
         # seconds to trace.  The first row's time decides whether to go on.
-        # A kernel already compiled for this plan (a repeated check) always wins, and an f checked again
-        # and again (``Route.repeated``) gets its kernel compiled.
+        # A kernel already compiled for this plan (a repeated check) always wins.
         limit = None if self.executor.path == EAGER else EAGER_LOOP_SECONDS if self.executor.path == LOOP else EAGER_SECONDS
         # Under a strategy the rows go over the replicas, on a traced path: no timing-dependent
         # eager attempt (two workers must take the same steps, and write the same report).
-        timed_attempt = self.executor.path == EAGER or (self.executor.share is None and not self.executor.route.repeated)
+        # A repeated f's kernel is compiled, not tried eagerly first -- but for the loop path, whose gradient
+        # graphs take seconds to trace.
+        compile_now = self.executor.route.repeated and self.executor.path != LOOP
+        timed_attempt = self.executor.path == EAGER or (self.executor.share is None and not compile_now)
         result = None if self._compiled() or not timed_attempt else self._eager(limit)
         if result is None and self.executor.path != EAGER:
             result = self._batched()
