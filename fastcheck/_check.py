@@ -284,7 +284,7 @@ def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, call_second
         return "fast", (why,)
     try:
         found = sparse()
-    except ValueError as error:  # _sparsity.UnknownSparsity: an op without a rule, or f cannot be traced
+    except ValueError as error:  # _pattern.UnknownSparsity: an op without a rule, or f cannot be traced
         return "fast", (why, events.NoPattern(first_line(error, 120)))
     colours, nonzeros = found["colours"], found["nonzeros"]
     limit, _ = _memory_limit(config)

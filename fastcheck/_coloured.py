@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fastcheck import _compare, _sparsity
+from fastcheck import _compare, _pattern, _sparsity
 from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary
@@ -277,7 +277,7 @@ class _Differences:
 class _Columns:
     """Central differences of one checked input along its colours' directions."""
 
-    def __init__(self, executor: Executor, plan: Plan, position: int, pattern: _sparsity.Pattern, labels: np.ndarray,
+    def __init__(self, executor: Executor, plan: Plan, position: int, pattern: _pattern.Pattern, labels: np.ndarray,
                  held: int = 0):
         self.executor, self.plan, self.position, self.pattern = executor, plan, position, pattern
         self.labels = np.asarray(labels, np.int32)  # no copy of int32 labels (10^7 columns: 40 MB)
@@ -621,7 +621,7 @@ class _Block:
     """
 
     spec: InputSpec
-    pattern: _sparsity.Pattern
+    pattern: _pattern.Pattern
     columns: _Columns
     analytical: _Analytical
     compressed: _Differences | None = None
@@ -806,7 +806,7 @@ class _Block:
         indptr = self.pattern.indptr
         counts = indptr[unique + 1] - indptr[unique]
         owner = np.repeat(np.arange(len(unique)), counts)
-        r, c = self.pattern.at(_sparsity.ranges(indptr[unique], counts))
+        r, c = self.pattern.at(_pattern.ranges(indptr[unique], counts))
         with np.errstate(invalid="ignore", over="ignore"):
             terms = np.abs(np.asarray(self.analytical.at(r, c), np.float64) * x[c])
         sums = np.bincount(owner, weights=np.where(np.isfinite(terms), terms, 0.0), minlength=len(unique))
@@ -1082,7 +1082,7 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str,
 # -- the strategy ---------------------------------------------------------------------------------------
 
 
-def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_sparsity.Pattern], str]:
+def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_pattern.Pattern], str]:
     """(one pattern per checked input, where it came from); ``UnknownSparsity`` when there is none."""
     sizes, names = [s.size for s in plan.checked], [s.name for s in plan.checked]
     given = executor.config.sparsity
@@ -1095,13 +1095,13 @@ def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_sparsity.Patter
     try:
         graph = function.get_concrete_function(*signature).graph
         m, dep = _sparsity.trace(graph, [(s.position, s.size) for s in plan.checked])
-    except _sparsity.UnknownSparsity as error:
-        raise _sparsity.UnknownSparsity(
+    except _pattern.UnknownSparsity as error:
+        raise _pattern.UnknownSparsity(
             f"mode='coloured' needs the sparsity pattern of f's Jacobian, but {error}. Pass the pattern with "
             "sparsity= (a boolean [m, n] array, (rows, cols) index pairs or a scipy.sparse matrix), or "
             "mode='full' / mode='fast'.") from None
     except Exception as error:  # f cannot be traced: no graph to read dependencies from
-        raise _sparsity.UnknownSparsity(
+        raise _pattern.UnknownSparsity(
             f"mode='coloured' traces f to find its Jacobian's sparsity pattern, but f cannot be traced "
             f"({type(error).__name__}: {first_line(error, 160)}); pass sparsity=, or mode='full' / mode='fast'.") from None
     return _sparsity.traced_patterns(m, dep, sizes), "traced from f's graph"
@@ -1145,15 +1145,15 @@ def layout(executor: Executor, plan: Plan) -> Layout:
     mode choice (``prospect``) and the check itself share them.  Raises ``UnknownSparsity``
     (remembered too) when there is no pattern."""
     found = executor.once(LAYOUT_KEY, lambda: _found_layout(executor, plan))
-    if isinstance(found, _sparsity.UnknownSparsity):
+    if isinstance(found, _pattern.UnknownSparsity):
         raise found
     return found
 
 
-def _found_layout(executor: Executor, plan: Plan) -> Layout | _sparsity.UnknownSparsity:
+def _found_layout(executor: Executor, plan: Plan) -> Layout | _pattern.UnknownSparsity:
     try:
         patterns, source = find_patterns(executor, plan)
-    except _sparsity.UnknownSparsity as error:
+    except _pattern.UnknownSparsity as error:
         return error
     seed = executor.config.seed
     labels = [_sparsity.colour(p, tuple(s.real_view.shape), seed) for p, s in zip(patterns, plan.checked)]

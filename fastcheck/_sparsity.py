@@ -32,12 +32,10 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from fastcheck._pattern import (  # noqa: F401 - the pattern's names, re-exported for the modes and tests
-    GivenSparsity,
+from fastcheck._pattern import (
     Pattern,
     UnknownSparsity,
     distinct,
-    given,
     index_array,
     ranges,
     sorted_unique,

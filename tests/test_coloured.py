@@ -6,7 +6,7 @@ import tensorflow as tf
 from conftest import events_of
 
 import fastcheck
-from fastcheck import _sparsity
+from fastcheck import _pattern, _sparsity
 from fastcheck._config import CheckConfig
 
 RNG = np.random.default_rng(0)
@@ -81,7 +81,7 @@ def test_greedy_colouring_is_valid_where_the_lattice_is_poor():
     n = 64
     rows = np.concatenate([np.arange(n), np.arange(n)])
     cols = np.concatenate([np.arange(n), n - 1 - np.arange(n)])
-    pattern = _sparsity.Pattern.of((n, n), rows, cols)
+    pattern = _pattern.Pattern.of((n, n), rows, cols)
     labels = _sparsity.colour(pattern, (n,))
     assert labels.max() + 1 == 2
     assert np.all(labels[pattern.cols[0::2]] != labels[pattern.cols[1::2]])
@@ -241,9 +241,9 @@ def test_prospect_of_an_op_without_a_rule_raises_and_is_remembered():
 
     executor, plan = _executor_for(f, tf.constant(RNG.normal(size=(6,)), tf.float64))
     for _ in range(2):
-        with pytest.raises(_sparsity.UnknownSparsity, match="Cumsum"):
+        with pytest.raises(_pattern.UnknownSparsity, match="Cumsum"):
             _coloured.prospect(executor, plan)
-    assert isinstance(executor.memo["coloured layout"], _sparsity.UnknownSparsity)
+    assert isinstance(executor.memo["coloured layout"], _pattern.UnknownSparsity)
 
 
 def test_elementwise_patterns_are_diagonal():
@@ -476,7 +476,7 @@ def test_layer_norm_at_a_million_elements_traces_to_shared_sets():
 
 
 def test_pattern_entries_and_at_agree_with_the_materialised_indices():
-    shared = _sparsity.Pattern((5, 6), np.array([0, 2, 2, 5]), np.array([1, 4, 0, 2, 3], np.int32),
+    shared = _pattern.Pattern((5, 6), np.array([0, 2, 2, 5]), np.array([1, 4, 0, 2, 3], np.int32),
                                np.array([2, 0, 1, 0, 2]))
     rows, cols = shared.rows, shared.cols
     # Row 0 -> group 2 {0, 2, 3}, rows 1 and 3 -> group 0 {1, 4}, row 2 -> the empty group 1.
