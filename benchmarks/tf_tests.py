@@ -64,6 +64,7 @@ The table gives the seconds, the ratios fastcheck / tf (below 1: fastcheck is fa
 their median and the ratio of the totals, group by group, with the CPU model and the load average.
 
     python -m benchmarks tf_tests [--only SUBSTRING[,SUBSTRING]] [--group tuned,held-out,defect] [--out DIR]
+    python -m benchmarks tf_tests --cold --only ...   # each check the first of a fresh process (tf_tests_cold.md)
 """
 
 from __future__ import annotations
@@ -1186,6 +1187,8 @@ def main(argv=None) -> int:
     parser.add_argument("--group", default=None,
                         help=f"comma-separated groups to run: {', '.join(GROUPS)}, {DEFECT} (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--cold", action="store_true",
+                        help="each case's check as the first thing a fresh process does (tf_tests_cold.md)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
@@ -1203,6 +1206,12 @@ def main(argv=None) -> int:
     if not cases and not defects:
         print("no case matches --only / --group", file=sys.stderr)
         return 2
+    if args.cold:
+        text = cold_markdown([cold(case) for case in cases])
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tf_tests_cold.md").write_text(text)
+        print(text)
+        return 0
     record = run(cases, defects, log=lambda line: print(line, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tf_tests.json").write_text(json.dumps(_json_safe(record), indent=1))
@@ -1212,6 +1221,55 @@ def main(argv=None) -> int:
     print(f"wrote {args.out / 'tf_tests.md'}, {args.out / 'tf_tests.json'}")
     raised = any(s["errors"][label] for s in record["summary"].values() for label in ("drop-in", "verdict"))
     return 1 if raised else 0
+
+
+# -- the first check of a fresh process ------------------------------------------------------------
+
+_COLD_CHILD = r"""
+import json, os, sys, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, {root!r})
+import tensorflow as tf
+import fastcheck
+fastcheck.check_gradients, fastcheck.compute_gradient  # fastcheck's modules load on first use: before the clock
+from benchmarks import tf_tests
+case = next(c for c in tf_tests.all_cases() if c.name == {name!r})
+f, xs = case.make()
+start = time.perf_counter()
+result = tf_tests.CONTENDERS[{label!r}](case, f, xs)
+print("RESULT " + json.dumps({{"seconds": time.perf_counter() - start, "ok": bool(result["ok"])}}))
+"""
+
+
+def cold(case: Case) -> dict:
+    """``case`` checked by tf and by fastcheck's verdict, each the first check of its own fresh process
+    (TensorFlow and fastcheck imported, the case built, before the clock): ``python my_test.py``."""
+    root = str(Path(__file__).resolve().parent.parent)
+    row: dict = {"name": case.name, "group": case.group}
+    for label in ("tf", "verdict"):
+        code = _COLD_CHILD.format(root=root, name=case.name, label=label)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        row[label] = json.loads(found[-1][len("RESULT "):]) if found else {"seconds": math.nan, "ok": False}
+    return row
+
+
+def cold_markdown(rows: list[dict]) -> str:
+    ratios = [_ratio(r["verdict"]["seconds"], r["tf"]["seconds"]) for r in rows]
+    lines = ["# TensorFlow's own gradient tests, cold", "",
+             "Each case's check as the first thing a fresh Python process does (TensorFlow and fastcheck imported and "
+             "the case built before the clock), `tf.test.compute_gradient` + the test's assertion against "
+             "`fastcheck.check_gradients`, one process each. Ratios are fastcheck / tf seconds.", "",
+             f"- CPU: {_cpu_model()} ({os.cpu_count()} logical CPUs); load: `{_uptime()}`",
+             f"- median ratio {statistics.median(ratios):.2f}, total ratio "
+             f"{_ratio(sum(r['verdict']['seconds'] for r in rows), sum(r['tf']['seconds'] for r in rows)):.2f} "
+             f"over {len(rows)} cases", "",
+             "| case | group | tf s (ok) | verdict s (ok) | verdict / tf |", "|---|---|---:|---:|---:|"]
+    for r, ratio in zip(rows, ratios):
+        lines.append(f"| {r['name']} | {r['group']} | {r['tf']['seconds']:.3f} ({r['tf']['ok']}) | "
+                     f"{r['verdict']['seconds']:.3f} ({r['verdict']['ok']}) | {ratio:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from tensorflow.python.ops import gen_array_ops
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._kernels import pad
 from fastcheck._paths import EAGER, LOOP, compile_kernel
-from fastcheck._plan import Plan, first_line
+from fastcheck._plan import EAGER_TENSOR, Plan, first_line
 from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS
 
 ZERO = tf.UnconnectedGradients.ZERO
@@ -41,7 +41,7 @@ def eager_vjp(tape: tf.GradientTape, targets: list, sources: list, cotangents: l
     else -- variables, composite tensors, a TensorFlow without that function -- goes through
     ``tape.gradient``."""
     plain = _IMPERATIVE_GRAD is not None and all(
-        type(t) is _EAGER_TENSOR for t in (*targets, *sources, *(cotangents or ())))
+        type(t) is EAGER_TENSOR for t in (*targets, *sources, *(cotangents or ())))
     if not plain:
         return list(tape.gradient(targets, sources, output_gradients=cotangents, unconnected_gradients=ZERO))
     return list(_IMPERATIVE_GRAD(tape._tape, targets, sources, output_gradients=cotangents, sources_raw=sources,
@@ -59,7 +59,6 @@ def _imperative_grad():
 
 
 _IMPERATIVE_GRAD = _imperative_grad()
-_EAGER_TENSOR = type(tf.constant(0.0))
 
 
 def _reverse_kernel(plan: Plan, path: str):

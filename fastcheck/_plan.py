@@ -305,7 +305,7 @@ class Plan:
         TensorFlow op besides f's own (a reshape or cast op costs as much as a small f)."""
         target = np.float64 if upcast else self.native_flat_dtype.as_numpy_dtype
         result = self._call(values)
-        if type(result) is _EAGER_TENSOR and not result.dtype.is_complex and self.leaf_is_output == [True]:
+        if type(result) is EAGER_TENSOR and not result.dtype.is_complex and self.leaf_is_output == [True]:
             return result.numpy().astype(target, copy=False).reshape(-1)  # one real tensor: nothing to walk
         pieces = []
         for leaf, is_output in zip(tf.nest.flatten(result), self.leaf_is_output):
@@ -325,7 +325,7 @@ class Plan:
         return list(self._eval_values)
 
 
-_EAGER_TENSOR = type(tf.constant(0.0))
+EAGER_TENSOR = type(tf.constant(0.0))  # the type of an eager tensor (not a variable, not composite)
 
 
 class Float64Refused(Exception):
