@@ -3,7 +3,8 @@
 One strategy of ``_check.run_check`` (the other is ``_fast``): the numerical
 Jacobian by batched central differences through the executor, the analytical one
 from reverse mode (or the user's gradients), the element rule of ``_compare``,
-then -- only for failing elements -- f's noise and precision, larger steps for
+then -- only for failing elements -- a second step at h/4 (``_second_step``), and
+where that does not pass them, f's noise and precision, larger steps for
 noise-limited columns (``_coarsen``), smaller ones for the rest (``_refine``,
 ``_confirmed``), and the forward-mode side (``_forward_side``).
 """
@@ -18,7 +19,7 @@ from fastcheck import _compare, _flat
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._events import ForwardNotChecked, ForwardProbe
-from fastcheck._executor import Executor, measured, numerical_columns, steps, timed
+from fastcheck._executor import NOISE_TABLES, Executor, measured, numerical_columns, steps, timed
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
 from fastcheck._refine import Evaluate, Rungs, descend
@@ -44,6 +45,7 @@ from fastcheck._tables import (
     FORWARD_MIN_EVALUATIONS,
     FORWARD_PROBES,
     MEASURED_NOISE_FACTOR,
+    NOISE_SIDE,
     REFINE_LEVELS,
     REFINE_RATIO,
     RESOLUTION_RTOLS,
@@ -64,6 +66,7 @@ class _Jacobians:
         self.autodiff = AutodiffJacobian(executor, forward=self.config.autodiff == "forward")
         self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
         self.y0 = plan.eval_output  # f at the point, from planning: no extra call
+        self._quarters: dict = {}  # position -> (columns, their quotients, sides and spans at h/4)
 
     def measure(self) -> None:
         """Measure f's noise and the precision it computes in (see ``_precision``)."""
@@ -91,6 +94,19 @@ class _Jacobians:
         delta = steps(self.plan, self.config, position)[columns] / divide
         jacobian, spans = self.executor.quotients(position, columns, delta)
         return jacobian, self.noise_factors(spans), spans
+
+    def quarter(self, position: int, columns: np.ndarray):
+        """Central differences of ``columns`` (sorted) at h / ``REFINE_RATIO``: (quotient, plus, minus [m, k],
+        spans [k]).  The second step before f's noise is measured and the triage after it read the same
+        evaluations: they are made once per check."""
+        cached = self._quarters.get(position)
+        if cached is not None and np.isin(columns, cached[0]).all():
+            where = np.searchsorted(cached[0], columns)
+            return tuple(value[..., where] for value in cached[1:])
+        delta = steps(self.plan, self.config, position)[columns] / REFINE_RATIO
+        values = numerical_columns(self.executor, position, columns, delta)
+        self._quarters[position] = (columns, *values)
+        return values
 
     def ladder(self, position: int, columns: np.ndarray) -> Evaluate:
         """The evaluation ``descend`` drives for ``columns``: a selection of them at steps
@@ -150,6 +166,9 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
     first = sweep()
     atol, rtol = jac.config.tolerances(jac.plan.precision)
     verdicts = [_compare.verdicts(a, numerical, noise, atol, rtol) for a, (numerical, noise, _) in zip(analytical, first)]
+    if refine and jac.plan.noise is None and any(np.any(status != _compare.OK) for status, _ in verdicts):
+        with timed(jac.timings, "refine"):
+            _second_step(jac, analytical, first, verdicts, (atol, rtol))
     if any(np.any(status != _compare.OK) for status, _ in verdicts) and jac.plan.noise is None:
         with timed(jac.timings, "noise"):
             jac.measure()
@@ -187,6 +206,33 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
     if refine and twin:
         results = _twin(jac, results, sweeps, (atol, rtol))
     return results, (atol, rtol)
+
+
+def _second_step(jac: _Jacobians, analytical, first, verdicts, tolerances) -> None:
+    """Before f's noise is measured: the first sweep's failing columns at h/4 (``_compare.second_step``).
+    Where every one of them passes there, in place, they take its estimate and band, and the check needs
+    no measurement (a pass needs none); otherwise nothing changes and the check goes on as if it had not
+    run, its h/4 evaluations kept for the triage (``_Jacobians.quarter``).  It runs where it costs at most
+    the measurement's own calls of f (``NOISE_TABLES`` tables of 2 ``NOISE_SIDE`` points), 2 per column:
+    a float32-only special function whose first step was only truncation-limited at one element
+    (igamma, zeta, atan2 in TensorFlow's tests) passes in one pair of evaluations instead of ~100."""
+    atol, rtol = tolerances
+    failing = [np.flatnonzero(np.any(status != _compare.OK, axis=0)) for status, _ in verdicts]
+    if sum(len(columns) for columns in failing) > NOISE_TABLES * NOISE_SIDE:
+        return
+    passed = []
+    for spec, a, (numerical, noise, _), columns, verdict in zip(jac.plan.checked, analytical, first, failing, verdicts):
+        if not len(columns):
+            continue
+        quotient, _, _, spans = jac.quarter(spec.position, columns)
+        passes, estimate, rounding = _compare.second_step(a[:, columns], numerical[:, columns], noise[:, columns],
+                                                          quotient, jac.noise(spans), atol, rtol, REFINE_RATIO)
+        if not passes.all():
+            return
+        passed.append((a, numerical, columns, estimate, rounding, verdict))
+    for a, numerical, columns, estimate, rounding, (status, band) in passed:
+        numerical[:, columns] = estimate
+        status[:, columns], band[:, columns] = _compare.verdicts(a[:, columns], estimate, rounding, atol, rtol)
 
 
 def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:
@@ -421,8 +467,8 @@ def _triage(jac: _Jacobians, position: int, suspicious, a, first, first_noise, f
     it holds at h/4 x 0.618 (``_golden_holds``) and at the finest step whose rounding stays below an
     eighth of the mismatch (``_finest_holds``); the others go down the ladder.
     """
+    quotient, plus, minus, spans = jac.quarter(position, suspicious)
     delta = steps(jac.plan, jac.config, position)[suspicious] / REFINE_RATIO
-    quotient, plus, minus, spans = numerical_columns(jac.executor, position, suspicious, delta)
     with np.errstate(invalid="ignore", over="ignore"):
         mismatch = np.abs(a - first)
     quarter = _Quarter(delta, quotient, plus, minus, _curvature(plus, minus, jac.y0), spans, mismatch)
