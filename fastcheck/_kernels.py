@@ -124,6 +124,11 @@ def _put(key: tuple, value) -> None:
         _cache.popitem(last=False)
 
 
+def remember(key: tuple, value) -> None:
+    """Keep ``value`` under ``key`` beside f's kernels (what a failed trace found: not tried again)."""
+    _put(key, value)
+
+
 def is_cached(key: tuple) -> bool:
     return key in _cache
 

@@ -22,7 +22,7 @@ import tensorflow as tf
 from fastcheck._calibration import EAGER, Calibration  # EAGER: the fourth path, named where its costs are learnt
 from fastcheck._config import CheckConfig
 from fastcheck._events import ChunkReason, RouteReason
-from fastcheck._kernels import cached, peek, plan_key
+from fastcheck._kernels import cached, peek, plan_key, remember
 from fastcheck._plan import Plan
 from fastcheck._raised import Raised
 from fastcheck._tables import (
@@ -105,6 +105,10 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
         return Route(EAGER, RouteReason("small", predicted_eager, predicted_traced, first_trace=not calibration.traced),
                      {s.position: s.size for s in plan.checked}, m, 0,
                      predicted=(predicted_eager, predicted_traced)), calibration
+    untraceable = plan_key(plan, config) + ("untraceable",)
+    if peek(untraceable) is not None:  # this f, these signatures: its trace failed before, it would again
+        return Route(EAGER, peek(untraceable), {s.position: s.size for s in plan.checked}, m, 0,
+                     traceable=False), calibration
     calibration = calibration.after_trace()
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
@@ -114,9 +118,9 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
         # f's own exception when traced (an f that refuses tracing) too: the eager calls show whether f raises
         # it there as well, and then it leaves the check as itself.
         cause: BaseException = error.error if isinstance(error, Raised) else error
-        first_line = (str(cause).strip().splitlines() or [""])[0][:120]
-        return Route(EAGER, RouteReason("untraceable", error=f"{type(cause).__name__}: {first_line}"),
-                     {s.position: s.size for s in plan.checked}, m, 0, traceable=False), calibration
+        reason = RouteReason("untraceable", error=f"{type(cause).__name__}: {_why(cause)}")
+        remember(untraceable, reason)
+        return Route(EAGER, reason, {s.position: s.size for s in plan.checked}, m, 0, traceable=False), calibration
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.
@@ -163,6 +167,14 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
     joint = joint_chunk(plan, path, chunk_rows, traced_seconds) if not (has_loops or op_types & JOINT_UNVECTORISED_OPS) else 0
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
                  probe.autograph, (predicted_eager, predicted_traced), joint, repeated=bool(repeated)), calibration
+
+
+def _why(error: BaseException) -> str:
+    """An exception's message in a line: AutoGraph's "in user code:" frames give their last line (the error)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
+    line = lines[-1] if lines[0] == "in user code:" else lines[0]
+    prefix = f"{type(error).__name__}: "
+    return (line[len(prefix):] if line.startswith(prefix) else line)[:120]
 
 
 def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: int) -> int:

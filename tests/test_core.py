@@ -757,3 +757,28 @@ def test_an_f_checked_again_and_again_gets_its_kernels_traced_once():
         return tf.reverse(x, [0]) * 2.0
 
     assert [fastcheck.check_gradients(g, x, **off).path for _ in range(4)] == ["eager"] * 4
+
+
+def test_an_untraceable_f_checked_again_and_again_is_traced_once():
+    # An f that cannot be traced (it reads .numpy()) and is checked again and again: its third check tries
+    # the trace once (repeated checks are routed to traced kernels) and runs eagerly; later checks remember
+    # that and do not trace again (each attempt cost ~30-900 ms in TensorFlow's matrix solve test).
+    from fastcheck.testing import Calibration
+
+    traced = []
+
+    def f(x):
+        if not tf.executing_eagerly():
+            traced.append(1)
+        return tf.constant(x.numpy() * 0.0) + tf.sin(x)
+
+    x = tf.constant(RNG.normal(size=8), tf.float64)
+    config = {"progress": False, "calibration": Calibration(), "tables": {"REPEAT_TRACE_SECONDS": 0}}
+    reports = [fastcheck.check_gradients(f, x, **config) for _ in range(4)]
+    assert all(r.ok and r.path == "eager" for r in reports), [str(r) for r in reports]
+    assert traced, "the third check tries the trace"
+    attempts = len(traced)
+    reports += [fastcheck.check_gradients(f, x, **config) for _ in range(2)]
+    assert len(traced) == attempts
+    routes = [e.reason for e in events_of(reports[-1], "PathChosen")]
+    assert routes and routes[0].rule == "untraceable" and "numpy" in routes[0].error, routes
