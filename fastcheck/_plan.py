@@ -275,13 +275,20 @@ class Plan:
         return tuple((as_float64(s.real_view) if self.eval_upcast else s.real_view) if s.checked else s.value
                      for s in self.inputs)
 
-    def _call(self, values: list[tf.Tensor]):
-        """f's raw result for one value per input (checked complex inputs given as real views)."""
+    def _call(self, values: list[tf.Tensor], untaped: bool = False):
+        """f's raw result for one value per input (checked complex inputs given as real views).
+
+        ``untaped``: no tape differentiates the call, so an eager real view becomes complex through
+        numpy (the same bits, reinterpreted: ~10 us against the ops' ~70 us a call)."""
         args = []
         for spec, value in zip(self.inputs, values):
             if spec.checked and spec.is_complex:
                 complex_dtype = tf.complex128 if value.dtype == tf.float64 else tf.complex64
-                value = from_real_view(value, complex_dtype)
+                if untaped and type(value) is EAGER_TENSOR:
+                    pairs = np.ascontiguousarray(value.numpy())
+                    value = tf.constant(pairs.view(complex_dtype.as_numpy_dtype)[..., 0])
+                else:
+                    value = from_real_view(value, complex_dtype)
             args.append(value)
         return self.f(*args)
 
@@ -304,7 +311,7 @@ class Plan:
         """``call_flat`` for the eager loop: the same numbers as a numpy vector, with no
         TensorFlow op besides f's own (a reshape or cast op costs as much as a small f)."""
         target = np.float64 if upcast else self.native_flat_dtype.as_numpy_dtype
-        result = self._call(values)
+        result = self._call(values, untaped=True)
         if type(result) is EAGER_TENSOR and not result.dtype.is_complex and self.leaf_is_output == [True]:
             return result.numpy().astype(target, copy=False).reshape(-1)  # one real tensor: nothing to walk
         pieces = []
