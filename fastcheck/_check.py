@@ -18,8 +18,8 @@ from fastcheck._config import CheckConfig
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._kernels import count_check, kernel_plan, plan_key
-from fastcheck._paths import EAGER, Route, choose_route
+from fastcheck._kernels import count_check, kernel_plan, plan_key, remember
+from fastcheck._paths import EAGER, EAGER_SECONDS, Route, choose_route
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
@@ -108,8 +108,10 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             # What routing predicted, against what it cost: later checks route by it (not an
             # element-wise f's few calls, which say nothing of an eager loop's 2n + m; nor a repeated
             # check's, whose kernels were traced before: it says nothing of what tracing costs).
-            learnt = learnt.learn_from(executor.chosen, executor.path,
-                                       sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical")))
+            seconds = sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical"))
+            learnt = learnt.learn_from(executor.chosen, executor.path, seconds)
+            if executor.path == EAGER and config.jit_compile == "auto":  # for this problem's repeated checks
+                remember(plan_key(plan, config) + (EAGER_SECONDS,), seconds)
         found = run_events(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it

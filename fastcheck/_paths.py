@@ -177,15 +177,21 @@ def _why(error: BaseException) -> str:
     return (line[len(prefix):] if line.startswith(prefix) else line)[:120]
 
 
+# Beside a problem's kernels: what its last eager loop took (route, analytical and numerical stages, seconds).
+EAGER_SECONDS = "eager seconds"
+
+
 def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: int) -> int:
     """``checks`` (this check's number among the checks of the same problem: f, signatures,
-    configuration) when it is the ``REPEAT_TRACE_CHECKS``-th or later and its eager loop is predicted
-    at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again (at several
+    configuration) when it is the ``REPEAT_TRACE_CHECKS``-th or later and its eager loop is predicted,
+    or was measured by an earlier check of it (``EAGER_SECONDS``), at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again (at several
     points, in a loop, in property tests), and its traced kernels, paid for once, make each later
     check a few batched calls.  An f whose element-wise structure is known stays eager: its eager
     check is a few calls already."""
-    if (checks < config.table("REPEAT_TRACE_CHECKS") or predicted_eager < config.table("REPEAT_TRACE_SECONDS")
-            or peek(plan_key(plan, config) + ("elementwise",))):
+    key = plan_key(plan, config)
+    eager = max(predicted_eager, peek(key + (EAGER_SECONDS,), 0.0))
+    if (checks < config.table("REPEAT_TRACE_CHECKS") or eager < config.table("REPEAT_TRACE_SECONDS")
+            or peek(key + ("elementwise",))):
         return 0
     return checks
 
