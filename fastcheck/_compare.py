@@ -534,8 +534,10 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, 
         return ("the central differences did not settle at any step tried (down to 4**12 times smaller than the "
                 "first, or, for a noisy f, up to the largest step its noise allows), or f's measured noise is as "
                 "large as f itself there (sin at 1e20: neighbouring inputs lie periods apart): f varies on a scale "
-                "far below the step, or its noise swamps every step; pass a smaller eps, or check at a point where "
-                "f is smoother.")
+                "far below the step, or its noise or rounding swamps every step (float32 where f' is near 0 and f "
+                "is not); pass a smaller eps where f varies below the step, check with a float64 numerical side "
+                "where its rounding swamps it (f must then accept float64 inputs: build its constants in the "
+                "inputs' dtype), or check at a point where f is smoother.")
     if not bad.any():
         return None
     a, n = analytical[bad], numerical[bad]
