@@ -125,7 +125,8 @@ def _put(key: tuple, value) -> None:
 
 
 def remember(key: tuple, value) -> None:
-    """Keep ``value`` under ``key`` beside f's kernels (what a failed trace found: not tried again)."""
+    """Keep ``value`` under ``key`` beside f's kernels, and drop it with them: what routing learnt of the
+    problem (its trace failed, and why; what its last eager loop took)."""
     _put(key, value)
 
 

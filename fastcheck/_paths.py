@@ -184,9 +184,9 @@ EAGER_SECONDS = "eager seconds"
 def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: int) -> int:
     """``checks`` (this check's number among the checks of the same problem: f, signatures,
     configuration) when it is the ``REPEAT_TRACE_CHECKS``-th or later and its eager loop is predicted,
-    or was measured by an earlier check of it (``EAGER_SECONDS``), at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again (at several
-    points, in a loop, in property tests), and its traced kernels, paid for once, make each later
-    check a few batched calls.  An f whose element-wise structure is known stays eager: its eager
+    or was measured by an earlier check of it (``EAGER_SECONDS``), at ``REPEAT_TRACE_SECONDS`` or more,
+    else 0: such an f is checked again and again (at several points, in a loop, in property tests), and
+    its traced kernels, paid for once, make each later check a few batched calls.  An f whose element-wise structure is known stays eager: its eager
     check is a few calls already."""
     key = plan_key(plan, config)
     eager = max(predicted_eager, peek(key + (EAGER_SECONDS,), 0.0))
