@@ -109,6 +109,25 @@ def vjp_kernel(plan: Plan, path: str, cotangent=None):
     return compile_kernel(kernel, path, plan.autograph)
 
 
+def vjps_kernel(plan: Plan, path: str, cotangents):
+    """kernel(values, *args) -> [1, n_k] per checked input for each of the cotangents ``cotangents(y, *args)``
+    (a list), in that order: one forward pass and a backward pass per cotangent, on one persistent tape."""
+    checked = [s.position for s in plan.checked]
+
+    def kernel(values, *args):
+        values = list(values)
+        sources = [values[p] for p in checked]
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(sources)
+            for p, source in zip(checked, sources):
+                values[p] = source
+            y = plan.call_flat(values)
+        grads = [tape.gradient(y, sources, output_gradients=u, unconnected_gradients=ZERO) for u in cotangents(y, *args)]
+        return [tf.reshape(_densify(g), [1, s.size]) for found in grads for g, s in zip(found, plan.checked)]
+
+    return compile_kernel(kernel, path, plan.autograph)
+
+
 def jvp_rows(plan: Plan, position: int, path: str, values, tangents):
     """J t for each row t of ``tangents`` (directions in input ``position``): [rows, m], traced."""
     shape = plan.inputs[position].real_view.shape

@@ -33,13 +33,14 @@ size exists, except for the ``Dense`` storage of a small pair (``DENSE_REPORT_EN
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from fastcheck import _compare, _pattern, _sparsity
-from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel
+from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel, vjps_kernel
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary
 from fastcheck._executor import Batch, Executor, evaluate_rows, measured, timed, view
@@ -68,6 +69,7 @@ from fastcheck._tables import (
     PATTERN_PROBES,
     REFINE_LEVELS,
     REFINE_RATIO,
+    SCREEN_MARGIN,
     SECOND_STEP,
     VERDICT_CHUNK,
     VJP_LOOP_SECONDS,
@@ -80,6 +82,7 @@ INCONSISTENT_HINT = ("the reverse-mode gradient disagrees with f's Jacobian alon
                      "problem above), although its values at the pattern's nonzeros may agree: look for a missing "
                      "transpose, gradient written to the wrong element, or a gradient that ignores dy; mode='full' on "
                      "a smaller input names the elements.")
+TRACED = "traced from f's graph"  # the source of a pattern ``find_patterns`` traced
 WRONG_PATTERN_HINT = ("the sparsity pattern misses dependencies of f (see the problem above): each colour's "
                       "difference and VJP mixes in entries outside it, so these elements are undecidable, not wrong.")
 
@@ -92,20 +95,22 @@ def _kernel_path(executor: Executor, evaluations: int) -> str:
     return GRAPH if executor.path == XLA and evaluations < XLA_MIN_EVALUATIONS else executor.path
 
 
-def _colour_kernel(plan: Plan, position: int, path: str, values, flat_function=None):
+def _colour_kernel(plan: Plan, position: int, path: str, values, flat_function=None, uniform: bool = False):
     """For colours ``ids``, d_c = step * scales[c] where labels == ids[c], else 0: f(x + d_c) and
     f(x - d_c) as [2 len(ids), m] in the evaluation dtype.  ``scales`` are powers of two (exact:
     the host knows d_c).  One kernel serves the first sweep (the host takes the differences),
     refinement (the host reads the rows it needs) and the pattern probe (labels all 0, a signed
     step): traced once, for any number of colours (an XLA kernel compiles per count, so its
-    callers pad to their chunk)."""
+    callers pad to their chunk).  ``uniform``: every label and id is 0 (one colour), d_c = step * scales[c],
+    without the comparison and select over every column (10^7 elements: ~6 ms a call)."""
     n = plan.inputs[position].size
     dtype = values[position].dtype
 
     def kernel(values, labels, step, ids, scales):
         flat = tf.reshape(values[position], [-1])
-        direction = tf.where(labels[None, :] == ids[:, None], step[None, :] * scales[:, None],
-                             tf.zeros_like(step)[None, :])
+        direction = step[None, :] * scales[:, None]
+        if not uniform:
+            direction = tf.where(labels[None, :] == ids[:, None], direction, tf.zeros_like(step)[None, :])
         batch = tf.concat([flat[None] + direction, flat[None] - direction], axis=0)
         return evaluate_rows(plan, position, path, values, batch, flat_function)
 
@@ -150,13 +155,27 @@ def _steps(plan: Plan, config, x: np.ndarray, dtype=np.float64) -> np.ndarray:
     return _blocked(lambda part: eps * np.maximum(1.0, np.abs(x[part].astype(np.float64))), x.size, dtype)
 
 
-@tf.function(autograph=False, reduce_retracing=True)
 def _device_steps(x, eps):
     """``_steps`` of a float32 or float64 tensor, made on the device as the kernels' constant: the same
     float64 operations and one rounding to x's dtype, bit for bit, without an [n] copy from the host
     (10^7 elements: the numpy blocks and ``tf.constant`` took ~0.13 s, this ~0.03 s)."""
     wide = eps * tf.maximum(tf.constant(1.0, tf.float64), tf.abs(tf.cast(tf.reshape(x, [-1]), tf.float64)))
     return tf.cast(wide, x.dtype)
+
+
+def _compiled(function) -> tuple:
+    """(graph, XLA) ``tf.function``s of ``function``, indexed by whether XLA pays (``_large``): XLA fuses its
+    passes over 10^7 elements into one, but compiles once per shape (~0.1 s)."""
+    return (tf.function(function, autograph=False, reduce_retracing=True),
+            tf.function(function, jit_compile=True, autograph=False, reduce_retracing=True))
+
+
+def _large(config, size: int) -> bool:
+    """Whether an array of ``size`` elements is judged and drawn in fused XLA passes (``SCREEN_ELEMENTS``)."""
+    return size >= config.table("SCREEN_ELEMENTS")
+
+
+DEVICE_STEPS = _compiled(_device_steps)
 
 
 def _take(array: np.ndarray, index) -> np.ndarray:
@@ -198,6 +217,8 @@ class _Differences:
         self.values = np.empty((colours, m), np.float32 if narrow else np.float64)  # no pages until written
         self.narrow = narrow
         self.sides: tuple | None = None
+        # One colour: the kernel's output on the device, f(x + d) first and f(x - d) half way down (``sides``).
+        self.tensor: tf.Tensor | None = None
         self._index: list = []
         self._exact: list = []
         self.index, self.exact = np.zeros(0, np.int64), np.zeros(0)
@@ -288,7 +309,7 @@ class _Columns:
         self._step_t: tf.Tensor | None = None
         if value.dtype in (tf.float32, tf.float64):
             eps = executor.config.step(MACHINE_EPSILON[plan.eval_dtype])
-            self._step_t = _device_steps(value, tf.constant(eps, tf.float64))
+            self._step_t = DEVICE_STEPS[_large(executor.config, self.x.size)](value, tf.constant(eps, tf.float64))
             self.step = view(self._step_t)
         else:
             self.step = _steps(plan, executor.config, self.x, self.dtype)
@@ -315,11 +336,12 @@ class _Columns:
         return _span(self.x[cols], self.step[cols])
 
     def run(self, labels, step, ids: np.ndarray, consume, sides: bool = True, scales=None, rows=None,
-            what: str = "coloured differences") -> None:
+            what: str = "coloured differences", kept: list | None = None) -> None:
         """Evaluate f(x +- d_c) for each colour in ``ids`` (d_c scaled by ``scales``, default 1):
         ``consume(part, plus, minus)`` gets [count, len(rows)] arrays of each chunk at the outputs
         ``rows`` (``part``: the slice of ``ids``), or ``consume(part, difference)`` [count, m] in
-        float64 without ``sides``.  ``labels`` and ``step`` are numpy arrays or tensors."""
+        float64 without ``sides``.  ``labels`` and ``step`` are numpy arrays or tensors.  ``kept``
+        receives each call's output tensor [2 width, m] as it came (none on the eager path)."""
         executor, plan = self.executor, self.plan
         self.evaluations += 2 * len(ids)
         labels_t = labels if isinstance(labels, tf.Tensor) else tf.constant(np.asarray(labels, np.int32))
@@ -328,13 +350,18 @@ class _Columns:
         path = _kernel_path(executor, 2 * self.colours)
         wanted = None if rows is None else np.asarray(rows, np.int64)
 
+        uniform = labels_t is self._zeros and not np.any(ids)  # every column moves: no select
+
         def call(chunk, part, count):
-            kernel = executor.kernel(("coloured", self.position, path), lambda: _colour_kernel(
-                plan, self.position, path, executor.values, executor.route.flat_function))
+            kernel = executor.kernel(("coloured", self.position, path, uniform), lambda: _colour_kernel(
+                plan, self.position, path, executor.values, executor.route.flat_function, uniform))
             # An XLA kernel compiles per shape: padded to the chunk, one compilation serves every call.
             width = chunk if path == XLA else count
-            outs = view(kernel(executor.values, labels_t, step_t, tf.constant(pad(ids[part], width), tf.int32),
-                               tf.constant(pad(scales[part], width))))
+            raw = kernel(executor.values, labels_t, step_t, tf.constant(pad(ids[part], width), tf.int32),
+                         tf.constant(pad(scales[part], width)))
+            if kept is not None:
+                kept.append(raw)
+            outs = view(raw)
             plus, minus = outs[:count], outs[width : width + count]
             if not sides:
                 consume(part, np.subtract(plus, minus, dtype=np.float64))
@@ -377,8 +404,20 @@ class _Columns:
         """The first sweep: f(x + d_c) - f(x - d_c) [C, m] for every colour c, held as ``_Differences``."""
         result = _Differences(self.colours, self.plan.m, self.plan.eval_dtype.size <= 4)
         labels, step = self.constants()
-        self.run(labels, step, np.arange(self.colours), result.store)
+        kept: list = []
+        self.run(labels, step, np.arange(self.colours), result.store, kept=kept)
+        if self.colours == 1 and len(kept) == 1:
+            result.tensor = kept[0]
         return result
+
+    def remember(self, level: int, rows: np.ndarray, cols: np.ndarray, plus: np.ndarray, minus: np.ndarray) -> None:
+        """f(x +- d) at the nonzeros (rows, cols) along their colour at step h / REFINE_RATIO**level, for
+        ``sides`` to read back."""
+        keys = np.asarray(rows, np.int64) * self.x.size + np.asarray(cols, np.int64)
+        old = self._sides.get(level, (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)))
+        # Each key once, the earlier evaluation first (np.unique keeps its first occurrence).
+        merged, first = np.unique(np.concatenate([old[0], keys]), return_index=True)
+        self._sides[level] = (merged, np.concatenate([old[1], plus])[first], np.concatenate([old[2], minus])[first])
 
     def sides(self, rows: np.ndarray, cols: np.ndarray, levels: list[int]):
         """Per level k: f(x + d), f(x - d) at each nonzero's row along its column's colour direction
@@ -403,11 +442,7 @@ class _Columns:
             plus, minus = self._evaluated(rows, cols, missing)
             for k, level in enumerate(missing):
                 found[level] = (plus[k], minus[k])
-                old = self._sides.get(level, (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)))
-                # Each key once, the earlier evaluation first (np.unique keeps its first occurrence).
-                merged, first = np.unique(np.concatenate([old[0], keys]), return_index=True)
-                self._sides[level] = (merged, np.concatenate([old[1], plus[k]])[first],
-                                      np.concatenate([old[2], minus[k]])[first])
+                self.remember(level, rows, cols, plus[k], minus[k])
         x, d = self.x[cols], self.step[cols]
         return [(*found[level], _span(x, d * self.dtype(REFINE_RATIO ** -float(level)))) for level in levels]
 
@@ -417,9 +452,12 @@ class _Columns:
         present, slot = np.unique(colour, return_inverse=True)
         # The steps of the columns given, 0 elsewhere (those stay put), made on the device (no n-sized
         # array from the host); each column once (scatter_nd adds duplicates: a column holds many nonzeros).
-        distinct = np.unique(np.asarray(cols, np.int64))
-        labels, _ = self.constants()
-        step = tf.scatter_nd(tf.constant(distinct[:, None]), tf.constant(self.step[distinct]), [self.x.size])
+        # One colour moves every column, as the sweep did: each row sees its own column alone either way
+        # (10^7 elements: no 40 MB scatter for the 5321 elements of a second step).
+        labels, step = self.constants()
+        if self.colours > 1:
+            distinct = np.unique(np.asarray(cols, np.int64))
+            step = tf.scatter_nd(tf.constant(distinct[:, None]), tf.constant(self.step[distinct]), [self.x.size])
         factors = [self.dtype(REFINE_RATIO ** -float(k)) for k in levels]
         ids = np.tile(present, len(levels))
         scales = np.repeat(np.array(factors, self.dtype), len(present))
@@ -444,24 +482,49 @@ class _Columns:
         that holds (i, i) mixes into the compressed (i, i) as J_ik h_k / h_i, and equal signs of
         d_i and d_k would cancel it from the probe half the time."""
         _, step = self.constants()
-        d = _random_direction(step, tf.constant([seed, 7919], tf.int32), tf.constant(self.dtype(0.5 / divide)))
+        d = RANDOM_DIRECTION[_large(self.executor.config, self.x.size)](
+            step, tf.constant(seed, tf.int32), tf.constant(self.dtype(0.5 / divide)))
         found: list = []
 
         def consume(part, plus, minus):
             found.append((plus[0], minus[0]))
 
-        self.run(self.zero_labels(), d, np.zeros(1, np.int64), consume, what="coloured pattern probe")
+        kept: list = []
+        self.run(self.zero_labels(), d, np.zeros(1, np.int64), consume, what="coloured pattern probe", kept=kept)
         (plus, minus), = found
-        return _Probe(plus, minus, view(d), self.x)
+        return _Probe(plus, minus, view(d), self.x, kept[0] if len(kept) == 1 else None, d)
 
 
-@tf.function(autograph=False, reduce_retracing=True)
+def _drawn(n, seed):
+    """n uint32 draws of a counter-based generator: the lowbias32 hash of each element's index mixed with the
+    hashed ``seed`` (int32).  One fused XLA pass (10^7 elements: ~5 ms; TensorFlow's stateless Philox took
+    ~45 ms on this CPU, ~3 s compiled by XLA); the probes need draws unrelated to f's structure, which a
+    full-avalanche hash of the counter gives, not cryptographic ones."""
+
+    def mixed(x):
+        for shift, factor in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+            x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(shift, tf.uint32)))
+            x = x * tf.constant(factor, tf.uint32)
+        return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+
+    index = tf.bitcast(tf.range(n, dtype=tf.int32), tf.uint32)
+    return mixed(tf.bitwise.bitwise_xor(index, mixed(tf.bitcast(seed, tf.uint32))))
+
+
+def _probe_weights(table, seed, m):
+    """m cotangent weights drawn uniformly from ``table`` (``_drawn`` from ``seed``, on the device); ``m`` a
+    tensor, or an int under XLA (a static shape)."""
+    return tf.gather(table, tf.cast(_drawn(m, seed) % tf.cast(tf.size(table), tf.uint32), tf.int32))
+
+
 def _random_direction(step, seed, scale):
-    """step * s * scale, s uniform in [-2, -1) or [1, 2) (drawn from ``seed``): one graph, whose
-    temporaries reuse each other's buffers (eagerly, each of its five ops over 10^7 elements faults
-    in a fresh 40 MB); the same ops, the same values."""
-    r = tf.random.stateless_uniform(tf.shape(step), seed=seed, minval=-1.0, maxval=1.0, dtype=step.dtype)
-    return step * tf.where(r < 0, r - 1, r + 1) * scale
+    """step * s * scale, s uniform in [-2, -1) or [1, 2) (``_drawn`` from ``seed``), on the device."""
+    r = tf.cast(tf.bitwise.right_shift(_drawn(tf.size(step), seed), tf.constant(8, tf.uint32)), tf.float32)
+    r = r * (2.0**-23) - 1.0  # uniform in [-1, 1) on a grid of 2^-23: exact in float32
+    return step * tf.cast(tf.where(r < 0, r - 1, r + 1), step.dtype) * scale
+
+
+PROBE_WEIGHTS, RANDOM_DIRECTION = _compiled(_probe_weights), _compiled(_random_direction)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,6 +536,8 @@ class _Probe:
     minus: np.ndarray
     moved: np.ndarray
     x: np.ndarray
+    tensor: tf.Tensor | None = None  # the kernel's [2, m] output (plus, minus) on the device
+    moved_tensor: tf.Tensor | None = None
 
     def value(self, part=slice(None)) -> np.ndarray:
         """(f(x + d) - f(x - d)) / 2 at the outputs ``part`` (a slice or an index array), float64."""
@@ -502,6 +567,8 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
     dtype = plan.native_flat_dtype.as_numpy_dtype
     compressed = [np.empty((colours, p.shape[1]), dtype) for p in patterns]
 
+    kept: list = []
+
     def consume(part, blocks):
         for k, (target, block) in enumerate(zip(compressed, blocks)):
             if part == slice(0, colours) and block.shape == target.shape and block.dtype == target.dtype:
@@ -520,10 +587,22 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
     # One row colour (an elementwise f): the device's zeros, not a copy of an m-sized array.
     labels_t = tf.zeros([len(row_labels)], tf.int32) if colours == 1 else tf.constant(row_labels.astype(np.int32))
 
+    probes: list = []
+
     def call(size, part, count):
         path = _kernel_path(executor, 4 * colours)
+        if colours == 1 and size == 1:
+            paired = _paired_vjps(executor, path)
+            if paired is not None:
+                out, probe = paired[: len(compressed)], paired[len(compressed) :]
+                kept.append(out)
+                probes.extend(tf.reshape(g, [-1]) for g in probe)
+                consume(part, [view(b) for b in out])
+                return
         kernel = executor.kernel(("coloured vjp", size, path), lambda: _vjp_kernel(executor.plan, path, size))
         out = kernel(executor.native, labels_t, tf.constant(pad(ids[part], size), tf.int32))
+        if colours == 1 and size == 1:
+            kept.append(out)
         consume(part, [view(b)[:count] for b in out])
 
     def eager():
@@ -534,7 +613,57 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
     batch = Batch("coloured VJPs", "coloured vjp", chunk, subject="coloured mode", unit="VJPs", item="VJP",
                   advice="pass a smaller problem or a device with more memory.", spread=False, progress=False)
     executor.chunked(batch, colours, call, eager)
-    return [_Analytical(block, row_labels) for block in compressed]
+    tensors = kept[0] if len(kept) == 1 else [None] * len(compressed)
+    probes = probes if len(probes) == len(compressed) else [None] * len(compressed)
+    return [_Analytical(block, row_labels, tensor, probe) for block, tensor, probe in zip(compressed, tensors, probes)]
+
+
+def _paired_vjps(executor: Executor, path: str) -> list | None:
+    """[J^T 1 [1, n_k] per checked input] + [J^T w [1, n_k] per checked input] for the VJP probe's cotangent w
+    (``_vjp_weights``): one row colour's VJP and the probe's from one forward pass, in one call (10^7 elements:
+    ~15 ms less than two).  None where f's gradient cannot run twice on one tape (a custom gradient that
+    consumes its own) or the kernel fails otherwise: the VJPs are then taken one by one."""
+    plan = executor.plan
+
+    def make():
+        return vjps_kernel(plan, path, lambda y, weights: [tf.ones_like(y), tf.cast(weights, y.dtype)])
+
+    try:
+        return list(executor.kernel(("coloured vjp pair", path), make)(executor.native, _vjp_weights(executor, plan)))
+    except Exception:  # noqa: BLE001 -- the single VJP kernel runs f again and raises what is f's own
+        return None
+
+
+def _vjp_weights(executor: Executor, plan: Plan) -> tf.Tensor:
+    """The VJP probe's dense cotangent [m] (native dtype): ``VJP_PROBE_WEIGHTS`` drawn on the device from the
+    check's seed, drawn once per check (``_paired_vjps`` and ``_vjp_problems`` read the same)."""
+    xla = _large(executor.config, plan.m)
+    return executor.once("coloured vjp probe weights", lambda: PROBE_WEIGHTS[xla](
+        tf.constant(VJP_PROBE_WEIGHTS, plan.native_flat_dtype), tf.constant((executor.config.seed + 6151) % 2**31,
+                                                                          tf.int32),
+        plan.m if xla else tf.constant(plan.m, tf.int32)))
+
+
+def _probe_vjps(executor: Executor, plan: Plan, positions: list[int], weights: tf.Tensor) -> list:
+    """J^T w (flat, per input at ``positions``) for the cotangent ``weights`` [m]: one call of a compiled VJP
+    kernel where the row colours' ran compiled (10^7 elements: ~35 ms against ~60 ms eagerly), else eagerly."""
+    found: list = []
+    order = [s.position for s in plan.checked]
+
+    def call(size, part, count):
+        path = _kernel_path(executor, 4)
+        kernel = executor.kernel(("coloured vjp probe", path),
+                                 lambda: vjp_kernel(executor.plan, path, lambda y, w: tf.cast(w, y.dtype)))
+        grads = kernel(executor.native, weights)
+        found.extend(tf.reshape(grads[order.index(p)], [-1]) for p in positions)
+
+    def eager():
+        found.extend(_eager_vjp(executor, plan, positions)(weights))
+
+    batch = Batch("coloured VJP probe", "coloured vjp probe", 1, subject="coloured mode", unit="VJPs", item="VJP",
+                  advice="pass a smaller problem or a device with more memory.", spread=False, progress=False)
+    executor.chunked(batch, 1, call, eager)
+    return found
 
 
 def _eager_vjp(executor: Executor, plan: Plan, positions: list[int]):
@@ -552,12 +681,12 @@ def _eager_vjp(executor: Executor, plan: Plan, positions: list[int]):
             leaves = plan.output_leaves(values)
         return tape, sources, leaves
 
-    def vjp(weights: np.ndarray) -> list:
+    def vjp(weights) -> list:
         if state["pass"] is None or not state["shared"]:
             state["pass"] = forward()
         tape, sources, leaves = state["pass"]
         bounds = np.concatenate([[0], np.cumsum([int(leaf.shape.num_elements()) for leaf in leaves])])
-        cotangents = [tf.constant(weights[bounds[i] : bounds[i + 1]].reshape(leaf.shape), leaf.dtype)
+        cotangents = [tf.reshape(tf.cast(weights[bounds[i] : bounds[i + 1]], leaf.dtype), leaf.shape)
                       for i, leaf in enumerate(leaves)]
         try:
             grads = tape.gradient(leaves, sources, output_gradients=cotangents, unconnected_gradients=ZERO)
@@ -576,8 +705,11 @@ class _Analytical:
     by rows ([R, n_k]: nonzero (i, j) is ``[row colour of i, j]``) or off the user's dense
     gradient (``row_labels`` None): a per-nonzero copy would cost as much again."""
 
-    def __init__(self, compressed: np.ndarray, row_labels: np.ndarray | None):
+    def __init__(self, compressed: np.ndarray, row_labels: np.ndarray | None, tensor: tf.Tensor | None = None,
+                 probe: tf.Tensor | None = None):
         self.compressed, self.row_labels = compressed, row_labels
+        self.tensor = tensor  # one row colour: the VJP [1, n] on the device
+        self.probe = probe  # J^T w [n] of the VJP probe, where taken beside it (``_paired_vjps``)
 
     def at(self, rows, cols) -> np.ndarray:
         if self.row_labels is None:
@@ -634,6 +766,7 @@ class _Block:
     # are not OK, so those not OK now are among them (10^7 statuses: no pass over them all to find 5321).
     flagged: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     one_sided: dict = dataclasses.field(default_factory=dict)
+    cleared: int = 0  # nonzeros the last judgement's device screen passed (``_screen``)
     wrong_pattern: bool = False
     inconsistent: bool = False  # the reverse-mode gradient failed the dense cotangent probe
 
@@ -702,19 +835,29 @@ class _Block:
 
     def sweep(self) -> None:
         """One central difference per colour, kept compressed: [C, m]."""
-        columns = self.columns
-        self.compressed = columns.sweep()
+        self.compressed = self.columns.sweep()
 
     def reset(self) -> None:
         """Back to the first sweep's values (before a new judgement under measured noise)."""
         self.override, self.one_sided = None, {}
 
-    def judge(self, plan: Plan, atol: float, rtol: float, beside=None) -> None:
+    def judge(self, plan: Plan, atol: float, rtol: float, beside=None, among: np.ndarray | None = None) -> None:
         """The status of every nonzero under the rounding (or measured) noise, block by block;
         ``beside(part, numerical, band)``, when given, reads each block's values and bands as they
-        are judged (what ``values(part, bands=True)`` would compute again)."""
+        are judged (what ``values(part, bands=True)`` would compute again).  ``among``: the nonzeros
+        a screen (``_screen``) did not clear, the only ones judged; every other one is OK."""
         assert self.override is None, "reset() first"
         self.rule = (plan, atol, rtol)
+        self.cleared = 0 if among is None else self.nnz - len(among)
+        if among is not None:
+            self.status = np.zeros(self.nnz, np.int8)  # OK is 0 (fresh zero pages: only the judged ones written)
+            self.flagged = np.zeros(0, np.int64)
+            if len(among):
+                rows, _, a, spans, numerical = self._read(among)
+                status, _ = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
+                self.status[among] = status
+                self.flagged = among[status != 0]
+            return
         status = self.status if self.status.size == self.nnz else np.empty(self.nnz, np.int8)
         flagged = []
         for part in self.parts():
@@ -836,12 +979,13 @@ class _Exceeded:
         self._found: list = []
 
     def read(self, part, numerical: np.ndarray, band: np.ndarray) -> None:
+        """The rows ``part`` (a slice, or an index array of rows) with their values and bands."""
         probe, where = self.probe, self.where
         coarse, allowed = _outside(self.plan, part, probe.value(part), numerical, band, probe.realised(part), self.eps)
         with np.errstate(invalid="ignore"):
             keep = np.arange(len(coarse)) if where is not None else np.flatnonzero(coarse > allowed)
         if len(keep):
-            index = where[keep] if where is not None else keep + part.start
+            index = where[keep] if where is not None else (keep + part.start if isinstance(part, slice) else part[keep])
             self._found.append((index, coarse[keep], allowed[keep]))
 
     def found(self) -> tuple:
@@ -850,28 +994,109 @@ class _Exceeded:
         return tuple(np.concatenate(parts_) for parts_ in zip(*self._found))
 
 
-def _probe_signs(seed: int):
+def _probe_signs(seed: int, count: int):
     """The pattern probes' seeds, in order."""
     rng = np.random.default_rng(seed + 7919)
-    for _ in range(PATTERN_PROBES):
+    for _ in range(count):
         yield int(rng.integers(0, 2**31 - 1))
 
 
-def _judged(plan: Plan, blocks: list[_Block], atol: float, rtol: float, seed: int) -> list:
+def _pattern_probes(block: _Block, source: str) -> int:
+    """Random dense probes of ``block``'s pattern: none for a traced diagonal one (each output element depends on
+    its own input element alone), which is trusted as the element-wise walk trusts it (``_diagonal``): its probe
+    would cost as much as its sweep, and the trace's rules are what the walk reads; ``PATTERN_PROBES`` for every
+    other pattern (a given one above all)."""
+    return 0 if source == TRACED and block.pattern.diagonal else PATTERN_PROBES
+
+
+def _judged(plan: Plan, blocks: list[_Block], atol: float, rtol: float, seed: int, source: str) -> list:
     """``judge`` every block; a diagonal pattern's first pattern probe is evaluated first and read beside
     the verdicts, block by block (its values and bands are the judgement's: one pass over 10^7 elements,
     not two): per block, (the probe's seed, its ``_Exceeded``), or None."""
     firsts: list = []
     for block in blocks:
-        signs = next(_probe_signs(seed), None)
+        signs = next(_probe_signs(seed, _pattern_probes(block, source)), None)
         if signs is None or not block.pattern.diagonal or block.nnz != plan.m:
-            block.judge(plan, atol, rtol)
+            left = _screen(plan, block, None, atol, rtol)
+            block.judge(plan, atol, rtol, among=None if left is None else left[0])
             firsts.append(None)
             continue
         exceeded = _Exceeded(plan, block.columns.probe(signs, 1.0))
-        block.judge(plan, atol, rtol, beside=exceeded.read)
+        left = _screen(plan, block, exceeded.probe, atol, rtol)
+        if left is None:
+            block.judge(plan, atol, rtol, beside=exceeded.read)
+        else:  # numpy's rule on what the screen left: the verdicts' and the probe's rows
+            judged, probed = left
+            block.judge(plan, atol, rtol, among=judged)
+            if len(probed):
+                _, _, _, numerical, band = block.values(probed, bands=True)
+                exceeded.read(probed, numerical, band)
         firsts.append((signs, exceeded))
     return firsts
+
+
+def _screen(plan: Plan, block: _Block, probe: _Probe | None, atol: float, rtol: float) -> tuple | None:
+    """(nonzeros, probe rows) that numpy's rule must judge, of a large diagonal block whose sweep, VJP and first
+    pattern probe (if any) are on the device: one fused pass (``_screened``) clears the rest, each with its error
+    below ``SCREEN_MARGIN`` of what the rule allows it -- verdicts that do not depend on how the pass rounds.
+    None where the block does not qualify (numpy judges it all): below ``SCREEN_ELEMENTS`` nonzeros, f's noise
+    measured (per-row allowances), a complex input or output, or values the eager path left on the host."""
+    config_min = block.columns.executor.config.table("SCREEN_ELEMENTS")
+    sides, vjp = block.compressed.tensor if block.compressed is not None else None, block.analytical.tensor
+    if (block.nnz < config_min or not block.pattern.diagonal or block.nnz != plan.m or plan.noise is not None
+            or plan.uniform_epsilon is None or sides is None or vjp is None
+            or (probe is not None and probe.tensor is None)
+            or block.columns._step_t is None or len(plan.outputs) != 1 or plan.outputs[0].dtype.is_complex
+            or block.spec.is_complex):
+        return None
+    columns = block.columns
+    noise, rounding = (NOISE_FACTOR * float(e) for e in (plan.uniform_epsilon, MACHINE_EPSILON[plan.eval_dtype]))
+    try:
+        judged, probed = _screened(
+            sides, tf.reshape(columns.executor.values[columns.position], [-1]), columns._step_t,
+            tf.reshape(vjp, [-1]), _centre(plan),
+            *(tf.constant(v, tf.float64) for v in (atol, rtol, noise, rounding, PATTERN_MARGIN, SCREEN_MARGIN)),
+            probe=None if probe is None else tf.reshape(probe.tensor, [2, -1]),
+            moved=None if probe is None else probe.moved_tensor)
+    except tf.errors.OpError:  # no XLA for this device or dtype, or no memory for the pass: numpy judges it all
+        return None
+    return np.flatnonzero(view(judged)), (np.zeros(0, np.int64) if probed is None else np.flatnonzero(view(probed)))
+
+
+def _centre(plan: Plan) -> tf.Tensor:
+    """f(x) flat [m] as the numerical side computed it, on the device: f's own output where it is that
+    (float64 ``eval_output`` is it, exactly), else a copy of ``eval_output``."""
+    leaves = [leaf for leaf, keep in zip(tf.nest.flatten(plan.structure), plan.leaf_is_output) if keep]
+    if (not plan.eval_upcast and len(leaves) == 1 and isinstance(leaves[0], tf.Tensor)
+            and leaves[0].dtype == plan.eval_flat_dtype):
+        return tf.reshape(leaves[0], [-1])
+    return tf.constant(plan.eval_output)
+
+
+@tf.function(jit_compile=True, autograph=False, reduce_retracing=True)
+def _screened(sides, x, step, vjp, centre, atol, rtol, noise_factor, rounding_factor, pattern_margin, margin,
+              probe=None, moved=None):
+    """The masks (not cleared by the element rule, not cleared by the pattern probe) [m] of a diagonal block:
+    ``_compare``'s rule and ``_Exceeded``'s test with every allowance scaled by ``margin``, as ``_noise``,
+    ``_span``, ``first_sweep`` and ``_outside`` compute them, in one fused pass (a value that is not finite
+    clears nothing)."""
+    wide = functools.partial(tf.cast, dtype=tf.float64)
+    span = wide((x + step) - (x - step))
+    numerical = (wide(sides[0]) - wide(sides[sides.shape[0] // 2])) / span  # f(x + d) first, f(x - d) half way
+    analytical, centre = wide(vjp), tf.abs(wide(centre))
+    noise = centre * noise_factor / tf.abs(span)
+    noise = tf.where(tf.math.is_finite(noise), noise, tf.zeros_like(noise))
+    band = tf.abs(numerical) * rtol + atol + noise
+    finite = tf.math.is_finite(numerical) & tf.math.is_finite(analytical)
+    cleared = finite & (tf.abs(analytical - numerical) <= margin * band)
+    if probe is None:
+        return tf.logical_not(cleared), None
+    realised = wide((x + moved) - (x - moved)) / 2
+    predicted = numerical * realised
+    predicted = tf.where(tf.math.is_finite(predicted), predicted, tf.zeros_like(predicted))
+    allowed = pattern_margin * (tf.abs(band * realised) + centre * rounding_factor)
+    within = tf.abs((wide(probe[0]) - wide(probe[1])) * 0.5 - predicted) <= margin * allowed
+    return tf.logical_not(cleared), tf.logical_not(within)
 
 
 def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=None) -> str | None:
@@ -913,7 +1138,7 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=Non
             index = np.flatnonzero(coarse > allowed) if where is None else where
         return index, coarse[index], allowed[index]
 
-    for signs in _probe_signs(seed):
+    for signs in _probe_signs(seed, _pattern_probes(block, source)):
         index, coarse, allowed = excess(signs, 1.0)
         if not len(index):
             continue
@@ -971,12 +1196,14 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
     """
     if not blocks:
         return []
-    rng = np.random.default_rng(executor.config.seed + 6151)
     dtype = plan.native_flat_dtype
-    # The native dtype holds these weights exactly: no float64 copy of an m-sized array.
-    weights = np.asarray(VJP_PROBE_WEIGHTS, dtype.as_numpy_dtype)[rng.integers(0, len(VJP_PROBE_WEIGHTS), plan.m,
-                                                                                dtype=np.int8)]
-    grads = _eager_vjp(executor, plan, [b.spec.position for b in blocks])(weights)
+    # Drawn on the device in the native dtype, which holds these weights exactly (10^7 cotangents: ~5 ms;
+    # from the host, a numpy draw and a fresh 40 MB tensor took ~190 ms).
+    weights_t = _vjp_weights(executor, plan)
+    grads = [b.analytical.probe for b in blocks]
+    if any(g is None for g in grads):
+        grads = _probe_vjps(executor, plan, [b.spec.position for b in blocks], weights_t)
+    weights = view(weights_t)
     # The rounding of the precision f computes in, where measured lower than its dtype's (a bfloat16 op inside).
     eps = max(float(np.finfo(dtype.as_numpy_dtype).eps) if dtype.is_floating else 2.0**-52,
               PRECISION_EPSILON.get(plan.precision, 0.0) if plan.noise is not None else 0.0)
@@ -1104,7 +1331,7 @@ def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_pattern.Pattern
         raise _pattern.UnknownSparsity(
             f"mode='coloured' traces f to find its Jacobian's sparsity pattern, but f cannot be traced "
             f"({type(error).__name__}: {first_line(error, 160)}); pass sparsity=, or mode='full' / mode='fast'.") from None
-    return _sparsity.traced_patterns(m, dep, sizes), "traced from f's graph"
+    return _sparsity.traced_patterns(m, dep, sizes), TRACED
 
 
 def check_coloured(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
@@ -1211,7 +1438,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
             block.sweep()
     atol, rtol = config.tolerances(plan.precision)
     with timed(timings, "verdicts"):
-        firsts = _judged(plan, blocks, atol, rtol, config.seed)
+        firsts = _judged(plan, blocks, atol, rtol, config.seed, source)
     with timed(timings, "pattern"):
         problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
     sampled = None
@@ -1225,7 +1452,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         for block in blocks:
             block.reset()
             block.wrong_pattern = block.inconsistent = False
-        firsts = _judged(plan, blocks, atol, rtol, config.seed)
+        firsts = _judged(plan, blocks, atol, rtol, config.seed, source)
         with timed(timings, "pattern"):
             problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
     judged = [b for b in blocks if not any(b is w for w in wrong)]
@@ -1251,9 +1478,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         pairs = _pairs(plan, blocks, atol, rtol, output_name, side, config.table("DENSE_REPORT_ENTRIES"))
     notes: list = [ColouredSummary(
         source, tuple(ColouredBlock(b.spec.name, int(b.pattern.nnz), int(b.pattern.shape[0]), int(b.pattern.shape[1]),
-                                    int(b.columns.colours)) for b in blocks),
+                                    int(b.columns.colours), b.cleared, _pattern_probes(b, source)) for b in blocks),
         None if supplied is not None else int(found.row_colours), int(sum(b.columns.evaluations for b in blocks)),
-        PATTERN_PROBES, sampled)]
+        sampled)]
     if executor.path == XLA and any(_kernel_path(executor, 2 * b.columns.colours) == GRAPH for b in blocks):
         notes.append(ColouredOnGraph(XLA_MIN_EVALUATIONS))
     return Outcome(pairs, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,

@@ -355,27 +355,28 @@ class FastForwardOnly:
 @dataclasses.dataclass(frozen=True)
 class ColouredBlock:
     """One checked input's share of coloured mode: its pattern's ``nonzeros`` of ``rows`` x ``columns``,
-    in ``colours`` column colours."""
+    in ``colours`` column colours; ``cleared``: nonzeros the device's screen passed (the rest judged on the
+    host); ``probes``: random dense probes of the pattern (0: a traced diagonal pattern, trusted)."""
 
     input: str
     nonzeros: int
     rows: int
     columns: int
     colours: int
+    cleared: int = 0
+    probes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class ColouredSummary:
     """Coloured mode's work: the sparsity pattern (``source``: where it came from), each input's ``blocks``,
-    ``row_colours`` VJPs (None: gradients supplied), ``evaluations`` of f, ``probes`` random dense probes of the
-    pattern per input; ``noise_rows``: (failing outputs, sampled outputs, input elements moved) where f's noise
-    was measured on some outputs only."""
+    ``row_colours`` VJPs (None: gradients supplied), ``evaluations`` of f; ``noise_rows``: (failing outputs,
+    sampled outputs, input elements moved) where f's noise was measured on some outputs only."""
 
     source: str
     blocks: tuple
     row_colours: int | None
     evaluations: int
-    probes: int
     noise_rows: tuple | None = None
 
 

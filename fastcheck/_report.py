@@ -32,7 +32,14 @@ from fastcheck._compare import (
 from fastcheck._compare import diagnose as _diagnose
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._plan import InputSpec, Plan, first_line
-from fastcheck._tables import COLLAPSE_PASSING, RESOLUTION_RTOLS, SUMMARY_CHUNK, UNDECIDED_DETAILS, WORST_KEPT
+from fastcheck._tables import (
+    COLLAPSE_PASSING,
+    RESOLUTION_RTOLS,
+    SCREEN_MARGIN,
+    SUMMARY_CHUNK,
+    UNDECIDED_DETAILS,
+    WORST_KEPT,
+)
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
 FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
@@ -1102,6 +1109,15 @@ def event_dict(event) -> dict:
     return {"kind": type(event).__name__, **{f.name: value(getattr(event, f.name)) for f in dataclasses.fields(event)}}
 
 
+def _screened_text(block) -> str:
+    """How coloured mode's device screen shared a block's verdicts with numpy (empty where it did not run)."""
+    if not block.cleared:
+        return ""
+    rest = block.nonzeros - block.cleared
+    return (f" ({'all' if not rest else block.cleared} passed by the element rule with a {SCREEN_MARGIN:g} margin in "
+            "one fused XLA pass" + (f", the other {rest} judged in numpy)" if rest else ")"))
+
+
 def compose(event) -> str:
     """One event as the report's note."""
     subject = _subject(event)
@@ -1163,11 +1179,14 @@ def _said(event, spans: dict | None = None) -> str:
     if isinstance(e, events.ColouredSummary):
         text = (f"coloured mode: sparsity pattern {e.source}; "
                 + "; ".join(f"{b.input}: {b.nonzeros} structural nonzeros of {b.rows} x {b.columns}, "
-                            f"{_counted(b.colours, 'column colour')}" for b in e.blocks)
+                            f"{_counted(b.colours, 'column colour')}"
+                            + _screened_text(b) for b in e.blocks)
                 + ("" if e.row_colours is None else f"; reverse mode: {_counted(e.row_colours, 'row colour')} "
                    "(one VJP each)")
-                + f"; {_counted(e.evaluations, 'evaluation')} of f; the pattern checked by "
-                f"{_counted(e.probes, 'random dense probe')} per input")
+                + f"; {_counted(e.evaluations, 'evaluation')} of f; "
+                + "; ".join(f"{b.input}'s pattern checked by {_counted(b.probes, 'random dense probe')}" if b.probes
+                            else f"{b.input}'s pattern (each output element on its own input element) trusted from "
+                                 "f's graph, as the element-wise walk trusts it" for b in e.blocks))
         if e.noise_rows is not None:
             failing, sampled, moved = e.noise_rows
             text += (f"; f's noise measured on the {failing} output(s) of failing nonzeros and {sampled} sampled "

@@ -133,6 +133,14 @@ PATTERN_PROBES = 1  # random dense probes of the pattern (each confirmed at a qu
 PATTERN_MARGIN = 3.0  # J d may leave the pattern's prediction by this factor before a quarter step confirms it
 VJP_PROBE_WEIGHTS = (-4.0, -2.0, -1.0, 1.0, 2.0, 4.0)  # the dense cotangent's values: powers of two keep u exact
 VJP_PROBE_ROUNDING = 64.0  # unit roundoffs of the native dtype per unit of sum_i |u_i a_ij|
+# From this many nonzeros a diagonal pattern's judgement is screened beside the evaluations (``_coloured._screen``):
+# one fused XLA pass over the sweep, the VJP and the pattern probe clears every element whose error is below
+# SCREEN_MARGIN of its band (10^7 float32: ~30 ms against ~250 ms of numpy passes); numpy's rule judges the rest.
+SCREEN_ELEMENTS = 1 << 18
+# A cleared element's error is below this fraction of its band: numpy's rule passes it too, however XLA's fused
+# float64 arithmetic rounds (a contracted multiply-add moves a band by ~1e-16 relative).  10^7 float32 sin(x) x:
+# 1.7% of the elements are left to numpy at 0.9.
+SCREEN_MARGIN = 0.9
 NOISE_SAMPLE = 512  # rows whose noise is measured besides the failing nonzeros' (f's relative noise as a whole)
 NOISE_ALL = 1 << 17  # up to this many outputs the noise is measured on all (the other modes' sigma, their verdicts)
 
@@ -323,6 +331,6 @@ FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis need
 # The tunables a check reads from its options (``CheckConfig.table``), so ``tables={name: value}``
 # overrides them for that check: for experiments with a threshold, and for tests that reach a branch
 # (coloured mode's sampled noise, its sparse report, a check too large to hold) on a small problem.
-CONFIGURABLE = frozenset({"NOISE_ALL", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "WALK_ELEMENTS",
+CONFIGURABLE = frozenset({"NOISE_ALL", "SCREEN_ELEMENTS", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "WALK_ELEMENTS",
                           "REPEAT_TRACE_CHECKS", "REPEAT_TRACE_SECONDS"})
 

@@ -702,9 +702,11 @@ def _evaluations(report) -> int:
 def test_truncation_limited_elements_pass_at_the_second_step():
     report = fastcheck.check_gradients(_sin_times_x, tf.constant(SECOND_STEP_X), mode="coloured", precision="native")
     assert report.verdict == "pass"
-    # The sweep's 2, the pattern probe's 2 and the second step's 2 (its failing elements all at h/4, in
-    # one pair of evaluations): no ladder, which would add 10 more (h/4**0, h/4**2 ... h/4**5).
-    assert _evaluations(report) == 6, report.notes
+    # The sweep's 2 and the second step's 2 (its failing elements all at h/4, in one pair of evaluations): no
+    # ladder, which would add 10 more (h/4**0, h/4**2 ... h/4**5); no pattern probe (a traced diagonal pattern).
+    assert _evaluations(report) == 4, report.notes
+    (block,) = events_of(report, "ColouredSummary")[0].blocks
+    assert block.probes == 0 and "trusted from f's graph" in str(report)
 
 
 def test_a_single_element_off_by_1e3_is_located_past_the_second_step():
@@ -715,3 +717,62 @@ def test_a_single_element_off_by_1e3_is_located_past_the_second_step():
     (pair,) = report.pairs
     assert pair.count(1) == 1
     assert pair.worst_element.input_index == (index,)
+
+
+def _screen_cases():
+    """name -> (f, x, options): large diagonal checks the device screen judges, each with elements on every side
+    of the rule (truncation-limited ones, a planted defect, outputs that are not finite, rtol=0)."""
+    rng = np.random.default_rng(5)
+    x32 = rng.normal(size=1 << 13).astype(np.float32)
+    x32[:64] = 0.0  # f' = 0 exactly
+    logs = np.abs(x32) + 0.1
+    logs[[7, 70, 700]] = [0.0, -1.0, np.inf]  # log: -inf, NaN and inf outputs
+    jumps = x32.copy()
+    jumps[[11, 111]] = 0.5  # an infinite quotient beside a finite gradient
+
+    @tf.custom_gradient
+    def nan_gradient(x):  # a NaN gradient at one element, a correct one elsewhere
+        return tf.sin(x) * x, lambda dy: dy * (tf.sin(x) + x * tf.cos(x)) / tf.where(
+            tf.range(tf.size(x)) == 321, tf.zeros_like(x), tf.ones_like(x))
+
+    return {
+        "truncation": (_sin_times_x, x32, {}),
+        "defect": (_sin_times_x_wrong_at(4321, 1e-3), x32, {}),
+        "rtol 0": (_sin_times_x, x32, {"rtol": 0.0, "atol": 1e-3}),
+        "not finite": (tf.math.log, logs, {}),
+        "infinite quotient": (lambda x: tf.where(x > 0.5, tf.fill(tf.shape(x), np.float32(np.inf)), x), jumps, {}),
+        "nan gradient": (nan_gradient, x32, {}),
+        "float64": (lambda x: tf.tanh(x) * x, x32.astype(np.float64), {}),
+        "wrong pattern": (lambda x: tf.sin(x) + 0.5 * tf.roll(x, 1, 0), x32,
+                          {"sparsity": (np.arange(x32.size), np.arange(x32.size))}),
+    }
+
+
+@pytest.mark.parametrize("name", list(_screen_cases()))
+def test_the_device_screen_gives_numpys_verdicts_on_every_element(name):
+    # The screen passes an element only where its error is below 0.9 of its band, in one fused XLA pass; numpy's
+    # rule judges the rest: the statuses, values and problems are those of judging every element in numpy.
+    f, x, options = _screen_cases()[name]
+    screened = fastcheck.check_gradients(f, tf.constant(x), mode="coloured", precision="native",
+                                         tables={"SCREEN_ELEMENTS": 1}, **options)
+    numpy = fastcheck.check_gradients(f, tf.constant(x), mode="coloured", precision="native",
+                                      tables={"SCREEN_ELEMENTS": 1 << 40}, **options)
+    (block,) = events_of(screened, "ColouredSummary")[0].blocks
+    (unscreened,) = events_of(numpy, "ColouredSummary")[0].blocks
+    # A check that fails its first judgement measures f's noise and judges again in numpy (per-row allowances):
+    # the last judgement's share is what the report states.
+    assert unscreened.cleared == 0 and (0 < block.cleared <= x.size if numpy.ok else block.cleared == 0), str(screened)
+    assert screened.verdict == numpy.verdict and screened.problems == numpy.problems
+    for attribute in ("status", "analytical", "numerical", "band"):
+        np.testing.assert_array_equal(getattr(screened.pairs[0], attribute), getattr(numpy.pairs[0], attribute))
+
+
+def test_a_given_diagonal_pattern_is_probed_and_a_traced_one_trusted():
+    x = tf.constant(np.random.default_rng(2).normal(size=64))
+    traced = fastcheck.check_gradients(tf.sin, x, mode="coloured")
+    given = fastcheck.check_gradients(tf.sin, x, mode="coloured", sparsity=(np.arange(64), np.arange(64)))
+    (traced_block,), (given_block,) = (events_of(r, "ColouredSummary")[0].blocks for r in (traced, given))
+    assert traced.ok and given.ok
+    assert (traced_block.probes, given_block.probes) == (0, 1)
+    assert _evaluations(given) == _evaluations(traced) + 2
+    assert "input's pattern checked by 1 random dense probe" in str(given), str(given)
