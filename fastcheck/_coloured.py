@@ -404,9 +404,10 @@ class _Columns:
         """The first sweep: f(x + d_c) - f(x - d_c) [C, m] for every colour c, held as ``_Differences``."""
         result = _Differences(self.colours, self.plan.m, self.plan.eval_dtype.size <= 4)
         labels, step = self.constants()
-        kept: list = []
+        # One colour's output stays on the device for the screen; more colours' are dropped chunk by chunk.
+        kept: list | None = [] if self.colours == 1 else None
         self.run(labels, step, np.arange(self.colours), result.store, kept=kept)
-        if self.colours == 1 and len(kept) == 1:
+        if kept is not None and len(kept) == 1:
             result.tensor = kept[0]
         return result
 
