@@ -1202,6 +1202,8 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
     # from the host, a numpy draw and a fresh 40 MB tensor took ~190 ms).
     weights_t = _vjp_weights(executor, plan)
     grads = [b.analytical.probe for b in blocks]
+    for block in blocks:  # read once: the report keeps the blocks, not this 10^7-element J^T w
+        block.analytical.probe = None
     if any(g is None for g in grads):
         grads = _probe_vjps(executor, plan, [b.spec.position for b in blocks], weights_t)
     weights = view(weights_t)
