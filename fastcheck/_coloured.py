@@ -14,14 +14,18 @@ Jacobian is sparse (elementwise ops, normalisations over a small axis, stencils)
    rows sharing a column differ, one VJP per row colour (batched ``tape.jacobian``
    of the colour-weighted outputs), each nonzero read off its row's colour;
 4. the element rule of ``_compare`` on the nonzeros, f's noise measured only when
-   an element fails; failing nonzeros evaluated at h/4 first (the second step: those
-   its quotient and Richardson's extrapolation pass are done), the rest refined over
-   h ... h/4**5 (deeper where unsettled) by re-evaluating only their colours, with
-   ``_compare.refine``'s kink and jump tests, as in full mode;
+   an element fails; a large diagonal block (``SCREEN_ELEMENTS``) is screened beside
+   its evaluations, on the device (``_screen``: elements within 0.9 of their band pass,
+   numpy's rule judges the rest); failing nonzeros evaluated at h/4 first (the second
+   step: those its quotient and Richardson's extrapolation pass are done), the rest
+   refined over h ... h/4**5 (deeper where unsettled) by re-evaluating only their
+   colours, with ``_compare.refine``'s kink and jump tests, as in full mode;
 5. the pattern check: random dense probes ``J d`` (numerical) against the
    pattern-restricted ``sum N_ij d_j``; mass outside the pattern (confirmed at a
    quarter of the step) is a *problem* of the report -- the pattern is wrong --,
-   not a gradient verdict.
+   not a gradient verdict.  A traced diagonal pattern is trusted instead, as the
+   element-wise walk (``_diagonal``) trusts the same rules; a dense random cotangent
+   checks the reverse-mode gradient itself (``_vjp_problems``) in every case.
 
 Memory: one status byte per nonzero; the colours' differences [C, m] (float32 where
 exact) and the VJPs [R, n] stay compressed, and every other per-nonzero quantity
