@@ -118,7 +118,8 @@ def _colour_kernel(plan: Plan, position: int, path: str, values, flat_function=N
         batch = tf.concat([flat[None] + direction, flat[None] - direction], axis=0)
         return evaluate_rows(plan, position, path, values, batch, flat_function)
 
-    signature = (tuple(tf.TensorSpec(v.shape, v.dtype) for v in values), tf.TensorSpec([n], tf.int32),
+    # Labels: one per column, or one for all (``_Columns.zero_labels``).
+    signature = (tuple(tf.TensorSpec(v.shape, v.dtype) for v in values), tf.TensorSpec([None], tf.int32),
                  tf.TensorSpec([n], dtype), tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], dtype))
     return compile_kernel(kernel, path, plan.autograph, signature)
 
@@ -310,11 +311,11 @@ class _Columns:
         value = executor.values[position]
         self.dtype = value.dtype.as_numpy_dtype
         self.x = view(value).reshape(-1)
-        self._step_t: tf.Tensor | None = None
+        self.step_tensor: tf.Tensor | None = None  # the steps on the device (float32 and float64 inputs)
         if value.dtype in (tf.float32, tf.float64):
             eps = executor.config.step(MACHINE_EPSILON[plan.eval_dtype])
-            self._step_t = DEVICE_STEPS[_large(executor.config, self.x.size)](value, tf.constant(eps, tf.float64))
-            self.step = view(self._step_t)
+            self.step_tensor = DEVICE_STEPS[_large(executor.config, self.x.size)](value, tf.constant(eps, tf.float64))
+            self.step = view(self.step_tensor)
         else:
             self.step = _steps(plan, executor.config, self.x, self.dtype)
         chunk = max(1, min(_shared(executor.chunks[position], held, executor.config.budget), max(self.colours, 1)))
@@ -391,17 +392,18 @@ class _Columns:
     def constants(self) -> tuple:
         """The colour labels and steps as tensors, made once (10^7 elements: 80 MB to copy)."""
         if self._constants is None:
-            # One colour over every column (an elementwise f): the device's zeros, not a copy.
+            # One colour over every column (an elementwise f): one zero label for all, not a copy.
             same = self.colours == 1 and not np.any(self.labels)
-            step = self._step_t if self._step_t is not None else tf.constant(self.step)
+            step = self.step_tensor if self.step_tensor is not None else tf.constant(self.step)
             self._constants = (self.zero_labels() if same else tf.constant(self.labels), step)
         return self._constants
 
     def zero_labels(self) -> tf.Tensor:
-        """Every column labelled 0, made once on the device: with colour id 0, the kernel moves
-        x along the whole step given (the pattern probe's signed step, a noise table's line)."""
+        """Every column labelled 0: one label that broadcasts over the columns (not a 40 MB tensor at 10^7);
+        with colour id 0 the kernel moves x along the whole step given (the sweep of one colour, the pattern
+        probe's signed step, a noise table's line)."""
         if self._zeros is None:
-            self._zeros = tf.zeros([self.x.size], tf.int32)
+            self._zeros = tf.zeros([1], tf.int32)
         return self._zeros
 
     def sweep(self) -> _Differences:
@@ -715,6 +717,11 @@ class _Analytical:
         self.compressed, self.row_labels = compressed, row_labels
         self.tensor = tensor  # one row colour: the VJP [1, n] on the device
         self.probe = probe  # J^T w [n] of the VJP probe, where taken beside it (``_paired_vjps``)
+
+    def take_probe(self) -> tf.Tensor | None:
+        """The VJP probe's J^T w, handed over once: the report keeps the blocks, not this [n] array."""
+        probe, self.probe = self.probe, None
+        return probe
 
     def at(self, rows, cols) -> np.ndarray:
         if self.row_labels is None:
@@ -1051,14 +1058,14 @@ def _screen(plan: Plan, block: _Block, probe: _Probe | None, atol: float, rtol: 
     if (block.nnz < config_min or not block.pattern.diagonal or block.nnz != plan.m or plan.noise is not None
             or plan.uniform_epsilon is None or sides is None or vjp is None
             or (probe is not None and probe.tensor is None)
-            or block.columns._step_t is None or len(plan.outputs) != 1 or plan.outputs[0].dtype.is_complex
+            or block.columns.step_tensor is None or len(plan.outputs) != 1 or plan.outputs[0].dtype.is_complex
             or block.spec.is_complex):
         return None
     columns = block.columns
     noise, rounding = (NOISE_FACTOR * float(e) for e in (plan.uniform_epsilon, MACHINE_EPSILON[plan.eval_dtype]))
     try:
         judged, probed = _screened(
-            sides, tf.reshape(columns.executor.values[columns.position], [-1]), columns._step_t,
+            sides, tf.reshape(columns.executor.values[columns.position], [-1]), columns.step_tensor,
             tf.reshape(vjp, [-1]), _centre(plan),
             *(tf.constant(v, tf.float64) for v in (atol, rtol, noise, rounding, PATTERN_MARGIN, SCREEN_MARGIN)),
             probe=None if probe is None else tf.reshape(probe.tensor, [2, -1]),
@@ -1205,9 +1212,7 @@ def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> 
     # Drawn on the device in the native dtype, which holds these weights exactly (10^7 cotangents: ~5 ms;
     # from the host, a numpy draw and a fresh 40 MB tensor took ~190 ms).
     weights_t = _vjp_weights(executor, plan)
-    grads = [b.analytical.probe for b in blocks]
-    for block in blocks:  # read once: the report keeps the blocks, not this 10^7-element J^T w
-        block.analytical.probe = None
+    grads = [b.analytical.take_probe() for b in blocks]
     if any(g is None for g in grads):
         grads = _probe_vjps(executor, plan, [b.spec.position for b in blocks], weights_t)
     weights = view(weights_t)
