@@ -417,15 +417,6 @@ class _Columns:
             result.tensor = kept[0]
         return result
 
-    def remember(self, level: int, rows: np.ndarray, cols: np.ndarray, plus: np.ndarray, minus: np.ndarray) -> None:
-        """f(x +- d) at the nonzeros (rows, cols) along their colour at step h / REFINE_RATIO**level, for
-        ``sides`` to read back."""
-        keys = np.asarray(rows, np.int64) * self.x.size + np.asarray(cols, np.int64)
-        old = self._sides.get(level, (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)))
-        # Each key once, the earlier evaluation first (np.unique keeps its first occurrence).
-        merged, first = np.unique(np.concatenate([old[0], keys]), return_index=True)
-        self._sides[level] = (merged, np.concatenate([old[1], plus])[first], np.concatenate([old[2], minus])[first])
-
     def sides(self, rows: np.ndarray, cols: np.ndarray, levels: list[int]):
         """Per level k: f(x + d), f(x - d) at each nonzero's row along its column's colour direction
         at step h / REFINE_RATIO**k, and the spans of its column -- every level not yet evaluated for
@@ -449,7 +440,11 @@ class _Columns:
             plus, minus = self._evaluated(rows, cols, missing)
             for k, level in enumerate(missing):
                 found[level] = (plus[k], minus[k])
-                self.remember(level, rows, cols, plus[k], minus[k])
+                old = self._sides.get(level, (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)))
+                # Each key once, the earlier evaluation first (np.unique keeps its first occurrence).
+                merged, first = np.unique(np.concatenate([old[0], keys]), return_index=True)
+                self._sides[level] = (merged, np.concatenate([old[1], plus[k]])[first],
+                                      np.concatenate([old[2], minus[k]])[first])
         x, d = self.x[cols], self.step[cols]
         return [(*found[level], _span(x, d * self.dtype(REFINE_RATIO ** -float(level)))) for level in levels]
 
@@ -1053,9 +1048,8 @@ def _screen(plan: Plan, block: _Block, probe: _Probe | None, atol: float, rtol: 
     below ``SCREEN_MARGIN`` of what the rule allows it -- verdicts that do not depend on how the pass rounds.
     None where the block does not qualify (numpy judges it all): below ``SCREEN_ELEMENTS`` nonzeros, f's noise
     measured (per-row allowances), a complex input or output, or values the eager path left on the host."""
-    config_min = block.columns.executor.config.table("SCREEN_ELEMENTS")
     sides, vjp = block.compressed.tensor if block.compressed is not None else None, block.analytical.tensor
-    if (block.nnz < config_min or not block.pattern.diagonal or block.nnz != plan.m or plan.noise is not None
+    if (not _large(block.columns.executor.config, block.nnz) or not block.pattern.diagonal or block.nnz != plan.m or plan.noise is not None
             or plan.uniform_epsilon is None or sides is None or vjp is None
             or (probe is not None and probe.tensor is None)
             or block.columns.step_tensor is None or len(plan.outputs) != 1 or plan.outputs[0].dtype.is_complex
