@@ -64,6 +64,7 @@ The table gives the seconds, the ratios fastcheck / tf (below 1: fastcheck is fa
 their median and the ratio of the totals, group by group, with the CPU model and the load average.
 
     python -m benchmarks tf_tests [--only SUBSTRING[,SUBSTRING]] [--group tuned,held-out,defect] [--out DIR]
+    python -m benchmarks tf_tests --once [--only ...]   # each case checked once, as a suite runs it (tf_tests_once.md)
     python -m benchmarks tf_tests --cold --only ...   # each check the first of a fresh process (tf_tests_cold.md)
 """
 
@@ -942,6 +943,73 @@ def measure(case: Case) -> dict:
     return row
 
 
+ONCE_ORDER = ("verdict", "drop-in", "tf")
+
+
+def measure_once(case: Case) -> dict:
+    """Each contender checks a new function object of ``case`` once, as one test of a suite does: fastcheck
+    first (the op kernels TensorFlow caches per shape are then warm for compute_gradient, never for fastcheck)."""
+    row = {"name": case.name, "group": case.group, "source": case.source, "bound": case.bound, "delta": case.delta}
+    for label in ONCE_ORDER:
+        row[label] = _timed(CONTENDERS[label], case, *case.make())
+    return row
+
+
+def summarise_once(rows: list[dict]) -> dict:
+    """Median and total ratios fastcheck / tf of checks run once, group by group and over all correct cases."""
+    def one(members):
+        ratios = [_ratio(r["verdict"]["seconds"], r["tf"]["seconds"]) for r in members]
+        verdict, tf_total = sum(r["verdict"]["seconds"] for r in members), sum(r["tf"]["seconds"] for r in members)
+        return {"cases": len(members), "median_ratio": statistics.median(ratios), "total_ratio": _ratio(verdict, tf_total),
+                "total_seconds": verdict, "tf_total_seconds": tf_total, "slower": sum(x > 1 for x in ratios),
+                "disagreements": [r["name"] for r in members if r["verdict"]["ok"] != r["tf"]["ok"]]}
+
+    groups = {g: one([r for r in rows if r["group"] == g]) for g in GROUPS if any(r["group"] == g for r in rows)}
+    return {**groups, "all": one(rows)}
+
+
+def once_markdown(record: dict) -> str:
+    lines = ["# TensorFlow's own gradient tests, each case run once", "",
+             "Each correct case checked once by `fastcheck.check_gradients` (verdict) and once by "
+             "`tf.test.compute_gradient` + the test's assertion (tf), each on a new function object in one warm "
+             "process, fastcheck first: what a test suite pays per test. Ratios are fastcheck / tf seconds (below "
+             "1: fastcheck faster); speed-up = 1 / ratio.", "",
+             f"- CPU: {record['cpu']} ({record['cpus']} logical CPUs), TensorFlow {record['tensorflow']}",
+             f"- load before: `{record['uptime_before']}`", f"- load after: `{record['uptime_after']}`",
+             f"- date: {record['date']}, wall time {record['wall_seconds']:.0f} s", "",
+             "| group | cases | median ratio | median speed-up | total ratio | total speed-up | fastcheck s | tf s | slower than tf |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for group, s in record["summary"].items():
+        lines.append(f"| {group} | {s['cases']} | {s['median_ratio']:.2f} | {1 / s['median_ratio']:.2f}x | "
+                     f"{s['total_ratio']:.2f} | {1 / s['total_ratio']:.2f}x | {s['total_seconds']:.2f} | "
+                     f"{s['tf_total_seconds']:.2f} | {s['slower']} |")
+    lines += ["", f"Verdicts that differ from the test's own assertion: {', '.join(record['summary']['all']['disagreements']) or 'none'}",
+              "", "| case | group | verdict s | tf s | ratio | verdict |", "|---|---|---:|---:|---:|---|"]
+    for r in record["cases"]:
+        lines.append(f"| {r['name']} | {r['group']} | {r['verdict']['seconds']:.4f} | {r['tf']['seconds']:.4f} | "
+                     f"{_ratio(r['verdict']['seconds'], r['tf']['seconds']):.2f} | {_marked(r['verdict'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_once(cases: list[Case], log=print) -> dict:
+    import tensorflow as tf
+
+    started = time.perf_counter()
+    record = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "tensorflow": tf.__version__,
+              "uptime_before": _uptime(), "date": time.strftime("%Y-%m-%d %H:%M"), "cases": []}
+    measure_once(Case("warm-up", "-", lambda: ((lambda x: tf.sin(x) * x), [tf.constant([0.1, 0.2, 0.3])]),
+                      _max_below(1e-2), "-"))  # the process's first imports and tracing, paid before any case
+    for index, case in enumerate(cases):
+        row = measure_once(case)
+        record["cases"].append(row)
+        log(f"[{index + 1}/{len(cases)}] {case.name}: tf {row['tf']['seconds']:.4f} s, verdict "
+            f"{row['verdict']['seconds']:.4f} s ({'ok' if row['verdict']['ok'] else 'not ok'})")
+    record["uptime_after"] = _uptime()
+    record["wall_seconds"] = time.perf_counter() - started
+    record["summary"] = summarise_once(record["cases"])
+    return record
+
+
 def catches(case: Case) -> dict:
     """A planted defect, run once by each contender on a fresh function: caught where the check
     fails (tf, drop-in: the test's assertion; verdict: ``report.ok`` False) or raises.  Not timed
@@ -1189,6 +1257,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--cold", action="store_true",
                         help="each case's check as the first thing a fresh process does (tf_tests_cold.md)")
+    parser.add_argument("--once", action="store_true",
+                        help="each case checked once per contender, as a test suite runs it (tf_tests_once.md)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
@@ -1211,6 +1281,14 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "tf_tests_cold.md").write_text(text)
         print(text)
+        return 0
+    if args.once:
+        record = run_once(cases, log=lambda line: print(line, flush=True))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tf_tests_once.json").write_text(json.dumps(_json_safe(record), indent=1))
+        text = once_markdown(record)
+        (args.out / "tf_tests_once.md").write_text(text)
+        print(text.split("| case |")[0])
         return 0
     record = run(cases, defects, log=lambda line: print(line, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "GradientCheckError": "fastcheck._report",
+    "GradientCheckError": "fastcheck._results",
     "GradientChecker": "fastcheck._api",
-    "GradientReport": "fastcheck._report",
+    "GradientReport": "fastcheck._results",
     "assert_gradients_close": "fastcheck._api",
     "autodiff_jacobian": "fastcheck._api",
     "check_gradients": "fastcheck._api",
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from fastcheck._api import verify_gradients as verify_gradients
     from fastcheck._compat import compute_gradient as compute_gradient
     from fastcheck._compat import max_error as max_error
-    from fastcheck._report import GradientCheckError as GradientCheckError
-    from fastcheck._report import GradientReport as GradientReport
+    from fastcheck._results import GradientCheckError as GradientCheckError
+    from fastcheck._results import GradientReport as GradientReport
 
 
 def __getattr__(name: str):

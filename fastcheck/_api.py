@@ -10,7 +10,7 @@ import numpy as np
 from fastcheck._check import jacobians, run_check
 from fastcheck._config import INTERNAL_FIELDS, CheckConfig
 from fastcheck._problem import function_problem, model_problem, supplied_problem
-from fastcheck._report import GradientCheckError, GradientReport
+from fastcheck._results import GradientCheckError, GradientReport
 
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",

@@ -14,7 +14,8 @@ import tensorflow as tf
 from fastcheck import _calibration
 from fastcheck import _events as events
 from fastcheck._coloured import check_coloured, prospect
-from fastcheck._config import CheckConfig
+from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._diagnosis import describe_nonfinite
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
@@ -23,16 +24,7 @@ from fastcheck._paths import EAGER, EAGER_SECONDS, Route, choose_route
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
-from fastcheck._report import (
-    Dense,
-    GradientReport,
-    Outcome,
-    PairReport,
-    describe_nonfinite,
-    native_reason,
-    run_events,
-    vacuous_warnings,
-)
+from fastcheck._results import Dense, GradientReport, Outcome, PairReport
 from fastcheck._tables import (
     BATCHED_ELEMENTS,
     BATCHED_FLOPS,
@@ -46,6 +38,7 @@ from fastcheck._tables import (
     TIME_RULE_MIN_INPUTS,
     VJP_CALLS,
 )
+from fastcheck._text import native_reason, vacuous_warnings
 
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
@@ -392,3 +385,26 @@ def _require_device(device: str) -> None:
                          "pass one of those, or device=None to let TensorFlow place the check.")
 
 
+def run_events(outcome: Outcome, executor, config, mode: str, why: tuple, problem_events=()) -> list:
+    """The report's events, in the order the check learnt them."""
+    plan, route = outcome.plan, executor.route
+    found = [*plan.notes, *problem_events, *_precision_events(plan, config, outcome.atol, outcome.rtol),
+             events.ModeChosen(mode, why), events.PathChosen(route.path, route.reason, mode != "full"),
+             *executor.events, *outcome.notes]
+    for spec in plan.checked:
+        chunk = executor.chunks.get(spec.position, spec.size)
+        if mode == "full" and route.path != "eager" and 0 < chunk < spec.size:
+            found.append(events.Chunked(spec.name, chunk, -(-spec.size // chunk), route.chunk_reason))
+    return found
+
+
+def _precision_events(plan, config, atol: float, rtol: float) -> list:
+    """What the check learnt about the precision f computes in, when it is not what the dtypes say."""
+    found: list = []
+    if plan.precision_reason:
+        given = config.atol is not None or config.rtol is not None
+        found.append(events.PrecisionFound(plan.precision_reason, plan.precision, atol, rtol, given))
+    epsilon = MACHINE_EPSILON[plan.eval_dtype]
+    if plan.noise is not None and plan.noise_epsilon > epsilon:
+        found.append(events.NoiseMeasured(plan.noise.relative, plan.eval_dtype.name, epsilon))
+    return found

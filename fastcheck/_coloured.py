@@ -46,6 +46,7 @@ import tensorflow as tf
 from fastcheck import _compare, _pattern, _sparsity
 from fastcheck._autodiff import ZERO, reverse_rows_kernel, vjp_kernel, vjps_kernel
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
+from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary
 from fastcheck._executor import Batch, Executor, evaluate_rows, measured, timed, view
 from fastcheck._kernels import pad
@@ -53,16 +54,7 @@ from fastcheck._paths import EAGER, GRAPH, XLA, compile_kernel
 from fastcheck._plan import InputSpec, Plan, first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
 from fastcheck._refine import Early, Evaluate, Rungs, descend
-from fastcheck._report import (
-    Dense,
-    GradientCheckError,
-    Nonzeros,
-    Outcome,
-    PairReport,
-    element_name,
-    having,
-    kernel_failure,
-)
+from fastcheck._results import Dense, GradientCheckError, Nonzeros, Outcome, PairReport, having
 from fastcheck._tables import (
     BYTES_PER_NONZERO,
     DEEP_LEVELS,
@@ -81,6 +73,7 @@ from fastcheck._tables import (
     VJP_PROBE_WEIGHTS,
     XLA_MIN_EVALUATIONS,
 )
+from fastcheck._text import element_name
 
 INCONSISTENT_HINT = ("the reverse-mode gradient disagrees with f's Jacobian along a dense random cotangent (see the "
                      "problem above), although its values at the pattern's nonzeros may agree: look for a missing "

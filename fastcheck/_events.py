@@ -1,7 +1,7 @@
 """What a check learnt on its way, as typed facts: the report composes every note from these.
 
 Each stage hands over an event (which input, which numbers, which reason) instead of a sentence;
-``_report.compose`` is the one place they become text, and ``_report.composed_notes`` merges the
+``_text.compose`` is the one place they become text, and ``_text.composed_notes`` merges the
 same event about many inputs on its fields (numbers that vary show as their range).
 ``GradientReport.events`` holds them in the order the check learnt them; ``to_dict`` writes each as
 ``{"kind": ..., **fields}``.

@@ -81,7 +81,7 @@ from fastcheck._executor import Batch, Executor, ShapeChangeError, measured, tim
 from fastcheck._paths import GRAPH, XLA
 from fastcheck._plan import Plan
 from fastcheck._refine import Evaluate, Rungs, descend
-from fastcheck._report import Comparison, Element, Outcome, PairReport, Projections
+from fastcheck._results import Comparison, Element, Outcome, PairReport, Projections
 from fastcheck._tables import (
     BLOCK_REFINE_OUTPUTS,
     BLOCKS,

@@ -18,12 +18,13 @@ import numpy as np
 from fastcheck import _compare, _flat
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
 from fastcheck._config import MACHINE_EPSILON
+from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ForwardNotChecked, ForwardProbe
 from fastcheck._executor import NOISE_TABLES, Executor, measured, numerical_columns, steps, timed
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
 from fastcheck._refine import Evaluate, Rungs, descend
-from fastcheck._report import Dense, GradientCheckError, Outcome, PairReport, element_name, kernel_failure
+from fastcheck._results import Dense, GradientCheckError, Outcome, PairReport
 from fastcheck._tables import (
     BELOW_DEVIATIONS,
     BELOW_HOLDS,
@@ -56,6 +57,7 @@ from fastcheck._tables import (
     TRIAGE_MOVED,
     TRIAGE_SIDES,
 )
+from fastcheck._text import element_name
 
 
 class _Jacobians:

@@ -313,7 +313,7 @@ ROW_BLOCK = 256  # ``_compare``: rows per block when a pass over an [m, n] Jacob
 # ``_coloured``: nonzeros handled per block: every per-nonzero quantity but the status (values, noise, bands,
 # indices) exists one block at a time -- float64 temporaries per block, not per nonzero, and they stay in cache.
 VERDICT_CHUNK = 1 << 16
-# ``_report``: values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each (a dense
+# ``_results``: values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each (a dense
 # 16384 x 16384 pair is 2 GB an array).
 SUMMARY_CHUNK = 1 << 20
 PROGRESS_SECONDS = 2.0  # ``_executor.Progress``: a sweep shows progress (on a terminal) when predicted to take longer
@@ -321,7 +321,7 @@ PROGRESS_SECONDS = 2.0  # ``_executor.Progress``: a sweep shows progress (on a t
 # others waiting; one that took another path would otherwise hang them).
 COLLECTIVE_TIMEOUT_SECONDS = 600.0
 
-# -- report (``_report``, ``_compare``) ------------------------------------------------------------
+# -- report (``_results``, ``_text``, ``_compare``) ------------------------------------------------------------
 WORST_KEPT = 8  # worst elements kept by the one summary pass (the text asks for 3)
 COLLAPSE_PASSING = 20  # past this many passing pairs, the text collapses them to one line by layer
 UNDECIDED_DETAILS = 4  # past this many undecidable fast-mode pairs, their details are one line

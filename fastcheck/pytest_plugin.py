@@ -164,7 +164,7 @@ def pytest_runtest_makereport(item, call):
 def _failing_reports(item, excinfo) -> list[str]:
     """The text of failing reports the test made with gradcheck or holds where it failed."""
     texts = item.stash.get(FAILED_TEXTS, [])
-    if "fastcheck._report" in sys.modules:  # else no report exists (and importing one would import TensorFlow)
+    if "fastcheck._results" in sys.modules:  # else no report exists (and importing one would import TensorFlow)
         from fastcheck import GradientReport
 
         tb = excinfo.tb

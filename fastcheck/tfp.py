@@ -27,7 +27,8 @@ from fastcheck._config import MACHINE_EPSILON, precision_name
 from fastcheck._events import IdentitiesJudged, LogDetConvention, SampleNotChecked, SampleSeeded
 from fastcheck._plan import normalize_inputs
 from fastcheck._problem import Problem, function_problem
-from fastcheck._report import VERDICT_LABELS, GradientReport, compose, event_dict
+from fastcheck._results import GradientReport, event_dict
+from fastcheck._text import VERDICT_LABELS, compose
 
 __all__ = ["BijectorReport", "IdentityCheck", "check_bijector", "check_distribution"]
 
@@ -115,7 +116,7 @@ class BijectorReport:
 
     @property
     def notes(self) -> list[str]:
-        """The events as the report's notes (composed by ``_report``, as a GradientReport's are)."""
+        """The events as the report's notes (composed by ``_text``, as a GradientReport's are)."""
         return [compose(event) for event in self.events]
 
     @property

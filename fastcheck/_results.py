@@ -1,0 +1,784 @@
+"""The result of a check as values: the verdict per pair over the storage each mode fills, the report and
+its JSON.  Its text is composed in ``_text``; what a check learnt on its way is ``_events``."""
+
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from fastcheck import _text
+from fastcheck._compare import (
+    ANALYTICAL_NONFINITE,
+    DISCONTINUOUS,
+    FAILING,
+    FLAT,
+    MISMATCH,
+    NONDIFFERENTIABLE,
+    NUMERICAL_NONFINITE,
+    OK,
+    STATUS_NAMES,
+    UNDECIDED,
+    UNRESOLVED,
+    UNRESOLVED_KINK,
+    coarse,
+    decisive_at_largest,
+    resolution,
+)
+from fastcheck._compare import diagnose as _diagnose
+from fastcheck._tables import (
+    RESOLUTION_RTOLS,
+    SUMMARY_CHUNK,
+    WORST_KEPT,
+)
+
+
+class GradientCheckError(AssertionError):
+    """Raised by ``assert_gradients_close`` when a check fails; ``.report`` holds the result."""
+
+    def __init__(self, report: GradientReport):
+        super().__init__(str(report))
+        self.report = report
+
+
+@dataclasses.dataclass
+class Element:
+    """One entry of a Jacobian: d output[output_index] / d input[input_index]."""
+
+    output_index: tuple
+    input_index: tuple
+    analytical: float
+    numerical: float
+    abs_error: float
+    band: float
+    status: str
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v if isinstance(v, str) else _num(v)) for k, v in dataclasses.asdict(self).items()}
+
+
+# What ``_compare.diagnose`` reads of a pair: (analytical, numerical, status).
+Sample = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+class Chunk(NamedTuple):
+    """A run of a pair's compared values, in the pair's flat order (``Storage.chunks``)."""
+
+    offset: int  # the run's first value
+    status: np.ndarray
+    analytical: np.ndarray
+    numerical: np.ndarray
+    band: np.ndarray | None  # None where not asked for
+    relative: bool = True  # whether the run enters max_rel_error (a probe's element-wise J d does not)
+
+
+@dataclasses.dataclass(eq=False)
+class Dense:
+    """A pair's whole Jacobian block, [output_size, input_size] arrays (full mode; coloured mode's
+    small pairs, zeros outside the pattern)."""
+
+    numerical: np.ndarray
+    analytical: np.ndarray
+    status: np.ndarray
+    band: np.ndarray
+    what: ClassVar[str] = "elements"
+
+    def chunks(self, bands: bool = True) -> Iterator[Chunk]:
+        """Blocks of whole rows, flattened (a copy of the block only where an array is not contiguous)."""
+        if not self.status.size:
+            return
+        width = self.status.shape[1]
+        step = max(1, SUMMARY_CHUNK // width)
+        for row in range(0, self.status.shape[0], step):
+            status, a, n, band = (x[row : row + step].reshape(-1) for x in (self.status, self.analytical,
+                                                                          self.numerical, self.band))
+            yield Chunk(row * width, status, a, n, band)
+
+    def entry(self, k: int) -> tuple:
+        """(row, column, analytical, numerical, band) of the value at flat index ``k``."""
+        row, col = (int(i) for i in np.unravel_index(k, self.status.shape))
+        return row, col, self.analytical[row, col], self.numerical[row, col], self.band[row, col]
+
+    def decisive(self, rtol: float) -> bool:
+        return decisive_at_largest(self.analytical, self.band, self.status, rtol)
+
+    def sample(self) -> Sample | None:
+        """What ``_compare.diagnose`` reads: here the whole block (its transpose test needs it)."""
+        return self.analytical, self.numerical, self.status
+
+    def facts(self) -> dict:
+        return {"shape": [int(self.status.shape[0]), int(self.status.shape[1])]}
+
+    def arrays(self) -> dict:
+        return {"numerical": self.numerical.tolist(), "analytical": self.analytical.tolist()}
+
+
+class Nonzeros:
+    """Coloured mode's large pairs: values at the structural nonzeros ``(rows[k], cols[k])`` of the
+    ``jacobian_shape`` block only, 1-D over them.
+
+    Only ``status`` is held (a view of the check's int8 array); values, bands and indices are read
+    off the check's compressed arrays (``_coloured._Block``) block by block, and made whole arrays
+    only when asked for by name (``numerical``, ``rows`` ..., ``to_dict(arrays=True)``): at 6.4e7
+    nonzeros each such array is 0.5 GB.
+    """
+
+    what: ClassVar[str] = "nonzeros"
+
+    def __init__(self, block, start: int, stop: int, row_offset: int, jacobian_shape: tuple):
+        self.status = block.status[start:stop]
+        self.jacobian_shape = jacobian_shape
+        self._block, self._start, self._stop, self._offset = block, start, stop, row_offset
+        self._whole: tuple | None = None
+
+    def _arrays(self) -> tuple:
+        if self._whole is None:
+            rows, cols, a, n, band = self._block.materialise(self._start, self._stop)
+            self._whole = (rows - self._offset, cols, a, n, band)
+        return self._whole
+
+    rows = property(lambda self: self._arrays()[0], doc="Output element (flat) of every nonzero.")
+    cols = property(lambda self: self._arrays()[1], doc="Input element (flat) of every nonzero.")
+    analytical = property(lambda self: self._arrays()[2])
+    numerical = property(lambda self: self._arrays()[3])
+    band = property(lambda self: self._arrays()[4])
+
+    def chunks(self, bands: bool = True) -> Iterator[Chunk]:
+        for part in self._block.parts(self._start, self._stop):
+            values = self._block.values(part, bands=bands)
+            at = slice(part.start - self._start, part.stop - self._start)
+            yield Chunk(at.start, self.status[at], values[2], values[3], values[4] if bands else None)
+
+    def entry(self, k: int) -> tuple:
+        rows, cols, a, n, band = self._block.values(np.array([self._start + k]), bands=True)
+        return _first(rows) - self._offset, _first(cols), a[0], n[0], band[0]
+
+    def decisive(self, rtol: float) -> bool:
+        return False
+
+    def sample(self) -> Sample | None:
+        """The nonzeros that are not OK, plus three whose numerical value is nonzero (what
+        ``_compare.diagnose``'s constant-factor test counts): it reads nothing else, except the
+        share of failing elements, which the pair takes over all nonzeros."""
+        picked, values = [], []
+        spare = 3
+        for chunk in self._chunks_to_sample():
+            keep = chunk.status != OK
+            if spare:
+                extra = np.flatnonzero(~keep & np.isfinite(chunk.numerical) & (chunk.numerical != 0))[:spare]
+                keep[extra] = True
+                spare -= len(extra)
+            where = np.flatnonzero(keep)
+            if len(where):
+                picked.append(chunk.status[where])
+                values.append((chunk.analytical[where].astype(np.float64), chunk.numerical[where]))
+        if not picked:
+            return None
+        a, n = (np.concatenate([v[k] for v in values]) for k in range(2))
+        return a[None, :], n[None, :], np.concatenate(picked)[None, :]
+
+    def _chunks_to_sample(self) -> Iterator[Chunk]:
+        """``chunks`` without bands, from the first up to where three nonzero OK values are found, and
+        after it those with a status not OK: the chunks ``sample`` reads anything from (a passing
+        check of 10^7 elements: one chunk, not every one)."""
+        spare = 3
+        for part in self._block.parts(self._start, self._stop):
+            at = slice(part.start - self._start, part.stop - self._start)
+            status = self.status[at]
+            if spare or status.any():  # OK is 0
+                _, _, a, n = self._block.values(part)
+                if spare:
+                    spare -= min(spare, int(np.count_nonzero((status == OK) & np.isfinite(n) & (n != 0))))
+                yield Chunk(at.start, status, a, n, None)
+
+    def facts(self) -> dict:
+        return {"shape": [int(d) for d in self.jacobian_shape], "nonzeros": int(self.status.size)}
+
+    def arrays(self) -> dict:
+        return {"rows": self.rows.tolist(), "cols": self.cols.tolist(), "numerical": self.numerical.tolist(),
+                "analytical": self.analytical.tolist()}
+
+
+def _first(index) -> int:
+    """The first entry of an index (a slice over a diagonal pattern's nonzeros, or an array)."""
+    return int(index.start) if isinstance(index, slice) else int(index[0])
+
+
+@dataclasses.dataclass(eq=False)
+class Projections:
+    """Fast mode's k random probes d of one input: per probe its element-wise comparison of J d (the
+    worst output element) and its projection u.J.d, the 2k values a pair holds; and what the
+    localisation found.  Not Jacobian entries: ``numerical``, ``analytical`` and ``band`` are the
+    k projections u.J.d (central differences), (J^T u).d (reverse mode) and their allowance."""
+
+    comparison: Comparison
+    # (resolution, the tolerance's own): the smallest relative error of this input's gradient its
+    # probes flag (``_compare.resolution`` over its shares of the probes).
+    resolutions: tuple = (math.inf, math.inf)
+    region: tuple | None = None  # (first, last) multi-indices of the localised region
+    found: Element | None = None  # the element localisation found in the region, if any
+    found_by: str = "forward"  # the comparison it comes from: "forward" (element-wise J d) or "reverse" (u.J.d)
+    what: ClassVar[str] = "probe comparisons"
+    status: np.ndarray = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        c = self.comparison
+        kinds = c.kinds
+        # [k, 2] status of each probe's element-wise and projection comparison (``_compare`` codes).
+        self.status = np.stack([np.where(c.forward_ratio > 1, kinds, OK), np.where(c.reverse_ratio > 1, kinds, OK)],
+                               axis=1)
+
+    numerical = property(lambda self: self.comparison.reverse[:, 1], doc="[k] the numerical projections u.J.d.")
+    analytical = property(lambda self: self.comparison.reverse[:, 0], doc="[k] the reverse-mode projections (J^T u).d.")
+    band = property(lambda self: self.comparison.reverse[:, 2], doc="[k] the projections' allowances.")
+
+    def chunks(self, bands: bool = True) -> Iterator[Chunk]:
+        c = self.comparison
+        yield Chunk(0, self.status[:, 0], c.forward_worst[:, 1], c.forward_worst[:, 2], c.forward_worst[:, 3], False)
+        yield Chunk(len(c.reverse), self.status[:, 1], c.reverse[:, 0], c.reverse[:, 1], c.reverse[:, 2])
+
+    def decisive(self, rtol: float) -> bool:
+        return False
+
+    def sample(self) -> Sample | None:
+        return None  # a probe moves every element at once: its hint comes from the localisation
+
+    def facts(self) -> dict:
+        c = self.comparison
+        return {"probes": int(len(c.reverse_ratio)), "forward_ratio": [_num(v) for v in c.forward_ratio],
+                "reverse_ratio": [_num(v) for v in c.reverse_ratio],
+                "region": [list(self.region[0]), list(self.region[1])] if self.region else None}
+
+    def arrays(self) -> dict:
+        return {}
+
+
+Storage = Dense | Nonzeros | Projections
+
+# The per-status counts of ``PairReport.to_dict``, by key.
+COUNT_KEYS = (("mismatches", MISMATCH), ("analytical_nonfinite", ANALYTICAL_NONFINITE),
+              ("numerical_nonfinite", NUMERICAL_NONFINITE), ("not_differentiable", NONDIFFERENTIABLE),
+              ("unresolved", UNRESOLVED), ("discontinuous", DISCONTINUOUS), ("kinks_unresolved", UNRESOLVED_KINK),
+              ("flat", FLAT))
+
+
+@dataclasses.dataclass(eq=False)
+class PairReport:
+    """One (output, input) pair of the Jacobian and its verdict, in every mode.
+
+    The verdict, summaries, text and JSON are defined here once; the ``storage`` only hands
+    over the compared values, block by block (``chunks``) or one at a time (``entry``):
+
+    * ``Dense`` (full mode): ``numerical`` and ``analytical`` have shape (output_size,
+      input_size), the convention of ``tf.test.compute_gradient``; complex values count as
+      (real, imag) pairs;
+    * ``Nonzeros`` (coloured mode's large pairs, ``sparse``): the values at the pattern's
+      structural nonzeros ``(rows[k], cols[k])``, 1-D; ``one_sided`` is keyed by ``(k,)``;
+    * ``Projections`` (fast mode, ``projected``): the probes of one input, output ``u.J.d``.
+    """
+
+    output_name: str
+    input_name: str
+    output_shape: tuple
+    input_shape: tuple
+    storage: Storage
+    atol: float
+    rtol: float
+    hint: str | None = None
+    # (row, column) -> (left, right) one-sided derivatives, for elements at a kink
+    one_sided: dict = dataclasses.field(default_factory=dict)
+    # Which autodiff side ``analytical`` holds: "reverse" (VJPs, what training uses),
+    # "forward" (JVPs), or "supplied" (the user's gradients).
+    side: str = "reverse"
+    # Coloured mode: the reverse-mode gradient failed the dense cotangent probe (a report problem
+    # says where), whatever its values at the pattern's nonzeros.
+    inconsistent: bool = False
+    # Judged through the gradient's float64 twin (the same gradient code at the float64 point,
+    # ``_full._twin``, ``_fast._twinned``): its own tolerances could not see a 1% error.
+    float64_gradient: bool = False
+    _summary: dict | None = dataclasses.field(default=None, init=False, repr=False)
+    _counts: np.ndarray | None = dataclasses.field(default=None, init=False, repr=False)
+
+    # -- the values, from the storage ----------------------------------------------------
+
+    @property
+    def numerical(self) -> np.ndarray:
+        return self.storage.numerical
+
+    @property
+    def analytical(self) -> np.ndarray:
+        return self.storage.analytical
+
+    @property
+    def band(self) -> np.ndarray:
+        return self.storage.band
+
+    @property
+    def status(self) -> np.ndarray:
+        """The ``_compare`` status of each value (fast mode: [k, 2], each probe's J d and u.J.d)."""
+        return self.storage.status
+
+    @property
+    def sparse(self) -> bool:
+        """Values over the structural nonzeros only (coloured mode's large pairs)."""
+        return isinstance(self.storage, Nonzeros)
+
+    @property
+    def projected(self) -> bool:
+        """Judged by random projections (fast mode), not element by element."""
+        return isinstance(self.storage, Projections)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Coloured mode's large pairs: the output element (flat) of every nonzero."""
+        return self._nonzeros().rows
+
+    @property
+    def cols(self) -> np.ndarray:
+        """Coloured mode's large pairs: the input element (flat) of every nonzero."""
+        return self._nonzeros().cols
+
+    @property
+    def jacobian_shape(self) -> tuple:
+        return self._nonzeros().jacobian_shape if self.sparse else tuple(self.status.shape)
+
+    def _nonzeros(self) -> Nonzeros:
+        if not isinstance(self.storage, Nonzeros):
+            raise AttributeError("rows and cols exist on coloured mode's large (sparse) pairs only")
+        return self.storage
+
+    @property
+    def comparison(self) -> Comparison:
+        """Fast mode: the per-probe comparisons."""
+        if not isinstance(self.storage, Projections):
+            raise AttributeError("comparison exists on fast mode's pairs only")
+        return self.storage.comparison
+
+    @property
+    def region(self) -> tuple | None:
+        """Fast mode: the (first, last) multi-indices of the region the defect was localised to."""
+        return self.storage.region if isinstance(self.storage, Projections) else None
+
+    # -- the verdict -----------------------------------------------------------------------
+
+    def count(self, status: int) -> int:
+        """Values (fast mode: probe comparisons) with this status."""
+        if self._counts is None:  # one bincount for every status the text asks about
+            codes = self.status.reshape(-1)
+            codes = codes.view(np.uint8) if codes.dtype.itemsize == 1 else codes.astype(np.uint8)
+            self._counts = np.bincount(codes, minlength=len(STATUS_NAMES))
+        return int(self._counts[status])
+
+    @property
+    def failed_count(self) -> int:
+        return sum(self.count(status) for status in FAILING)
+
+    @property
+    def ok(self) -> bool:
+        return not self.inconsistent and not self.failed_count and not self.coarse
+
+    @property
+    def coarse(self) -> bool:
+        """Whether every value passes but the resolution is too coarse for the pass to say much
+        (``_compare.coarse``): undecidable, not ok."""
+        if self.failed_count or self.storage.decisive(self.rtol):
+            return False  # (dense: its largest element alone resolves the limit, no pass over every element)
+        resolved, tolerance = self.resolutions
+        return coarse(resolved, tolerance, self.rtol)
+
+    @property
+    def resolutions(self) -> tuple[float, float]:
+        """(resolution, the tolerances' own): see ``resolution``."""
+        return self.summary()["resolutions"]
+
+    @property
+    def resolution(self) -> float:
+        """The smallest relative error of this pair's gradient (all of it scaled by 1 + r) that the rule
+        flags: min over passing elements (or probes) of allowed / |analytical| (inf for a zero gradient)."""
+        return float(self.resolutions[0])
+
+    @property
+    def label(self) -> str:
+        if self.ok:
+            return "ok"
+        return "FAIL" if self.inconsistent or self.count(MISMATCH) or self.count(ANALYTICAL_NONFINITE) else "undec."
+
+    @property
+    def title(self) -> str:
+        forward = " (forward mode)" if self.side == "forward" else ""
+        return f"{self.output_name} / {self.input_name}{forward}"
+
+    def __repr__(self) -> str:
+        return (f"<PairReport {self.title}: {self.label}, {self.failed_count} of {self.status.size} "
+                f"{self.storage.what} failed, max abs error {self.max_abs_error:.2g}>")
+
+    # -- summaries, in one pass over the values ------------------------------------------
+
+    def summary(self) -> dict:
+        """Every summary in one pass over the values, made once (the report no longer changes): the
+        largest absolute and relative errors, the norms of the relative norm error, the resolutions
+        and the worst ``WORST_KEPT`` values (score |a - n| / allowed, ties in index order)."""
+        if self._summary is None:
+            self._summary = self._scan(WORST_KEPT)
+        return self._summary
+
+    def _scan(self, keep: int) -> dict:
+        projected = isinstance(self.storage, Projections)
+        # max_rel_error's floor atol / rtol is where the element rule switches from absolute to relative, so
+        # noise near zero does not read as 100%; a probe's atol scales with its norm, so it has none.
+        floor = self.atol / self.rtol if self.rtol > 0 and not projected else 0.0
+        # A probe's non-finite value shows in its ratio (inf): its largest error is over the others.
+        largest_of = np.fmax.reduce if projected else np.max
+        largest, relative, squares, candidates, scores = [], [], np.zeros(3), [], []
+        resolved, tolerance = np.inf, np.inf
+        for chunk in self.storage.chunks():
+            status, a, n, band = chunk.status, chunk.analytical, chunk.numerical, chunk.band
+            assert band is not None
+            if not len(status):
+                continue
+            with np.errstate(invalid="ignore"):
+                part = resolution(a, band, self.atol + self.rtol * np.abs(n), status == OK)
+            resolved, tolerance = min(resolved, part[0]), min(tolerance, part[1])
+            with np.errstate(invalid="ignore"):
+                error = np.where(status == NONDIFFERENTIABLE, 0.0, np.abs(a - n))  # kinks: a is a one-sided value
+            largest.append(largest_of(error))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                if chunk.relative:
+                    scale = np.maximum(np.maximum(np.abs(a), np.abs(n)), floor)
+                    relative.append(np.max(np.where(scale > 0, error / scale, 0.0)))
+                score = error / band
+            finite = np.isfinite(n) & np.isfinite(a)
+            kept_n, kept_a = n[finite], a[finite].astype(np.float64)
+            difference = kept_n - kept_a
+            # Sums of squares, not np.dot: BLAS threads cost milliseconds per call on a busy machine.
+            squares += (np.sum(difference * difference), np.sum(kept_n * kept_n), np.sum(kept_a * kept_a))
+            score = np.nan_to_num(score, nan=np.inf)
+            if status.any():  # OK is 0
+                score = np.where(np.isin(status, (ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE)), np.inf, score)
+                score = np.where(np.isin(status, (UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)),
+                                 np.maximum(score, 1.0), score)
+                score = np.where(status == NONDIFFERENTIABLE, 0.0, score)  # reported apart, in detail_lines
+            best = _top(score, keep)
+            candidates.append(best + chunk.offset)
+            scores.append(score[best])
+        worst = []
+        if candidates:
+            index, score = np.concatenate(candidates), np.concatenate(scores)
+            worst = [int(index[k]) for k in _top(score, keep)]
+        if isinstance(self.storage, Projections):  # over its probes' J d vectors, and its shares of the probes
+            squares = np.asarray(self.storage.comparison.squares, dtype=np.float64)
+            resolved, tolerance = self.storage.resolutions
+        difference, numerical, analytical = np.sqrt(squares)
+        return {"max_abs_error": float(largest_of(largest)) if largest else 0.0,
+                "max_rel_error": float(np.max(relative)) if relative else 0.0,
+                "relative_norm_error": float(difference / (numerical + analytical + 1e-8)),
+                "worst": worst, "resolutions": (float(resolved), float(tolerance))}
+
+    @property
+    def max_abs_error(self) -> float:
+        """max |a - n| over the values (0 at kinks, where a is a valid one-sided derivative; fast mode: the
+        probes' worst element-wise J d and their projections)."""
+        return self.summary()["max_abs_error"]
+
+    @property
+    def max_rel_error(self) -> float:
+        """max |a - n| / max(|a|, |n|, atol / rtol) over elements (2 for a sign flip); fast mode: over the
+        projections u.J.d, without the floor."""
+        return self.summary()["max_rel_error"]
+
+    @property
+    def relative_norm_error(self) -> float:
+        """||n - a|| / (||n|| + ||a|| + 1e-8) over the finite values (fast mode: over the probes' J d)."""
+        return self.summary()["relative_norm_error"]
+
+    @property
+    def abs_error(self) -> np.ndarray:
+        """|a - n| per value; 0 at kinks, where the analytical value is a valid one-sided derivative."""
+        status = self.status[:, 1] if self.projected else self.status
+        with np.errstate(invalid="ignore"):
+            return np.where(status == NONDIFFERENTIABLE, 0.0, np.abs(self.analytical - self.numerical))
+
+    # -- elements ---------------------------------------------------------------------------
+
+    def _element(self, k: int) -> Element:
+        assert not isinstance(self.storage, Projections)
+        row, col, a, n, band = self.storage.entry(k)
+        return Element(_unravel(row, self.output_shape), _unravel(col, self.input_shape), float(a), float(n),
+                       float(abs(a - n)), float(band), STATUS_NAMES[int(self.status.reshape(-1)[k])])
+
+    def _key(self, k: int) -> tuple:
+        """``one_sided``'s key of the value at flat index k: (row, column), or (k,) over nonzeros."""
+        return tuple(int(i) for i in np.unravel_index(k, self.status.shape))
+
+    def _worst_indices(self, count: int) -> list[int]:
+        return (self.summary() if count <= WORST_KEPT else self._scan(count))["worst"][:count]
+
+    def worst(self, count: int = 1) -> list[Element]:
+        """The elements furthest outside (or closest to the edge of) their tolerance band; fast mode: the
+        element its localisation found, if any."""
+        if isinstance(self.storage, Projections):
+            return [self.storage.found][:count] if self.storage.found is not None else []
+        return [self._element(k) for k in self._worst_indices(count)]
+
+    @property
+    def worst_element(self) -> Element | None:
+        found = self.worst(1)
+        return found[0] if found else None
+
+    def kinks(self) -> list[tuple[Element, float, float]]:
+        """Elements at a kink of f: (element, left derivative, right derivative).  Fast mode names none:
+        its probes move every element at once (the probes that crossed kinks are counted in the text)."""
+        if self.projected:
+            return []
+        return [(self._element(int(k)), *self.one_sided.get(self._key(int(k)), (np.nan, np.nan)))
+                for k in having(self.status.reshape(-1), NONDIFFERENTIABLE)]
+
+    @property
+    def kinked_probes(self) -> int:
+        """Fast mode: probes that crossed kinks of f, with the analytical J d between the one-sided derivatives."""
+        return int(np.sum(np.any(self.status == NONDIFFERENTIABLE, axis=1))) if self.projected else 0
+
+    @property
+    def undecided_probes(self) -> int:
+        """Fast mode: probes whose refinement could not decide (kinks, or jumps, that no step resolves)."""
+        return int(np.sum(np.any(np.isin(self.status, UNDECIDED), axis=1))) if self.projected else 0
+
+    def diagnose(self) -> str | None:
+        """``_compare.diagnose`` on what the storage samples of its values (fast mode: none, its hint
+        comes from the localisation), the share of failing elements taken over all of them."""
+        found = self.storage.sample()
+        return None if found is None else _diagnose(*found, size=int(self.status.size))
+
+
+    # -- JSON ----------------------------------------------------------------------------------
+
+    def detail_lines(self) -> list[str]:
+        """Kinks (or probes along kinks) found, and for a failing pair what fails, where, and the hint."""
+        return _text.pair_details(self)
+
+    def to_dict(self, arrays: bool = False) -> dict:
+        """JSON-serialisable summary; ``arrays=True`` adds the values (coloured mode's large pairs: with
+        their ``rows`` and ``cols``)."""
+        worst: dict | list | None
+        if isinstance(self.storage, Projections):
+            worst = self.storage.found.to_dict() if self.storage.found is not None else None
+        else:
+            worst = [e.to_dict() for e in self.worst(3)]
+        summary = {
+            "output": self.output_name,
+            "input": self.input_name,
+            "side": self.side,
+            "ok": self.ok,
+            **self.storage.facts(),
+            "max_abs_error": _num(self.max_abs_error),
+            "max_rel_error": _num(self.max_rel_error),
+            "relative_norm_error": _num(self.relative_norm_error),
+            **{key: self.count(status) for key, status in COUNT_KEYS},
+            "resolution": _num(self.resolution),
+            "coarse": self.coarse,
+            "float64_gradient": self.float64_gradient,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "worst": worst,
+            "hint": self.hint,
+        }
+        if arrays:
+            summary.update(self.storage.arrays())
+        return summary
+
+
+def _unravel(flat: int, shape: tuple) -> tuple:
+    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+def event_dict(event) -> dict:
+    """An event as JSON: ``{"kind": its type's name, **its fields}``, nested events alike."""
+    def value(v):
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return event_dict(v)
+        if isinstance(v, tuple):
+            return [value(x) for x in v]
+        return _num(v) if isinstance(v, float) else v
+
+    return {"kind": type(event).__name__, **{f.name: value(getattr(event, f.name)) for f in dataclasses.fields(event)}}
+
+
+def having(status: np.ndarray, *codes: int, among: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the values whose status is one of ``codes`` (not OK): found among the nonzero
+    statuses (OK is 0), so no value-sized boolean temporary is made; only among the indices
+    ``among`` (ascending) where given: a superset of those not OK, known without a pass over them all."""
+    index = np.flatnonzero(status) if among is None else among[status[among] != OK]
+    return index[np.isin(status[index], codes)]
+
+
+def _top(score: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the ``count`` largest scores, largest first, ties in index order (as
+    ``np.argsort(-score, kind="stable")[:count]``) without sorting them all."""
+    if len(score) > count:
+        kth = np.partition(score, len(score) - count)[len(score) - count]
+        above = np.flatnonzero(score > kth)
+        ties = np.flatnonzero(score == kth)[: count - len(above)]
+        picked = np.sort(np.concatenate([above, ties]))
+    else:
+        picked = np.arange(len(score))
+    return picked[np.argsort(-score[picked], kind="stable")][:count]
+
+
+def _num(value):
+    """A number for JSON: NaN and infinities (which JSON lacks) as None."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Per-probe summaries of the forward and reverse comparisons (ratios > 1 fail)."""
+
+    forward_ratio: np.ndarray  # [k] worst |JVP_i - numerical_i| / allowed_i over outputs
+    reverse_ratio: np.ndarray  # [k] |u.VJP.d - u.numerical| / allowed
+    forward_worst: np.ndarray  # [k, 4]: output row, analytical, numerical, allowed at the worst element
+    reverse: np.ndarray  # [k, 4]: analytical, numerical, allowed, allowed by the tolerances alone
+    squares: np.ndarray  # [3]: sum ||n - a||^2, ||n||^2, ||a||^2 over probes
+    # [k] the status a ratio > 1 of each probe stands for: MISMATCH, or what refinement found
+    # along it (NONDIFFERENTIABLE: kinks, analytical between the one-sided derivatives;
+    # UNRESOLVED_KINK, UNRESOLVED, DISCONTINUOUS: undecidable).  None: all MISMATCH.
+    kind: np.ndarray | None = None
+
+    @staticmethod
+    def join(parts: list) -> Comparison:
+        joined = {f: np.concatenate([getattr(p, f) for p in parts])
+                  for f in ("forward_ratio", "reverse_ratio", "forward_worst", "reverse")}
+        kind = np.concatenate([p.kinds for p in parts])
+        return Comparison(**joined, squares=np.sum([p.squares for p in parts], axis=0), kind=kind)
+
+    @property
+    def kinds(self) -> np.ndarray:
+        return np.full(len(self.forward_ratio), MISMATCH) if self.kind is None else np.asarray(self.kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a strategy (``_full.check_full``, ``_fast.check_fast``, ``_coloured.check_coloured``) hands to the report."""
+
+    pairs: list[PairReport]
+    plan: Any  # a _plan.Plan; the plan as the strategy left it (with f's measured noise, when it was needed)
+    atol: float
+    rtol: float
+    kind: str  # what the analytical side was: "reverse", "forward", "supplied", "fast"
+    notes: list = dataclasses.field(default_factory=list)
+    warnings: list = dataclasses.field(default_factory=list)
+    problems: list = dataclasses.field(default_factory=list)  # not gradient verdicts (a violated sparsity pattern)
+    # Coloured mode: the reverse-mode gradient is inconsistent with f's sparsity pattern (one text
+    # per input); run_check reruns a full check for element verdicts where it fits.
+    inconsistent: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+
+
+class GradientReport:
+    """What a check found.  ``bool(report)`` is ``report.ok``.
+
+    ``events`` is what the check learnt on its way, as typed facts (``fastcheck._events``, in order):
+    fallbacks and out-of-memory retries, chunking, the mode and path chosen and why, the precision
+    and noise found, a rerun in full mode, what a model or distribution check held fixed.  ``notes``
+    is their text, one note per event; ``to_dict`` writes both, each event as ``{"kind": ..., **fields}``.
+    """
+
+    pairs: list[PairReport]  # over dense, sparse or projected storage, by mode
+    path: str
+    mode: str
+    seconds: float
+    # What the check learnt on its way (``fastcheck._events``: fallbacks, chunking, the mode and path chosen
+    # and why, the precision and noise found), in order; ``notes`` is their text.
+    events: tuple = ()
+    problems: list[str] = dataclasses.field(default_factory=list)
+    title: str = "gradient check"
+    # Seconds per stage: plan (structure, determinism), route (probe trace),
+    # analytical, numerical (first sweep), refine, fast (projection checks).
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    # True statements about f that do not change the verdict (a wrong forward-mode JVP
+    # where the checked reverse-mode gradient is right).
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    # Routing's costs after this check (``_calibration.Calibration``): what it received, and what it learnt;
+    # pass it as ``calibration=`` to a later check.
+    calibration: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(p.ok for p in self.pairs)
+
+    @property
+    def notes(self) -> list[str]:
+        """The events as text, one note each (``str(report)`` merges those about many inputs)."""
+        return [_text.compose(event) for event in self.events]
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        """One line, what pytest shows for a failing ``assert report``; ``str(report)`` is the full table."""
+        return _text.report_line(self)
+
+    @property
+    def verdict(self) -> str:
+        """"pass", "fail" (a gradient is wrong: a mismatch, a non-finite analytical value, a VJP off the pattern), or
+        "undecidable" (no wrong gradient shown, but not every pair passes: f not finite or not deterministic, kinks
+        or jumps no step resolves, f not moving, unresolved differences, or a pass too coarse to see a 1% error)."""
+        if self.ok:
+            return "pass"
+        wrong = any(p.count(MISMATCH) or p.count(ANALYTICAL_NONFINITE) or p.inconsistent
+                    for p in self.pairs)
+        return "fail" if wrong else "undecidable"
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((p.max_abs_error for p in self.pairs), default=0.0)
+
+    @property
+    def max_rel_error(self) -> float:
+        return max((p.max_rel_error for p in self.pairs), default=0.0)
+
+    @property
+    def failures(self) -> list[PairReport]:
+        return [p for p in self.pairs if not p.ok]
+
+    def to_dict(self, arrays: bool = False) -> dict:
+        """JSON-serialisable summary; ``arrays=True`` includes the full Jacobians."""
+        return {
+            "title": self.title,
+            "ok": self.ok,
+            "verdict": self.verdict,
+            "max_abs_error": _num(self.max_abs_error),
+            "max_rel_error": _num(self.max_rel_error),
+            "path": self.path,
+            "mode": self.mode,
+            "seconds": self.seconds,
+            "timings": dict(self.timings),
+            "rule": _text.FAST_RULE if self.mode == "fast" else _text.RULE,
+            "notes": list(self.notes),
+            "events": [event_dict(event) for event in self.events],
+            "problems": list(self.problems),
+            "warnings": list(self.warnings),
+            "pairs": [p.to_dict(arrays) for p in self.pairs],
+        }
+
+    def __str__(self) -> str:
+        """The report as text (``_text.report_text``): failing pairs first, passing ones collapsed by layer."""
+        return _text.report_text(self)
+
+    @property
+    def tolerance_bound(self) -> list:
+        """Passing pairs that could not see a 1% error of their gradient because the tolerances themselves
+        are that coarse there (atol against small gradients): decisive by the rule, and said so."""
+        found = []
+        for p in self.pairs:
+            if not p.ok or p.sparse or p.storage.decisive(p.rtol):
+                continue
+            if p.resolution > RESOLUTION_RTOLS * p.rtol:
+                found.append(p)
+        return found

@@ -1,0 +1,665 @@
+"""The report's text, composed in one place from its facts: a pair's details, the report's table, and each
+event's note by dispatch on the event's type (``EVENT_TEXT``).  Stages hand over facts, never sentences."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fastcheck import _events as events
+from fastcheck._compare import (
+    ANALYTICAL_NONFINITE,
+    DISCONTINUOUS,
+    FLAT,
+    MISMATCH,
+    NONDIFFERENTIABLE,
+    NUMERICAL_NONFINITE,
+    STATUS_NAMES,
+    UNDECIDED,
+    UNRESOLVED,
+    UNRESOLVED_KINK,
+)
+from fastcheck._tables import COLLAPSE_PASSING, RESOLUTION_RTOLS, SCREEN_MARGIN, UNDECIDED_DETAILS
+
+RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
+FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
+             "J d from the reverse-mode gradient; projection: |u.VJP.d - u.numerical| <= ||u * allowed||_2")
+
+# How a verdict reads in the text of every report (GradientReport, tfp.BijectorReport, its identities).
+VERDICT_LABELS = {"pass": "ok", "fail": "FAIL", "undecidable": "UNDECIDABLE"}
+
+
+VACUOUS_WARNING = (
+    "f's output does not depend on any checked input: every numerical and analytical derivative is exactly 0, so "
+    "this check shows nothing about a gradient. A likely cause: f reads variables by closure (e.g. lambda *v: "
+    "model.training_loss()) instead of from its arguments; compute f from the arguments it is given, or use "
+    "check_model(model, loss) to check a model's variables.")
+
+
+def vacuous_warnings(pairs: list) -> list[str]:
+    """``[VACUOUS_WARNING]`` when no pair's derivatives, either side, has a nonzero entry."""
+    # A coloured pair's arrays are read off its compressed storage only on request (0.5 GB each at 6.4e7 nonzeros).
+    dense = [p for p in pairs if not p.sparse]
+    if not pairs or len(dense) != len(pairs):
+        return []
+    for pair in dense:
+        # ndarray.any(): nonzero entries (NaN included) without an [m, n] temporary
+        if np.size(pair.numerical) == 0 or np.asarray(pair.numerical).any() or np.asarray(pair.analytical).any():
+            return []
+    return [VACUOUS_WARNING]
+
+
+def coarse_line(title: str, resolutions: tuple[float, float], rtol: float, fast: bool) -> str:
+    """Why a pair whose every element (or probe) passes is undecidable: its resolution."""
+    resolved, tolerance = resolutions
+    where = ("no probe resolves" if fast else "no element resolves")
+    fix = ("more probes (probes=...) or mode='full'" if fast else "a float64 numerical side (precision='float64'; "
+           "check_model: a model its float64 copy can stand in for)")
+    return (f"  {title}: every {'probe' if fast else 'element'} passes, but {where} a relative error of its gradient "
+            f"below {resolved:.3g} (the tolerances alone would resolve {tolerance:.3g}; the limit is "
+            f"{RESOLUTION_RTOLS:g} x rtol = {RESOLUTION_RTOLS * rtol:.3g}): the numerical side's error swamps the "
+            f"allowance, and a gradient off by less than {resolved:.3g} of itself would pass unseen; undecidable, not "
+            f"ok. Try {fix}.")
+
+
+def element_name(name: str, index: tuple) -> str:
+    return f"{name}[{', '.join(map(str, index))}]" if index else name
+
+
+def pair_details(pair) -> list[str]:
+    """Kinks (or probes along kinks) found, and for a failing pair what fails, where, and the hint."""
+    lines = _probe_lines(pair) if pair.projected else _kink_lines(pair)
+    if pair.ok:
+        return lines
+    if pair.coarse:
+        return [*lines, coarse_line(pair.title, pair.resolutions, pair.rtol, fast=pair.projected)]
+    lines += _localised_lines(pair) if pair.projected else _failing_lines(pair)
+    if pair.float64_gradient:
+        lines.append(f"    {TWIN_PROBES_LINE if pair.projected else TWIN_LINE}")
+    if pair.hint:
+        lines.append(f"    hint: {pair.hint}")
+    return lines
+
+def _kink_lines(pair) -> list[str]:
+    lines = []
+    kinks = pair.kinks()
+    for e, left, right in kinks[:3]:
+        lines.append(
+            f"  not differentiable at d {element_name(pair.output_name, e.output_index)} / d {element_name(pair.input_name, e.input_index)}: "
+            f"left derivative={left:.8g}, right derivative={right:.8g}, analytical={e.analytical:.8g} "
+            "(the steps cross a kink of f at or near the point: both one-sided derivatives settled, and the "
+            "analytical value is one of them or between them, within their uncertainty)"
+        )
+    if len(kinks) > 3:
+        lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")
+    return lines
+
+def _failing_lines(pair) -> list[str]:
+    counts = [(pair.count(MISMATCH), "mismatched"), (pair.count(ANALYTICAL_NONFINITE), "analytical non-finite"),
+              (pair.count(NUMERICAL_NONFINITE), "numerical non-finite"), (pair.count(UNRESOLVED), "unresolved"),
+              (pair.count(DISCONTINUOUS), "at a jump of f"), (pair.count(UNRESOLVED_KINK), "at kinks no step resolves"),
+              (pair.count(FLAT), "where f does not move")]
+    lines = [f"  {pair.output_name} / {pair.input_name}: "
+             + ", ".join(f"{count} {what}" for count, what in counts if count or what == "mismatched")
+             + f" (atol={pair.atol:g}, rtol={pair.rtol:g})"]
+    for k in pair._worst_indices(3):
+        e = pair._element(k)
+        if e.status == "ok":
+            break
+        sides = ""
+        if e.status == STATUS_NAMES[UNRESOLVED_KINK]:
+            found = pair.one_sided.get(pair._key(k))
+            sides = (f", one-sided derivatives {found[0]:.8g} and {found[1]:.8g}" if found is not None
+                     else ", the one-sided quotients never settle")
+        lines.append(
+            f"    d {element_name(pair.output_name, e.output_index)} / d {element_name(pair.input_name, e.input_index)}: "
+            f"analytical={e.analytical:.8g} numerical={e.numerical:.8g} |diff|={e.abs_error:.3g} "
+            f"allowed={e.band:.3g} ({e.status}{sides})"
+        )
+    return lines
+
+def _probe_lines(pair) -> list[str]:
+    c = pair.comparison
+    lines = [f"  {pair.input_name}: {len(c.reverse_ratio)} random probes; worst element-wise |J d - numerical| / allowed = "
+             f"{np.max(c.forward_ratio):.3g}, worst reverse |u.VJP.d - u.numerical| / allowed = {np.max(c.reverse_ratio):.3g}"]
+    kinked, undecided = pair.kinked_probes, pair.undecided_probes
+    if kinked or undecided:
+        found = sorted({STATUS_NAMES[int(v)] for v in pair.status[np.isin(pair.status, UNDECIDED)]})
+        lines.append(f"    probes along kinks of f: {kinked} with J d between the one-sided derivatives (pass), "
+                     f"{undecided} undecidable ({', '.join(found) or 'none'}; steps down to h/4**12 tried)")
+    return lines
+
+def _localised_lines(pair) -> list[str]:
+    assert pair.projected
+    lines = []
+    bad_sides = np.isin(pair.status, (MISMATCH,)).any(axis=0)
+    sides = [name for name, bad in zip(("element-wise J d", "projection u.VJP.d"), [bool(b) for b in np.atleast_1d(bad_sides)]) if bad]
+    if sides:
+        lines.append(f"    failing side(s): {', '.join(sides)}")
+    region, e = pair.storage.region, pair.storage.found
+    if region is not None:
+        what = "the probes' disagreement" if e is not None and e.status == "ok" else "defect"
+        lines.append(f"    {what} localised to {pair.input_name}[{region[0]} .. {region[1]}] (flattened-order slab)")
+    if e is not None:
+        forward = pair.storage.found_by == "forward"
+        of = f"output[{', '.join(map(str, e.output_index))}]" if forward else "(u . output)"
+        lines.append(f"    worst element found ({'element-wise J d' if forward else 'projection u.J.d'}): d {of} / d {pair.input_name}"
+                     f"[{', '.join(map(str, e.input_index))}]: analytical={e.analytical:.8g} numerical={e.numerical:.8g} "
+                     f"|diff|={e.abs_error:.3g} allowed={e.band:.3g}")
+    return lines
+
+
+def report_line(report) -> str:
+    """One line, what pytest shows for a failing ``assert report``; ``str(report)`` is the full table."""
+    verdict = VERDICT_LABELS[report.verdict]
+    wrong = sum(p.label == "FAIL" for p in report.failures)
+    undecided = len(report.failures) - wrong
+    summary = f"{wrong} of {len(report.pairs)} pairs failed" + (f", {undecided} undecidable" if undecided else "")
+    if report.failures:
+        pair = report.failures[0]
+        e = pair.worst_element
+        if e is None:
+            summary += f", worst {pair.title} abs error {pair.max_abs_error:.2g}"
+        else:
+            summary += (f", worst d {element_name(pair.output_name, e.output_index)} / d {element_name(pair.input_name, e.input_index)} "
+                        f"abs error {e.abs_error:.2g} ({e.status})")
+    elif report.problems:
+        summary += f", {report.problems[0].splitlines()[0][:100]}"
+    else:
+        summary += f", max abs error {report.max_abs_error:.2g}"
+    return f"<GradientReport {verdict}: {summary} [{report.mode} mode]>"
+
+
+def report_text(report) -> str:
+    """The report as text: failing pairs first, passing ones collapsed to a count by layer when many.
+
+    Past ``COLLAPSE_PASSING`` passing pairs, they are one line (their count,
+    largest errors and layer groups) and their kinks one summary; notes that
+    differ only in an input's name and numbers are one line.  ``to_dict`` keeps
+    every pair and note.
+    """
+    verdict = VERDICT_LABELS[report.verdict]
+    wrong = sum(p.label == "FAIL" for p in report.failures)
+    undecided = len(report.failures) - wrong
+    lines = [
+        f"fastcheck {report.title}: {verdict} -- {wrong} of {len(report.pairs)} pairs failed"
+        f"{f', {undecided} undecidable' if undecided else ''}, "
+        f"max abs error {report.max_abs_error:.3g}, max rel error {report.max_rel_error:.3g} "
+        f"[{report.path}, {report.mode} mode, {report.seconds:.2f} s]"
+    ]
+    for problem in report.problems:
+        lines.append(f"  PROBLEM: {problem}")
+    for warning in report.warnings:
+        lines.append(f"  WARNING: {warning}")
+    # Wrong gradients first, then undecidable pairs, then passing ones; stable within each.
+    failing = sorted(report.failures, key=lambda p: 0 if p.label == "FAIL" else 1)
+    passing = [p for p in report.pairs if p.ok]
+    collapsed = len(passing) > COLLAPSE_PASSING
+    shown = failing + ([] if collapsed else passing)
+    if shown:
+        width = max(len(p.title) for p in shown)
+        lines.append(f"  {'pair'.ljust(width)}  status  {'max abs':>9}  {'max rel':>9}  {'rel norm':>9}  failed")
+        for p in shown:
+            lines.append(
+                f"  {p.title.ljust(width)}  {p.label:6}  "
+                f"{p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  {p.relative_norm_error:9.3g}  "
+                f"{p.failed_count}/{p.status.size}"
+            )
+    if collapsed:
+        lines.append(f"  ok: {len(passing)} {'more ' if failing else ''}pairs, max abs error "
+                     f"{max(p.max_abs_error for p in passing):.3g}, max rel error "
+                     f"{max(p.max_rel_error for p in passing):.3g}; by layer"
+                     f"{_layer_groups([p.input_name for p in passing])}")
+    # Undecidable fast-mode pairs say the same thing: past a few, one line for all of them.
+    projections = [p for p in failing if p.projected and p.label != "FAIL"]
+    probes_undecided = [p for p in projections if not p.coarse and p.undecided_probes]  # kinks no step resolves
+    coarse_pairs = [p for p in projections if p.coarse]  # every probe passes, too coarse to decide
+    summarised = len(probes_undecided) > UNDECIDED_DETAILS
+    coarse_summarised = len(coarse_pairs) > UNDECIDED_DETAILS
+    for p in failing:
+        if not (summarised and p in probes_undecided) and not (coarse_summarised and p in coarse_pairs):
+            lines += pair_details(p)
+    if summarised:
+        lines.append(f"  undecidable: {sum(p.undecided_probes for p in probes_undecided)} probes over "
+                     f"{len(probes_undecided)} pairs cross kinks of f that no step down to h/4**12 resolves"
+                     f"{_layer_groups([p.input_name for p in probes_undecided])}")
+    if coarse_summarised:
+        resolutions = [p.resolution for p in coarse_pairs]
+        lines.append(f"  undecidable: {len(coarse_pairs)} pairs pass every probe but resolve no relative error of "
+                     f"their gradient below {min(resolutions):.3g} .. {max(resolutions):.3g} (coarser than "
+                     f"{RESOLUTION_RTOLS:g} rtols and than the tolerances alone)"
+                     f"{_layer_groups([p.input_name for p in coarse_pairs])}")
+    if probes_undecided:
+        lines.append(f"  hint: {UNDECIDED_PROBES_HINT}")
+    if not collapsed:
+        for p in passing:
+            lines += pair_details(p)
+    else:
+        kinked_probes = [p for p in passing if p.kinked_probes]
+        if kinked_probes:
+            lines.append(f"  {sum(p.kinked_probes for p in kinked_probes)} probes in {len(kinked_probes)} passing "
+                         "pairs crossed kinks of f, with the analytical J d between the one-sided derivatives")
+        with_kinks = [p for p in passing if not p.projected and p.count(NONDIFFERENTIABLE)]
+        if with_kinks:
+            example = next((line.strip() for p in with_kinks for line in pair_details(p)
+                            if line.strip().startswith("not differentiable")), None)
+            lines.append(f"  {sum(p.count(NONDIFFERENTIABLE) for p in with_kinks)} elements in {len(with_kinks)} "
+                         f"passing pairs sit at kinks of f, with the analytical value between the one-sided "
+                         f"derivatives{'; e.g. ' + example if example else ''}")
+    for note in composed_notes(report.events, [p.input_name for p in report.pairs]):
+        lines.append(f"  note: {note}")
+    twinned = [p for p in report.pairs if p.float64_gradient]
+    if twinned:
+        lines.append(f"  note: {len(twinned)} pair(s) whose tolerances could not see a 1% error of their gradient "
+                     f"were judged through its float64 twin: {TWIN_RULE}{_layer_groups([p.input_name for p in twinned])}")
+    tolerance_bound = report.tolerance_bound
+    if tolerance_bound:
+        low, high = min(p.resolution for p in tolerance_bound), max(p.resolution for p in tolerance_bound)
+        span = f"{low:.3g}" if low == high else f"{low:.3g} .. {high:.3g}"
+        lines.append(f"  note: {len(tolerance_bound)} passing pair(s) resolve no relative error of their gradient "
+                     f"below {span}: their gradients are small against "
+                     f"atol, so a defect below atol passes by the tolerances themselves (not the numerics); pass "
+                     f"a smaller atol to judge them relatively{_layer_groups([p.input_name for p in tolerance_bound])}")
+    lines.append(f"  rule: {FAST_RULE if report.mode == 'fast' else RULE}")
+    return "\n".join(lines)
+
+
+TWIN_RULE = ("the same gradient code run at the float64 point (on the model's float64 copy, or f given float64 "
+             "values), judged by float64's rule against the same numerical derivative; each element is then allowed "
+             "float64's allowance plus |gradient - its float64 twin|, the gradient's own rounding measured instead "
+             "of float32's atol (pass atol= to judge by your tolerances alone)")
+TWIN_LINE = ("judged through the float64 twin of the gradient: its allowance is float64's rule plus the measured "
+             "|gradient - float64 gradient|, as float32's atol could not resolve a 1% error here")
+TWIN_PROBES_LINE = ("probes compared through the float64 twin of the gradient (the same gradient code at the float64 "
+                    "point, within float32's tolerance of the gradient) under float64's rule, as float32's atol could "
+                    "not resolve a 1% error here")
+UNDECIDED_PROBES_HINT = (
+    "an undecidable probe crosses kinks of f (ReLU-like activations) closer to the point than any step resolves, "
+    "as in a freshly initialised deep network whose activations have shrunk to ~1e-11; no gradient was found wrong "
+    "along it. Check a trained or calibrated model (batch normalization statistics from data), or the named "
+    "inputs with mode='full', which judges each element on its own.")
+
+
+def _layer_groups(names: list[str]) -> str:
+    """Names grouped by layer family, in order: ``": block_13* (9), ..."`` for block_13_expand/kernel, ...
+
+    A variable path's layer is everything before its last ``/``; its family is the
+    layer's last segment up to its first token with a digit (``block_13`` of
+    ``block_13_depthwise_BN``), or the whole layer.  Families of one variable show as
+    their variable's name, larger ones as ``family* (count)``; a leading path every
+    name shares (a Sequential model's name) is said once.
+    """
+    shared = ""
+    while names and all("/" in n[len(shared):] for n in names):
+        head = names[0][len(shared):].split("/")[0] + "/"
+        if not all(n[len(shared):].startswith(head) for n in names):
+            break
+        shared += head
+    families: dict[str, list[str]] = {}
+    for name in (n[len(shared):] for n in names):
+        layer, _, _ = name.rpartition("/")
+        head, _, last = layer.rpartition("/")
+        tokens = last.split("_")
+        cut = next((i for i, token in enumerate(tokens) if any(c.isdigit() for c in token)), len(tokens) - 1)
+        family = (head + "/" if head else "") + "_".join(tokens[: cut + 1]) if layer else name
+        families.setdefault(family, []).append(name)
+    groups = [members[0] if len(members) == 1 else f"{family}* ({len(members)})" for family, members in families.items()]
+    return f"{f' (in {shared})' if shared else ''}: {', '.join(groups)}"
+
+
+class _Span:
+    """The values of one numeric field over a merged group of events: formats as the value where they agree,
+    else as ``low to high`` (each as its own format gives it, then ``:g``)."""
+
+    def __init__(self, values: list):
+        self.low, self.high = min(values), max(values)
+
+    def __format__(self, spec: str) -> str:
+        if self.low == self.high:
+            return format(self.low, spec)
+        return f"{float(format(self.low, spec)):g} to {float(format(self.high, spec)):g}"
+
+
+def _subject(event) -> str | None:
+    """The input (or mode) an event is about, said before its text."""
+    return getattr(event, events.SUBJECT, None) or getattr(event, "subject", None)
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def composed_notes(found, names: list[str]) -> list[str]:
+    """The notes of ``found`` (events) in order, the same event about several inputs merged into one.
+
+    Events of one kind that differ only in the input they are about and their numbers become one
+    note: ``"150 inputs (conv/kernel, conv/bias, ... ): chunked to 32 perturbations per call (1 to
+    40 calls) ..."``, numbers that vary shown as their range.  Other notes are kept once each.
+    """
+    known = set(names)
+    groups: dict = {}
+    for event in found:
+        subject = _subject(event)
+        if subject not in known:
+            groups.setdefault(("text", compose(event)), [event])
+            continue
+        fields = dataclasses.fields(event)
+        key = (type(event), *(getattr(event, f.name) for f in fields
+                              if f.name not in (events.SUBJECT, "subject") and not _numeric(getattr(event, f.name))))
+        groups.setdefault(key, []).append(event)
+    result = []
+    for members in groups.values():
+        first = members[0]
+        if len(members) == 1:
+            result.append(compose(first))
+            continue
+        spans = {f.name: _Span([getattr(m, f.name) for m in members])
+                 for f in dataclasses.fields(first) if _numeric(getattr(first, f.name))}
+        subjects = [str(_subject(m)) for m in members]
+        shown = ", ".join(subjects[:3]) + (", ..." if len(subjects) > 3 else "")
+        result.append(f"{len(subjects)} inputs ({shown}): {_said(first, spans)}")
+    return result
+
+
+def _screened_text(block) -> str:
+    """How coloured mode's device screen shared a block's verdicts with numpy (empty where it did not run)."""
+    if not block.cleared:
+        return ""
+    rest = block.nonzeros - block.cleared
+    return (f" ({'all' if not rest else block.cleared} passed by the element rule with a {SCREEN_MARGIN:g} margin in "
+            "one fused XLA pass" + (f", the other {rest} judged in numpy)" if rest else ")"))
+
+
+def compose(event) -> str:
+    """One event as the report's note."""
+    subject = _subject(event)
+    return f"{subject}: {_said(event)}" if subject is not None else _said(event)
+
+
+def _coloured_summary(e) -> str:
+    text = (f"coloured mode: sparsity pattern {e.source}; "
+            + "; ".join(f"{b.input}: {b.nonzeros} structural nonzeros of {b.rows} x {b.columns}, "
+                        f"{_counted(b.colours, 'column colour')}"
+                        + _screened_text(b) for b in e.blocks)
+            + ("" if e.row_colours is None else f"; reverse mode: {_counted(e.row_colours, 'row colour')} "
+               "(one VJP each)")
+            + f"; {_counted(e.evaluations, 'evaluation')} of f; "
+            + "; ".join(f"{b.input}'s pattern checked by {_counted(b.probes, 'random dense probe')}" if b.probes
+                        else f"{b.input}'s pattern (each output element on its own input element) trusted from "
+                             "f's graph, as the element-wise walk trusts it" for b in e.blocks))
+    if e.noise_rows is not None:
+        failing, sampled, moved = e.noise_rows
+        text += (f"; f's noise measured on the {failing} output(s) of failing nonzeros and {sampled} sampled "
+                 f"ones, moving the {moved} input elements they depend on")
+    return text
+
+
+def _fast_summary(e) -> str:
+    span = (f"spanning all {e.inputs} checked inputs" if e.groups == 1 else
+            f"for each of {e.groups} groups of similar-sized inputs ({e.inputs} checked inputs)")
+    return (f"fast mode: {e.probes} random probes {span}, {e.elements} elements: one VJP and {e.evaluations} "
+            "evaluations of f" + (f"; failing probes were localised by bisection over the inputs, then within "
+                                  f"{', '.join(e.localised)}" if e.localised else ""))
+
+
+def _distributed(e) -> str:
+    parts = [f"{name} on each worker: {' / '.join(map(str, counts))}" if per_worker
+             else f"{' / '.join(map(str, counts))} {name}" for name, counts, per_worker in e.work]
+    return (f"distributed over {e.where}: " + "; ".join(parts)
+            + (" (each worker evaluated its replicas' shares; results all-gathered)" if e.multi else ""))
+
+
+def _log_det_convention(e) -> str:
+    if e.convention == "chart":
+        return (f"log-det-Jacobian in TFP's convention for {e.bijector}: log|det| of the square Jacobian of forward "
+                f"from {e.chart} (the coordinates TFP's own tests use; a coordinate selection adds no log-det of "
+                "its own)")
+    return (f"{e.bijector} maps {e.sizes[0]} numbers per event to {e.sizes[1]} and fastcheck knows no TFP chart "
+            "for it: its log-det-Jacobian was judged as the volume change 0.5 log det(J^T J), which differs from "
+            "a log-det defined in coordinates of the output by that chart's own volume factor")
+
+
+def _sample_not_checked(e) -> str:
+    if e.reason == "not reparameterized":
+        return f"sample not checked: {e.distribution} is not fully reparameterized (samples carry no gradient)"
+    return (f"sample not checked: {e.distribution}'s sampler {e.sampler}: an implicitly reparameterized sample's "
+            "gradient holds the CDF fixed, not the noise, so a difference quotient at a fixed seed is not its "
+            "derivative")
+
+
+def _nothing_to_check(e) -> str:
+    empty = "f's outputs have" if e.outputs else "the checked inputs have"
+    return (f"nothing to check: {empty} no elements, so the Jacobian has no entries ({e.m} output x {e.n} input "
+            "elements); the check passes vacuously")
+
+
+_TRAINING_UNCHANGED = (
+    "training=True changes nothing here: the loss equals the training=False loss at this point (no layer of this "
+    "model behaves differently in training), so this is the training=False check")
+_TRAINING = (
+    "training=True: every evaluation draws the same dropout mask (seed states passed unchanged, tf_keras random "
+    "layers made stateless with a fixed seed), batch normalization uses the batch's statistics, and every moving "
+    "statistic and seed state is restored bit for bit")
+
+def _said(event, spans: dict | None = None) -> str:
+    """What ``event`` says, after its subject; ``spans``: numeric fields as ranges over a merged group."""
+    said = EVENT_TEXT.get(type(event))
+    if said is None:
+        raise TypeError(f"no text for event {event!r}")
+    return said(dataclasses.replace(event, **spans) if spans else event)
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+_FORWARD_PROBE = {
+    "unsupported": "forward mode (JVP) not checked: {error}",
+    "agrees": "forward mode (JVP) agrees along {directions} random direction(s)",
+    "failed": "forward mode (JVP) disagreed on a random direction, but its full Jacobian failed ({error})",
+    "compared": "forward mode (JVP): full Jacobian compared",
+}
+
+
+def route_reason(why: events.RouteReason) -> str:
+    """Why routing chose its path, as a phrase."""
+    if why.repeated:
+        return (_route_rule(why) + f"; check {why.repeated} of the same f: its kernels are traced once and reused by "
+                f"its later checks, instead of its eager loop (predicted {why.eager * 1e3:.0f} ms)")
+    return _route_rule(why)
+
+
+def _route_rule(why: events.RouteReason) -> str:
+    if why.rule == "small":
+        return (f"small check: eager loop predicted {why.eager * 1e3:.0f} ms, tracing {why.traced * 1e3:.0f} ms"
+                + (" (the first trace in this process)" if why.first_trace else ""))
+    if why.rule == "untraceable":
+        return f"f cannot be traced ({why.error}): evaluated eagerly"
+    if why.rule == "random":
+        return (f"f draws random numbers (op {why.op}) and XLA draws different ones than TensorFlow's kernels from "
+                "the same seed, so f runs without XLA" + (" (jit_compile=True overridden)" if why.overridden else ""))
+    if why.rule == "slow op":
+        return f"{why.op} is slow under XLA on this backend"
+    if why.rule == "slow on CPU":
+        return f"{why.op} is slower under XLA than TensorFlow's own on CPU"
+    if why.rule in ("pays", "too small"):
+        return (f"batched work of {why.work:.2g} element-evaluations "
+                + ("pays for XLA compilation" if why.rule == "pays" else "is too small for XLA compilation"))
+    return {"requested": "jit_compile=True", "disabled": "jit_compile=False",
+            "loops": "f contains while_loops: pfor conversion would cost more than it saves"}[why.rule]
+
+
+def _chunk_reason(why: events.ChunkReason) -> str:
+    if why.limit == "joint":
+        return (f"in the one differences kernel of all {why.inputs} checked inputs "
+                f"(instead of one kernel per input; each input's calls padded to {why.padded})")
+    if why.limit == "cache":
+        return (f"to keep each call's working set within the CPU's {why.cache_mib} MiB cache"
+                + (f" (f is memory-bound: {why.flops_per_element:.0f} FLOPs per intermediate element)"
+                   if why.flops_per_element is not None else ""))
+    return "to fit memory_budget"
+
+
+def native_reason(e: events.NumericalSide) -> str:
+    """Why the numerical side is not evaluated in float64 (also the error of precision='float64')."""
+    if e.reason == "elements":
+        return (f"{e.elements:.3g} input elements in float64 would double the time and memory of the check (pass "
+                "precision='float64' to insist)")
+    if e.reason == "returns":
+        return f"f returned {e.dtype} for float64 inputs"
+    if e.reason == "shapes":
+        return "f returned different shapes for float64 inputs"
+    if e.reason == "fails":
+        return f"f does not run in float64 ({e.error})"
+    return (f"f computes something else in float64 (flat output {e.row} is {e.float64:.8g} in float64 but "
+            f"{e.native:.8g} natively, beyond native rounding): f chooses weights, layers or code by dtype")
+
+
+def _precision_why(why) -> str:
+    if isinstance(why, events.LowPrecisionOp):
+        return f"f computes in {why.precision} inside (op {why.op})"
+    if isinstance(why, events.TensorFloat32):
+        return (f"f runs float32 op {why.op} on a GPU with TensorFloat-32 enabled "
+                "(tf.config.experimental.enable_tensor_float_32_execution)")
+    return why
+
+
+# autodiff="auto" probes forward mode only on traced paths (see ``_full``).
+_FORWARD_NOT_CHECKED = {
+    "eager": ("forward mode (JVP) not checked: the check ran eagerly, and TensorFlow's forward mode traces a helper "
+              "function per op, which on checks this small costs more than the check itself; pass autodiff='both' "
+              "to check it"),
+    "few evaluations": ("forward mode (JVP) not checked: TensorFlow's forward mode traces a helper function per op "
+                        "(10-30 ms each, ~1 s for some TFP special functions), a large share of a check of fewer "
+                        "than {evaluations} evaluations; pass autodiff='both' to check it"),
+    "loops": ("forward mode (JVP) not checked: f contains while_loops, through which TensorFlow's forward mode runs "
+              "op by op and iteration by iteration; pass autodiff='both' to check it"),
+}
+
+
+def mode_reasons(why: tuple) -> str:
+    """The chain of reasons a mode was chosen for, as one phrase."""
+    return "; ".join(_mode_reason(reason) for reason in why)
+
+
+def _mode_reason(r) -> str:
+    said = MODE_REASON_TEXT.get(type(r))
+    if said is None:
+        raise TypeError(f"no text for mode reason {r!r}")
+    return said(r)
+
+
+def _full_fits(r) -> str:
+    if r.seconds is None:
+        return f"the full Jacobian ({r.entries:.3g} entries) fits memory_budget"
+    return (f"the full Jacobian ({r.entries:.3g} entries) fits memory_budget, and is predicted to take "
+            f"{r.seconds:.2g} s, within time_budget={r.budget:g} s")
+
+
+# Each mode reason's text (``events.ModeChosen.why`` holds a chain of them).
+MODE_REASON_TEXT: dict[type, Callable[[Any], str]] = {
+    events.Requested: lambda r: "as requested",
+    events.FullFits: _full_fits,
+    events.FullTooLarge: lambda r: f"the full Jacobian has {r.entries:.3g} entries, more than {r.fitting:.3g} fit memory_budget",
+    events.InputTooLarge: lambda r: f"an input has more than {r.limit} elements: 2n evaluations would take too long",
+    events.FullTooSlow: lambda r: (
+        f"full Jacobians predicted to take {r.seconds:.3g} s ({prediction(r.how)}), more than time_budget="
+        f"{r.budget:g} s; pass mode='full' to run them anyway, or a larger time_budget"),
+    events.NoPattern: lambda r: f"no sparsity pattern for coloured mode ({r.error})",
+    events.TooDense: lambda r: (
+        f"f's Jacobian has {r.nonzeros:.3g} structural nonzeros in {r.colours} column colours: too dense for "
+        "coloured mode"),
+    events.ColouredTooLarge: lambda r: (
+        f"coloured mode would hold {r.held / 2**30:.3g} GiB for its {r.nonzeros:.3g} structural nonzeros, more than "
+        f"the {r.limit / 2**30:.3g} GiB a check may hold"),
+    events.ColouredTooSlow: lambda r: (
+        f"coloured mode ({r.colours} column colours) predicted to take {r.seconds:.3g} s, more than "
+        f"time_budget={r.budget:g} s"),
+    events.Sparse: lambda r: (
+        f"f's Jacobian is sparse ({r.nonzeros:.3g} structural nonzeros in {r.colours} column colours, predicted "
+        f"{r.seconds:.2g} s): element-wise verdicts on every nonzero"),
+    events.Escalated: lambda r: (
+        f"coloured mode ({mode_reasons(r.coloured)}) found the reverse-mode gradient inconsistent with f's sparsity "
+        "pattern (see the notes), so the full Jacobians, which fit, give the element verdicts"),
+}
+
+
+def prediction(how: events.Prediction) -> str:
+    """How a full check's time was predicted, as a phrase."""
+    if how.by == "eager":
+        return f"an eager loop of {how.calls} calls of f at {how.per_call * 1e3:.2g} ms"
+    if how.by == "tracing":
+        return f"{how.kernels} kernels to trace at ~{how.per_kernel:.2g} s each, before any evaluation"
+    return (f"{how.kernels} kernels to trace at ~{how.per_kernel:.2g} s and {how.calls:.3g} batched evaluations at "
+            f"~{how.per_call * 1e3:.2g} ms")
+
+
+# Each event type's text, after its subject: a function of the event (its numeric fields may be ``_Span``s,
+# which format as a value or a range). One entry per type of ``_events``; ``_said`` dispatches on the type.
+EVENT_TEXT: dict[type, Callable[[Any], str]] = {
+    events.OutOfMemory: lambda e: f"out of memory at {e.chunk} {e.unit} per call; retried with {e.retried}",
+    events.FellBack: lambda e: f"{e.path} failed for {e.what} ({e.error}); fell back to {e.following}",
+    events.Chunked: lambda e: f"chunked to {e.chunk} perturbations per call ({e.calls} calls) {_chunk_reason(e.why)}",
+    events.JointKernelDropped: lambda e: (
+        "numerical differences: with every checked input batched at once, vectorized_map converts some op of f "
+        "with a while_loop; one kernel per input instead"),
+    events.CallNoise: lambda e: (
+        f"output{e.output} differs between two calls at the same point by up to {e.difference:.3g} (not bitwise "
+        "deterministic): counted as noise of the numerical side"),
+    events.NumericalSide: lambda e: ("numerical side evaluated in float64 (precision='auto')" if e.upcast else
+                                     f"numerical side evaluated in native precision: {native_reason(e)}"),
+    events.PrecisionFound: lambda e: (
+        f"{_precision_why(e.why)}: the analytical side is judged with {e.precision} tolerances "
+        f"atol={e.atol:g}, rtol={e.rtol:g}{' (as given)' if e.given else ''}"),
+    events.NoiseMeasured: lambda e: (
+        f"f's evaluations carry relative noise {e.relative:.2g} (measured; {e.dtype} rounds at {e.epsilon:.2g}): "
+        "noise allowances follow it, and columns it swamps are re-estimated at larger steps"),
+    events.ModeChosen: lambda e: f"mode: {e.mode} ({mode_reasons(e.why)})",
+    events.PathChosen: lambda e: (
+        f"path: {e.path} ({route_reason(e.reason)}"
+        f"{'; routed, before the mode was chosen, for a full check' if e.routed_for_full else ''})"),
+    events.Inconsistent: lambda e: f"coloured mode: {e.found}",
+    events.NothingToCheck: _nothing_to_check,
+    events.EmptyPart: lambda e: f"nothing to check for {e.name}: it has no elements (its pairs' Jacobians are empty)",
+    events.ForwardNotChecked: lambda e: _FORWARD_NOT_CHECKED[e.reason].format(evaluations=e.evaluations),
+    events.ForwardProbe: lambda e: _FORWARD_PROBE[e.result].format(directions=e.directions, error=e.error),
+    events.FastSummary: _fast_summary,
+    events.FastForwardOnly: lambda e: (
+        f"fast mode: the reverse-mode gradient cannot be differentiated once more ({e.error}); the element-wise "
+        "comparison uses forward-mode JVPs, which do not see tf.custom_gradient (the projection u.J.d still checks "
+        "the reverse-mode gradient)"),
+    events.ColouredSummary: _coloured_summary,
+    events.ColouredOnGraph: lambda e: (
+        f"coloured mode: the colours' evaluations ran on the graph path, not XLA: XLA's compilation pays only from "
+        f"{e.evaluations} evaluations"),
+    events.TapeGradient: lambda e: (
+        "analytical side: tape.gradient of the loss over the model's own variables, as a training step computes it "
+        "(custom gradients with variables= included)"),
+    events.SecondOrder: lambda e: (
+        "order=2: the Jacobian of grads was checked (its reverse mode against its central differences); grads "
+        "itself was not compared with f's derivatives: verify_gradients with order=1 does that"),
+    events.FrozenChecked: lambda e: (
+        f"not trainable, checked because variables= names them: {', '.join(e.names)}; the analytical side watches "
+        "them on the tape (a training step's tape.gradient would return None for them)"),
+    events.TrainingMode: lambda e: _TRAINING if e.changes else _TRAINING_UNCHANGED,
+    events.ModelCopy: lambda e: (f"numerical side on a float64 copy of the model: {e.detail}" if e.copied else
+                                 f"numerical side in the model's own precision: {e.detail}"),
+    events.SampleNotChecked: _sample_not_checked,
+    events.IdentitiesJudged: lambda e: (
+        f"identities judged with atol={e.atol:g}, rtol={e.rtol:g} ({'as given' if e.given else e.dtype + ' defaults'}), "
+        "plus the numerical Jacobian's band carried into log|det J| and y's rounding carried through the inverse"),
+    events.LogDetConvention: _log_det_convention,
+    events.SampleSeeded: lambda e: (
+        f"sample drawn with the stateless seed ({e.seed}, 0) at every evaluation (never under XLA, which draws "
+        "other numbers from the same seed)"),
+    events.Distributed: _distributed,
+    events.PathsDiffer: lambda e: (
+        f"the workers routed f to different paths; every worker evaluated {e.what} eagerly instead (pass "
+        "jit_compile= to pin the path)"),
+    events.EagerUnsplit: lambda e: (
+        f"strategy: {e.what} ran on the eager path, on one device" + (" on every worker" if e.multi else "")
+        + ", not over the replicas (pass jit_compile=False to trace f)"),
+}
