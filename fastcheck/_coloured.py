@@ -1085,7 +1085,7 @@ def _screened(sides, x, step, vjp, centre, atol, rtol, noise_factor, rounding_fa
     analytical, centre = wide(vjp), tf.abs(wide(centre))
     noise = centre * noise_factor / tf.abs(span)
     noise = tf.where(tf.math.is_finite(noise), noise, tf.zeros_like(noise))
-    band = tf.abs(numerical) * rtol + atol + noise
+    band = _compare.allowance(numerical, atol, rtol, noise)
     finite = tf.math.is_finite(numerical) & tf.math.is_finite(analytical)
     cleared = finite & (tf.abs(analytical - numerical) <= margin * band)
     if probe is None:

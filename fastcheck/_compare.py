@@ -177,12 +177,20 @@ def verdicts(analytical: np.ndarray, numerical: np.ndarray, noise, atol: float, 
     return status, band
 
 
+def allowance(reference, atol, rtol, noise=0.0, norms=1.0):
+    """What the rule allows an element: ``atol ||d||_2 + rtol |reference| + noise``, the one statement of the band.
+
+    ``reference`` is the numerical value (a kink's analytical one, a twin's float64 gradient), ``noise`` the
+    numerical side's own error estimate, ``norms`` the 2-norm of fast mode's probe d (1 for an element).
+    numpy arrays, TF tensors (``_fast``) and XLA (``_coloured``'s screen) alike: one formula, the same
+    order of operations, so every side rounds the band as numpy does.
+    """
+    return abs(reference) * rtol + atol * norms + noise
+
+
 def _block_verdicts(analytical, numerical, noise, atol, rtol):
     with np.errstate(invalid="ignore", over="ignore"):
-        band = np.abs(numerical)
-        band *= rtol
-        band += atol
-        band += np.where(np.isfinite(noise), noise, 0.0)
+        band = allowance(numerical, atol, rtol, np.where(np.isfinite(noise), noise, 0.0))
         difference = np.subtract(analytical, numerical)
         np.abs(difference, out=difference)
         status = np.greater(difference, band).view(np.int8)  # MISMATCH == 1 (a bool is one byte, 0 or 1)
@@ -193,12 +201,6 @@ def _block_verdicts(analytical, numerical, noise, atol, rtol):
     if analytical_bad.any():
         status[analytical_bad & ~numerical_bad] = ANALYTICAL_NONFINITE
     return status, band
-
-
-def probe_band(atol: float, rtol: float, norms, numerical, noise):
-    """Fast mode's band for a probe d's element-wise J d: ``atol ||d||_2 + rtol |numerical| + noise`` per output
-    element (``norms``: ||d||_2, shaped to broadcast against ``numerical``); numpy arrays or tensors alike."""
-    return atol * norms + rtol * abs(numerical) + noise
 
 
 def richardson(coarse: np.ndarray, fine: np.ndarray, ratio: float) -> tuple[np.ndarray, np.ndarray]:
@@ -395,7 +397,7 @@ def between_sides(analytical, left, right, sides_error, atol: float, rtol: float
     the whole gap of unsettled steps, and took in a gradient 10% off beside a kink of 9% gap);
     ``allowed`` replaces ``atol + rtol |analytical|`` where given."""
     low, high = np.minimum(left, right), np.maximum(left, right)
-    allowed = (atol + rtol * np.abs(analytical) if allowed is None else allowed) + sides_error
+    allowed = (allowance(analytical, atol, rtol) if allowed is None else allowed) + sides_error
     with np.errstate(invalid="ignore"):
         return (low - allowed <= analytical) & (analytical <= high + allowed)
 

@@ -518,12 +518,12 @@ def _screening_groups(sizes: list) -> list:
 def _summaries(estimate, forward, realised, noise, u, gradient, atol, rtol):
     """Per-probe summaries in one graph call (TF's multi-threaded kernels; XLA CPU was 3x slower here)."""
     norms = tf.norm(realised, axis=1)
-    band = _compare.probe_band(atol, rtol, norms[:, None], estimate, noise)
+    band = _compare.allowance(estimate, atol, rtol, noise, norms[:, None])
     difference = tf.abs(forward - estimate)
     ratio = tf.where(tf.math.is_nan(difference / band), tf.constant(np.inf, F64), difference / band)
     rows = tf.argmax(ratio, axis=1, output_type=tf.int32)
     pick = lambda t: tf.gather(t, rows, axis=1, batch_dims=1)  # noqa: E731
-    tolerated = _compare.probe_band(atol, rtol, norms[:, None], estimate, 0.0)
+    tolerated = _compare.allowance(estimate, atol, rtol, 0.0, norms[:, None])
     reverse = tf.stack([tf.linalg.matvec(realised, gradient), tf.reduce_sum(u[None, :] * estimate, axis=1),
                         tf.norm(u[None, :] * band, axis=1), tf.norm(u[None, :] * tolerated, axis=1)], axis=1)
     finite = tf.math.is_finite(forward - estimate)
@@ -612,7 +612,7 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
     rows = np.arange(joint.plan.m)
     if forward_side:
         with np.errstate(invalid="ignore"):
-            band0 = _compare.probe_band(atol, rtol, norms[None, :], estimate[failing].T, noise[failing].T)
+            band0 = _compare.allowance(estimate[failing].T, atol, rtol, noise[failing].T, norms[None, :])
             outside = ~(np.abs(forward[failing].T - estimate[failing].T) <= band0)
         if outside.any():
             rows = np.flatnonzero(outside.any(axis=1))
@@ -626,9 +626,9 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
         """Element and projection mismatches of the refined rows, the projection over every output."""
         whole_estimate[rows], whole_noise[rows] = best, error
         with np.errstate(invalid="ignore"):
-            band = _compare.probe_band(atol, rtol, norms[None, :], best, error)
+            band = _compare.allowance(best, atol, rtol, error, norms[None, :])
             elements = ~(np.abs(analytical - best) <= band) if analytical is not None else np.zeros(best.shape, bool)
-            whole_band = _compare.probe_band(atol, rtol, norms[None, :], whole_estimate, whole_noise)
+            whole_band = _compare.allowance(whole_estimate, atol, rtol, whole_noise, norms[None, :])
             projection = ~(np.abs(weights @ whole_estimate - _projected(realised[failing], gradient))
                            <= np.linalg.norm(weights[:, None] * whole_band, axis=0))
         return elements, projection, band
@@ -841,7 +841,7 @@ def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict,
         return {}, plan
     g, t = gradient.numpy(), twin.numpy()
     with np.errstate(invalid="ignore"):
-        same = np.isfinite(t) & (np.abs(g - t) <= atol + rtol * np.abs(t))
+        same = np.isfinite(t) & (np.abs(g - t) <= _compare.allowance(t, atol, rtol))
     inputs = [i for i in inputs if np.all(same[joint.offsets[i] : joint.offsets[i + 1]])]
     if not inputs:
         return {}, plan

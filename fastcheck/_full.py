@@ -288,7 +288,7 @@ def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
         sharpened: list[tuple] = []
         for (spec, a, numerical, status, band, one_sided, _), rows, t, spans in zip(results, targets, twin, sweeps):
             with np.errstate(invalid="ignore"):
-                same = np.all(np.isfinite(t[rows])) and np.all(np.abs(a[rows] - t[rows]) <= atol + rtol * np.abs(t[rows]))
+                same = np.all(np.isfinite(t[rows])) and np.all(np.abs(a[rows] - t[rows]) <= _compare.allowance(t[rows], atol, rtol))
             if not rows.any() or not same:
                 sharpened.append((spec, a, numerical, status, band, one_sided, None))
                 continue
@@ -351,7 +351,7 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
             or _compare.decisive_at_largest(a, band, status, rtol)):
         return
     with np.errstate(invalid="ignore"):
-        tolerated = atol + rtol * np.abs(numerical)
+        tolerated = _compare.allowance(numerical, atol, rtol)
     if not _compare.coarse(*_compare.resolution(a, band, tolerated, status == _compare.OK), rtol):
         return
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -359,7 +359,7 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
     columns = np.sort(np.argsort(-score, kind="stable")[:RESOLVE_COLUMNS])
     estimate, error, settled, *_ = descend(jac.ladder(position, columns), len(columns), range(-RESOLVE_UP, 1))
     with np.errstate(invalid="ignore"):
-        allowed = atol + rtol * np.abs(estimate) + error
+        allowed = _compare.allowance(estimate, atol, rtol, error)
         better = (settled & (np.abs(a[:, columns] - estimate) <= allowed) & (allowed < band[:, columns])
                   & (status[:, columns] == _compare.OK))
     band[:, columns] = np.where(better, allowed, band[:, columns])
@@ -576,7 +576,7 @@ def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, 
     atol, rtol = tolerances
     sigma = jac.plan.noise.sigma if jac.plan.noise is not None else np.zeros(jac.plan.m)
     with np.errstate(invalid="ignore"):
-        limited = noise > atol + rtol * np.abs(numerical)
+        limited = noise > _compare.allowance(numerical, atol, rtol)
     # Columns that left f's domain are for the shrinking ladder, not this one.
     columns = np.flatnonzero(np.any(limited, axis=0) & np.all(np.isfinite(numerical), axis=0)
                              & np.all(np.isfinite(a), axis=0))
@@ -599,7 +599,7 @@ def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, nois
     scale = base / jac.config.step(jac.eps_eval)  # max(1, |x_j|)
     spread = MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE
     with np.errstate(divide="ignore", invalid="ignore"):
-        needed = np.nanmax(3 * spread * sigma[:, None] / (atol + rtol * np.abs(a[:, columns])), axis=0)
+        needed = np.nanmax(3 * spread * sigma[:, None] / _compare.allowance(a[:, columns], atol, rtol), axis=0)
     width = np.clip(needed, 4 * base, COARSE_MAX_STEP * scale / 4)
     wide, wide_error, wide_residual = _cubic_slopes(jac, position, columns, width, sigma)
     narrow, narrow_error, narrow_residual = _cubic_slopes(jac, position, columns, width / 4, sigma)

@@ -25,6 +25,7 @@ from fastcheck._compare import (
     UNDECIDED,
     UNRESOLVED,
     UNRESOLVED_KINK,
+    allowance,
     coarse,
     decisive_at_largest,
     resolution,
@@ -441,7 +442,7 @@ class PairReport:
             if not len(status):
                 continue
             with np.errstate(invalid="ignore"):
-                part = resolution(a, band, self.atol + self.rtol * np.abs(n), status == OK)
+                part = resolution(a, band, allowance(n, self.atol, self.rtol), status == OK)
             resolved, tolerance = min(resolved, part[0]), min(tolerance, part[1])
             with np.errstate(invalid="ignore"):
                 error = np.where(status == NONDIFFERENTIABLE, 0.0, np.abs(a - n))  # kinks: a is a one-sided value

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from fastcheck._api import checked_config, numerical_jacobian
 from fastcheck._check import run_check
+from fastcheck._compare import allowance
 from fastcheck._config import MACHINE_EPSILON, precision_name
 from fastcheck._events import IdentitiesJudged, LogDetConvention, SampleNotChecked, SampleSeeded
 from fastcheck._plan import normalize_inputs
@@ -597,9 +598,9 @@ def _log_det_identity(fldj: np.ndarray, parts: list, atol: float, rtol: float,
                       batch_shape: tuple, convention: str = "square", chart: str = "") -> IdentityCheck:
     """``parts``: the Jacobians whose log-dets add up (one; or a Chain's stages, each in its chart)."""
     numerical = np.sum([_log_det(jacobians) for jacobians in parts], axis=0)
-    carried = np.sum([_inverse_norms(jacobians) * np.linalg.norm(atol + rtol * np.abs(jacobians), axis=(1, 2))
+    carried = np.sum([_inverse_norms(jacobians) * np.linalg.norm(allowance(jacobians, atol, rtol), axis=(1, 2))
                       for jacobians in parts], axis=0)
-    allowed = atol + rtol * np.abs(numerical) + carried
+    allowed = allowance(numerical, atol, rtol, carried)
     name = "forward_log_det_jacobian(x) = log|det J| of the numerical Jacobian J of forward"
     if convention == "chart":
         name += f" in TFP's chart ({chart})"
@@ -618,7 +619,7 @@ def _inverse_identities(bijector, x, y, fldj, jacobians, in_ndims, out_ndims, at
     carried = _inverse_norms(jacobians) * 4 * eps * np.max(np.abs(y_values), axis=1, initial=0.0)
     x_values = x.numpy().astype(np.float64).reshape(members, -1)
     back = bijector.inverse(tf.identity(y)).numpy().astype(np.float64).reshape(members, -1)
-    allowed = atol + rtol * np.abs(x_values) + carried[:, None]
+    allowed = allowance(x_values, atol, rtol, carried[:, None])
     event_shape = tuple(x.shape[len(batch_shape):])
     inverse = _judge("inverse(forward(x)) = x", "inverse(forward(x))", back.reshape(-1), "x", x_values.reshape(-1),
                      allowed.reshape(-1), batch_shape + event_shape, "element")
@@ -635,7 +636,7 @@ def _inverse_identities(bijector, x, y, fldj, jacobians, in_ndims, out_ndims, at
     expected = -fldj.reshape(-1)
     log_det = _judge("inverse_log_det_jacobian(forward(x)) = -forward_log_det_jacobian(x)",
                      "inverse_log_det_jacobian", ildj_values, "-forward_log_det_jacobian", expected,
-                     atol + rtol * np.abs(expected) + carried, batch_shape, "batch member")
+                     allowance(expected, atol, rtol, carried), batch_shape, "batch member")
     return [inverse, log_det]
 
 
