@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._events import SecondOrder, TapeGradient
+from fastcheck._float64_model import with_float64_copy
 from fastcheck._model import RANDOM_IN_TRAINING, model_loss_function, training_gradients
 from fastcheck._model import preserved_variables as preserved_variables  # run_check restores through it
 from fastcheck._plan import Plan, normalize_inputs, to_real_view
@@ -90,8 +91,9 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
     seeds; routing keeps such an f off XLA (which draws other numbers from the
     same seed).
     """
-    loss = model_loss_function(model, loss_fn, data, variables, training=training, sample_weight=sample_weight,
-                               precision=config.precision, upcast_limit=UPCAST_MAX_ELEMENTS)
+    loss = with_float64_copy(model_loss_function(model, loss_fn, data, variables, training=training,
+                                                 sample_weight=sample_weight, precision=config.precision),
+                             config.precision, UPCAST_MAX_ELEMENTS)
     title = "check_model (training=True)" if training else "check_model"
     notes = loss.notes
     if_random = RANDOM_IN_TRAINING if training else None
