@@ -140,7 +140,17 @@ def _settle(rungs: Rungs, selection: np.ndarray, confirm: Confirm | None) -> _co
     found = _compare.refine(rungs.levels, rungs.y0, REFINE_RATIO, rungs.sigma)
     if confirm is None:
         return found
-    return found._replace(settled=found.settled & confirm(selection, found)[None, :])
+    kept = found.settled & confirm(selection, found)[None, :]
+    rejected = found.settled & ~kept & (found.chosen >= 0)
+    if not rejected.any():
+        return found._replace(settled=kept)
+    # A pair its confirmation rejects is not settled: its error is an unsettled pair's (``refine``), the pair's
+    # whole gap on top of its rounding, not its Richardson truncation.
+    quotients = np.stack([level[0] for level in rungs.levels])  # [levels, m, k]
+    k = np.clip(found.chosen, 0, len(quotients) - 2)[None]
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(np.take_along_axis(quotients, k, 0) - np.take_along_axis(quotients, k + 1, 0))[0]
+    return found._replace(settled=kept, error=np.where(rejected & np.isfinite(gap), found.error + gap, found.error))
 
 
 def _restricted(level: tuple, selection: np.ndarray) -> tuple:
