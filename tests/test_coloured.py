@@ -6,7 +6,7 @@ import tensorflow as tf
 from conftest import events_of
 
 import fastcheck
-from fastcheck import _pattern, _sparsity
+from fastcheck import _colouring, _pattern, _sparsity
 from fastcheck._config import CheckConfig
 
 RNG = np.random.default_rng(0)
@@ -69,7 +69,7 @@ def test_traced_pattern_is_exact_and_colours_are_few(name):
     dense = np.zeros(pattern.shape, bool)
     dense[pattern.rows, pattern.cols] = True
     assert not np.any(truth & ~dense)  # nothing missed (relu's zero slopes may be structural nonzeros)
-    labels = _sparsity.colour(pattern, tuple(x.shape))
+    labels = _colouring.colour(pattern, tuple(x.shape))
     assert labels.max() + 1 == colours
     for row in range(m):  # columns sharing a row differ
         mine = labels[pattern.cols[pattern.rows == row]]
@@ -82,7 +82,7 @@ def test_greedy_colouring_is_valid_where_the_lattice_is_poor():
     rows = np.concatenate([np.arange(n), np.arange(n)])
     cols = np.concatenate([np.arange(n), n - 1 - np.arange(n)])
     pattern = _pattern.Pattern.of((n, n), rows, cols)
-    labels = _sparsity.colour(pattern, (n,))
+    labels = _colouring.colour(pattern, (n,))
     assert labels.max() + 1 == 2
     assert np.all(labels[pattern.cols[0::2]] != labels[pattern.cols[1::2]])
 
@@ -261,13 +261,13 @@ def test_elementwise_patterns_are_diagonal():
 
 
 def test_steps_match_the_executors():
-    from fastcheck import _coloured
+    from fastcheck import _colours
     from fastcheck._executor import steps
 
     x = tf.constant(RNG.normal(size=(300,)) * 10, tf.float32)
     executor, plan = _executor_for(tf.sin, x)
     flat = executor.values[0].numpy().reshape(-1)
-    np.testing.assert_array_equal(_coloured._steps(plan, executor.config, flat), steps(plan, executor.config, 0))
+    np.testing.assert_array_equal(_colours._steps(plan, executor.config, flat), steps(plan, executor.config, 0))
 
 
 def _noisy(x):
@@ -377,8 +377,8 @@ def test_normalisation_patterns_are_exact_and_shared(name):
     if groups is not None:
         assert pattern.group is not None and len(pattern.gptr) - 1 == groups
     # Both colourings are valid: columns sharing a row differ, rows sharing a column differ.
-    labels = _sparsity.colour(pattern, (32, 8))
-    rows = _sparsity.row_colour([pattern], (32, 8))
+    labels = _colouring.colour(pattern, (32, 8))
+    rows = _colouring.row_colour([pattern], (32, 8))
     for row in range(m):
         mine = labels[pattern.cols[pattern.rows == row]]
         assert len(set(mine)) == len(mine)
@@ -471,8 +471,8 @@ def test_layer_norm_at_a_million_elements_traces_to_shared_sets():
     rows, cols = pattern.entries(64 * 500_000, 64 * 500_000 + 64)  # output row 500000: block 7812
     np.testing.assert_array_equal(rows, 500_000)
     np.testing.assert_array_equal(cols, np.arange(7812 * 64, 7813 * 64))
-    assert _sparsity.colour(pattern, (15625, 64)).max() + 1 == 64
-    assert _sparsity.row_colour([pattern], (15625, 64)).max() + 1 == 64
+    assert _colouring.colour(pattern, (15625, 64)).max() + 1 == 64
+    assert _colouring.row_colour([pattern], (15625, 64)).max() + 1 == 64
 
 
 def test_pattern_entries_and_at_agree_with_the_materialised_indices():
@@ -494,7 +494,7 @@ def test_pattern_entries_and_at_agree_with_the_materialised_indices():
 
 @pytest.mark.parametrize("m", [1000, 140_000])  # 140,000 outputs: three blocks of differences per colour
 def test_float32_differences_are_held_exactly(m):
-    from fastcheck._coloured import _Differences
+    from fastcheck._colours import _Differences
 
     plus = RNG.normal(size=(3, m)).astype(np.float32)
     minus = (plus * np.float32(0.999)).astype(np.float32)

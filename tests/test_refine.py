@@ -1,12 +1,12 @@
 """The refinement driver (``_refine.descend``) through its function, on closed-form f in numpy, and full
-mode's triage steps (``_full``) each on its own."""
+mode's triage steps (``_full_steps``) each on its own."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fastcheck import _compare, _full
+from fastcheck import _compare, _full_steps
 from fastcheck._refine import Rungs, descend
 from fastcheck._tables import DEEP_LEVELS, REFINE_LEVELS, REFINE_RATIO
 
@@ -101,35 +101,35 @@ def test_a_kink_within_every_step_stays_unsettled():
 
 def _quarter(quotient, plus, minus, mismatch, spans=(2 * H / 4,), y0=(Y0,)):
     plus, minus = np.array([plus]), np.array([minus])
-    return _full._Quarter(np.array(spans) / 2, np.array([quotient]), plus, minus,
-                          _full._curvature(plus, minus, np.array(y0)), np.array(spans), np.array([mismatch]))
+    return _full_steps._Quarter(np.array(spans) / 2, np.array([quotient]), plus, minus,
+                          _full_steps._curvature(plus, minus, np.array(y0)), np.array(spans), np.array([mismatch]))
 
 
 def test_triage_is_conclusive_where_the_quarter_step_barely_moves():
     h = H / 4
     smooth = _quarter([3.0], [Y0 + 3 * h], [Y0 - 3 * h], [1.0])
-    assert _full._conclusive(smooth, np.array([[3.0]]), np.array([[1e-12]]), 1e-5).all()
+    assert _full_steps._conclusive(smooth, np.array([[3.0]]), np.array([[1e-12]]), 1e-5).all()
     moved = _quarter([3.05], [Y0 + 3.05 * h], [Y0 - 3.05 * h], [1.0])  # moved 5% of the mismatch
-    assert not _full._conclusive(moved, np.array([[3.0]]), np.array([[1e-12]]), 1e-5).any()
+    assert not _full_steps._conclusive(moved, np.array([[3.0]]), np.array([[1e-12]]), 1e-5).any()
     kink = _quarter([3.0], [Y0 + 3.5 * h], [Y0 - 2.5 * h], [1.0])  # one-sided 3.5 and 2.5
-    assert not _full._conclusive(kink, np.array([[3.0]]), np.array([[1e-12]]), 1e-5).any()
+    assert not _full_steps._conclusive(kink, np.array([[3.0]]), np.array([[1e-12]]), 1e-5).any()
 
 
 def test_golden_step_agrees_only_with_h_squared_curvature():
     h = H / 4
     quarter = _quarter([3.0], [Y0 + 3 * h + h**2], [Y0 - 3 * h + h**2], [1.0])
-    golden = h * _full.CONFIRM_RATIO
+    golden = h * _full_steps.CONFIRM_RATIO
     curvature = np.array([[2 * golden**2]])
     spans = np.array([2 * golden])
-    assert _full._agrees_at_golden(quarter, np.array([[3.0]]), curvature, spans, np.zeros((1, 1))).all()
-    assert not _full._agrees_at_golden(quarter, np.array([[3.0]]), 10 * curvature, spans, np.zeros((1, 1))).any()
-    assert not _full._agrees_at_golden(quarter, np.array([[3.5]]), curvature, spans, np.zeros((1, 1))).any()
+    assert _full_steps._agrees_at_golden(quarter, np.array([[3.0]]), curvature, spans, np.zeros((1, 1))).all()
+    assert not _full_steps._agrees_at_golden(quarter, np.array([[3.0]]), 10 * curvature, spans, np.zeros((1, 1))).any()
+    assert not _full_steps._agrees_at_golden(quarter, np.array([[3.5]]), curvature, spans, np.zeros((1, 1))).any()
 
 
 def test_finest_step_is_the_one_whose_rounding_stays_below_an_eighth_of_the_mismatch():
     mismatch, conclusive = np.array([[1.0, 1.0, 1.0]]), np.ones((1, 3), bool)
     noise = np.array([[1e-3, 1.0, 1e-30]])  # room 125 (4**3.5), none, far beyond the deepest
-    assert _full._finest_powers(mismatch, conclusive, noise).tolist() == [3, 0, DEEP_LEVELS]
+    assert _full_steps._finest_powers(mismatch, conclusive, noise).tolist() == [3, 0, DEEP_LEVELS]
     quarter = _quarter([3.0, 3.0, 3.0], [0.0] * 3, [0.0] * 3, [1.0, 1.0, 1.0], spans=(1.0, 1.0, 1.0), y0=(0.0,))
-    held = _full._agrees_finest(np.array([[3.2, 5.0, 5.0]]), quarter, np.array([3, 0, 3]))
+    held = _full_steps._agrees_finest(np.array([[3.2, 5.0, 5.0]]), quarter, np.array([3, 0, 3]))
     assert held.tolist() == [[True, True, False]]  # within a quarter of the mismatch; h/4 itself; departed

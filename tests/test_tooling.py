@@ -100,3 +100,14 @@ def test_following_f_visits_each_module_at_most_twice():
     assert worst, "f was never called"
     bouncing = {m: chain for m, (count, chain) in worst.items() if count > 2}
     assert not bouncing, bouncing
+
+
+def test_every_test_the_design_names_exists():
+    """docs/design.md states each invariant with the tests that enforce it: each of them must exist."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    named = set(re.findall(r"`(test_\w+)`", (root / "docs" / "design.md").read_text()))
+    defined = {m for path in root.glob("tests/**/*.py") for m in re.findall(r"^def (test_\w+)", path.read_text(), re.M)}
+    assert len(named) >= 20 and not named - defined, sorted(named - defined)

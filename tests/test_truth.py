@@ -572,7 +572,7 @@ def test_forward_side_of_a_scalar_function_is_forward_mode():
 def test_noisy_columns_are_refitted_in_chunks_with_the_same_verdicts(monkeypatch):
     # _coarsen's [m, 9, k] tables for every noise-limited column at once held ~30 GB on a bfloat16
     # conv 32x32x8 (the OS killed the check); they go in chunks within memory_budget, same results.
-    from fastcheck import _full
+    from fastcheck import _full_steps
 
     rng = np.random.default_rng(2)
     w, b = tf.constant(rng.normal(size=(6, 3))), tf.constant(rng.normal(size=3))
@@ -583,10 +583,10 @@ def test_noisy_columns_are_refitted_in_chunks_with_the_same_verdicts(monkeypatch
     x = tf.constant(rng.normal(size=(4, 6)))
     whole = fastcheck.check_gradients(f, x, mode="full")
     calls = []
-    original = _full._coarsen_columns
-    monkeypatch.setattr(_full, "_coarsen_columns", lambda *args: calls.append(len(args[2])) or original(*args))
+    original = _full_steps._coarsen_columns
+    monkeypatch.setattr(_full_steps, "_coarsen_columns", lambda *args: calls.append(len(args[2])) or original(*args))
     # 3 columns a chunk: memory_budget holds 3 columns' COARSE_TABLES [12, 9] float64 tables.
-    chunked = fastcheck.check_gradients(f, x, mode="full", memory_budget=_full.COARSE_TABLES * 9 * 8 * 12 * 3)
+    chunked = fastcheck.check_gradients(f, x, mode="full", memory_budget=_full_steps.COARSE_TABLES * 9 * 8 * 12 * 3)
     assert whole.ok and chunked.ok, str(chunked)
     assert len(calls) > 1 and max(calls) <= 3, calls
     np.testing.assert_array_equal(whole.pairs[0].status, chunked.pairs[0].status)

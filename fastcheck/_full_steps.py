@@ -1,0 +1,403 @@
+"""Full mode's evaluator (_Jacobians: columns at given steps through the executor) and the steps that re-judge
+a failing column before and after the ladder: the triage at h/4 (_triage: conclusive, golden, finest), the
+coarsening of noise-limited columns (_coarsen: cubic fits at larger steps), and the confirmation of a settled
+mismatch at 0.618 x its steps and below them (_confirmed, _holds_below).
+"""
+
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from fastcheck import _compare
+from fastcheck._autodiff import AutodiffJacobian
+from fastcheck._config import MACHINE_EPSILON
+from fastcheck._executor import Executor, measured, numerical_columns, steps
+from fastcheck._plan import Plan
+from fastcheck._refine import Evaluate, Rungs
+from fastcheck._tables import (
+    BELOW_DEVIATIONS,
+    BELOW_HOLDS,
+    BELOW_LOW,
+    BELOW_NOISY,
+    BELOW_POINTS,
+    BOUND_DEVIATIONS,
+    COARSE_MAX_STEP,
+    COARSE_TABLES,
+    CONFIRM_AGREES,
+    CONFIRM_CURVATURE,
+    CONFIRM_ERRORS,
+    CONFIRM_RATIO,
+    CONFIRM_SHRINK,
+    DEEP_LEVELS,
+    FINEST_HOLDS,
+    FINEST_ROUNDING,
+    MEASURED_NOISE_FACTOR,
+    REFINE_RATIO,
+    TRIAGE_DRIFT,
+    TRIAGE_LOCAL,
+    TRIAGE_MOVED,
+    TRIAGE_SIDES,
+)
+
+
+class _Jacobians:
+    """Both Jacobians of a plan, per checked input, with the numerical noise estimate."""
+
+    def __init__(self, executor: Executor, plan: Plan, timings: dict):
+        self.executor, self.plan, self.config, self.timings = executor, plan, executor.config, timings
+        self.autodiff = AutodiffJacobian(executor, forward=self.config.autodiff == "forward")
+        self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
+        self.y0 = plan.eval_output  # f at the point, from planning: no extra call
+        self._quarters: dict = {}  # position -> (columns, their quotients, sides and spans at h/4)
+
+    def measure(self) -> None:
+        """Measure f's noise and the precision it computes in (see ``_precision``)."""
+        self.plan = measured(self.executor, self.plan)
+
+    @property
+    def noisy(self) -> bool:
+        """Whether f's measured noise is beyond the rounding of its evaluation dtype."""
+        return self.plan.noise is not None and self.plan.noise_epsilon > self.eps_eval
+
+    def noise(self, spans: np.ndarray) -> np.ndarray:
+        return self.noise_factors(spans).dense()
+
+    def noise_factors(self, spans: np.ndarray) -> _compare.RankOne:
+        """``noise`` as its factors: the first sweep's, made dense only where refinement needs it."""
+        sigma = self.plan.noise.sigma if self.plan.noise is not None else None
+        return _compare.rounding_noise_factors(self.y0, spans, self.plan.row_epsilon, sigma)
+
+    def numerical(self, position: int, columns=None, divide: float = 1.0):
+        """Central differences [m, k] for ``columns`` (default all), their noise [m, k] and spans [k]."""
+        size = self.plan.inputs[position].size
+        columns = np.arange(size) if columns is None else columns
+        if not len(columns):
+            return np.zeros((self.plan.m, 0)), np.zeros((self.plan.m, 0)), np.zeros(0)
+        delta = steps(self.plan, self.config, position)[columns] / divide
+        jacobian, spans = self.executor.quotients(position, columns, delta)
+        return jacobian, self.noise_factors(spans), spans
+
+    def quarter(self, position: int, columns: np.ndarray):
+        """Central differences of ``columns`` (sorted) at h / ``REFINE_RATIO``: (quotient, plus, minus [m, k],
+        spans [k]).  The second step before f's noise is measured and the triage after it read the same
+        evaluations: they are made once per check."""
+        cached = self._quarters.get(position)
+        if cached is not None and np.isin(columns, cached[0]).all():
+            where = np.searchsorted(cached[0], columns)
+            return tuple(value[..., where] for value in cached[1:])
+        delta = steps(self.plan, self.config, position)[columns] / REFINE_RATIO
+        values = numerical_columns(self.executor, position, columns, delta)
+        self._quarters[position] = (columns, *values)
+        return values
+
+    def ladder(self, position: int, columns: np.ndarray) -> Evaluate:
+        """The evaluation ``descend`` drives for ``columns``: a selection of them at steps
+        h / 4**p, every power in one batch (negative powers: the steps larger than h that
+        noise-limited columns need).  Power 0 is the first sweep's step h again, with its sides: its
+        one-sided quotients are what shows a kink crossed at h and h/4 both, where the finer steps are
+        noise (float32 over a ReLU network's weights); without them such a ladder passed the settled
+        test on noise alone."""
+        sigma = self.plan.noise.sigma if self.plan.noise is not None else None
+
+        def evaluate(selection: np.ndarray, powers) -> Rungs:
+            chosen = columns[selection]
+            count = len(chosen)
+            base = steps(self.plan, self.config, position)[chosen]
+            divisors = [REFINE_RATIO**k for k in powers]
+            idx = np.tile(chosen, len(divisors))
+            delta = np.concatenate([base / d for d in divisors])
+            jacobian, plus, minus, spans = numerical_columns(self.executor, position, idx, delta)
+            noise = self.noise(spans)
+            levels = []
+            for k in range(len(divisors)):
+                part = slice(k * count, (k + 1) * count)
+                levels.append((jacobian[:, part], noise[:, part], plus[:, part], minus[:, part], spans[part]))
+            return Rungs(levels, self.y0, sigma)
+
+        return evaluate
+
+    def analytical(self) -> list[np.ndarray]:
+        if self.plan.n == 0:
+            return [np.zeros((self.plan.m, 0)) for _ in self.plan.checked]
+        return self.autodiff()
+
+
+class _Quarter(NamedTuple):
+    """The suspicious columns at step h/4 (``_triage``): the steps [k], quotients, sides, second
+    differences [m, k], spans [k], and the first sweep's mismatch |a - n| [m, k]."""
+
+    delta: np.ndarray
+    quotient: np.ndarray
+    plus: np.ndarray
+    minus: np.ndarray
+    curvature: np.ndarray
+    spans: np.ndarray
+    mismatch: np.ndarray
+
+
+def _triage(jac: _Jacobians, position: int, suspicious, a, first, first_noise, failing, atol: float) -> np.ndarray:
+    """[k] whether each suspicious column is doubtful: not settled by the triage at h/4.
+
+    A column is settled there when, at every failing element, the h/4 quotient is ``_conclusive``,
+    it holds at h/4 x 0.618 (``_golden_holds``) and at the finest step whose rounding stays below an
+    eighth of the mismatch (``_finest_holds``); the others go down the ladder.
+    """
+    quotient, plus, minus, spans = jac.quarter(position, suspicious)
+    delta = steps(jac.plan, jac.config, position)[suspicious] / REFINE_RATIO
+    with np.errstate(invalid="ignore", over="ignore"):
+        mismatch = np.abs(a - first)
+    quarter = _Quarter(delta, quotient, plus, minus, _curvature(plus, minus, jac.y0), spans, mismatch)
+    conclusive = _conclusive(quarter, first, first_noise, atol)
+    # A conclusive mismatch must also hold at an independent step (h/4 times the golden
+    # ratio): a step near a multiple of a period of f makes quotients agree by coincidence.
+    decided = np.any(failing & conclusive, axis=0)
+    if decided.any():
+        conclusive[:, decided] &= _golden_holds(jac, position, suspicious[decided], _at(quarter, decided))
+    decided = np.any(failing & conclusive, axis=0)
+    if decided.any():
+        conclusive[:, decided] &= _finest_holds(jac, position, suspicious[decided], _at(quarter, decided),
+                                                conclusive[:, decided])
+    return np.any(failing & ~conclusive, axis=0)
+
+
+def _at(quarter: _Quarter, columns) -> _Quarter:
+    """``quarter`` at some of its columns."""
+    return _Quarter(*(field[columns] if field.ndim == 1 else field[:, columns] for field in quarter))
+
+
+def _curvature(plus: np.ndarray, minus: np.ndarray, y0: np.ndarray) -> np.ndarray:
+    """Second differences |f(x+h) + f(x-h) - 2 f(x)| [m, k]: ~h^2 f'' where f is smooth on the step."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.abs(plus + minus - 2 * y0[:, None])
+
+
+def _conclusive(quarter: _Quarter, first, first_noise, atol: float) -> np.ndarray:
+    """[m, k] whether the h/4 quotient settles the first sweep's value: it barely moves (by at most
+    ``TRIAGE_MOVED`` of the mismatch and ``TRIAGE_DRIFT`` of itself, plus atol), its one-sided
+    derivatives agree (within ``TRIAGE_SIDES`` of the mismatch: no kink crossed), and the step is small
+    for f (its second-order term within ``TRIAGE_LOCAL`` of the first-order one, up to rounding:
+    otherwise, as for cos at 5e7 where the relative step spans periods, two steps can agree by
+    coincidence, and only smaller steps can tell)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        moved = np.abs(quarter.quotient - first)
+        sides = quarter.curvature / (quarter.spans[None, :] / 2)
+        local = (quarter.curvature <= TRIAGE_LOCAL * np.abs(quarter.plus - quarter.minus)
+                 + 2 * first_noise * quarter.spans[None, :])
+        return (np.isfinite(moved) & (moved <= TRIAGE_MOVED * quarter.mismatch)
+                & (moved <= TRIAGE_DRIFT * np.abs(first) + atol) & (sides <= TRIAGE_SIDES * quarter.mismatch) & local)
+
+
+def _golden_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter) -> np.ndarray:
+    """[m, k] whether the h/4 quotients of ``columns`` hold at the independent step h/4 x ``CONFIRM_RATIO``."""
+    other, plus, minus, spans = numerical_columns(jac.executor, position, columns, quarter.delta * CONFIRM_RATIO)
+    with np.errstate(invalid="ignore"):
+        slack = 2 * jac.noise(spans) * spans[None, :]
+    return _agrees_at_golden(quarter, other, _curvature(plus, minus, jac.y0), spans, slack)
+
+
+def _agrees_at_golden(quarter: _Quarter, other, other_curvature, other_spans, slack) -> np.ndarray:
+    """[m, k] whether the quotient at the golden step agrees with the h/4 one within ``CONFIRM_AGREES`` of it
+    (plus rounding), and its second difference with the h/4 one's scaled by h^2 within ``CONFIRM_CURVATURE``
+    (plus rounding ``slack``): at a step near a period of f the second difference is far off (cos h = 1
+    there, and nowhere near at the other step)."""
+    with np.errstate(invalid="ignore"):
+        expected = CONFIRM_RATIO**2 * quarter.curvature
+        return ((np.abs(other - quarter.quotient) <= CONFIRM_AGREES * np.abs(quarter.quotient) + slack / other_spans)
+                & (np.abs(other_curvature - expected) <= CONFIRM_CURVATURE * expected + 2 * slack))
+
+
+def _finest_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter, conclusive) -> np.ndarray:
+    """[m, k] whether the mismatches of ``columns`` hold at the finest step whose rounding stays below
+    1/``FINEST_ROUNDING`` of them (``_finest_powers``): a kink within that step of the point (a ReLU input
+    at 1e-8 in a fresh network) makes the derivative there differ from the one every coarser step agrees on.
+    Where no step qualifies, h/4 itself included (its rounding above 1/``FINEST_ROUNDING`` of the mismatch),
+    the triage settles nothing: its quotients agree by chance (float32's are multiples of one rounding over
+    the span: a correct ReLU MLP's h and h/4 quotients came out bit-identical, 9.2e-5 from the gradient with
+    2.8e-4 of rounding), and the ladder decides."""
+    quarter_noise = jac.noise(quarter.spans)
+    powers = _finest_powers(quarter.mismatch, conclusive, quarter_noise)
+    finest, *_ = numerical_columns(jac.executor, position, columns, quarter.delta / REFINE_RATIO**powers)
+    with np.errstate(invalid="ignore"):
+        resolved = FINEST_ROUNDING * quarter_noise <= quarter.mismatch
+    return _agrees_finest(finest, quarter, powers) & resolved
+
+
+def _finest_powers(mismatch, conclusive, quarter_noise) -> np.ndarray:
+    """[k] how many powers of ``REFINE_RATIO`` below h/4 the finest step lies: its rounding (growing by the
+    ratio per power) at most 1/``FINEST_ROUNDING`` of the smallest conclusive mismatch, 0 ... DEEP_LEVELS."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        room = np.nanmin(np.where(conclusive, mismatch, np.inf) / (FINEST_ROUNDING * quarter_noise), axis=0)
+    return np.clip(np.floor(np.log(np.maximum(room, 1.0)) / np.log(REFINE_RATIO)), 0, DEEP_LEVELS)
+
+
+def _agrees_finest(finest, quarter: _Quarter, powers) -> np.ndarray:
+    """[m, k] whether the finest step's quotient lies within ``FINEST_HOLDS`` of the mismatch of the h/4 one
+    (trivially where the finest step is h/4 itself)."""
+    with np.errstate(invalid="ignore"):
+        holds = np.abs(finest - quarter.quotient) <= FINEST_HOLDS * quarter.mismatch
+    return holds | (powers == 0)[None, :]
+
+
+def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:
+    """Re-estimate, in place, the columns whose allowance is mostly f's measured noise; returns them.
+
+    At the default step the noise of a noisy f (a bfloat16 matmul inside, a float32
+    cast in a float64 loss) swamps the difference quotient, and a pass there would
+    say nothing.  Each such column j is sampled at x + t H_j e_j, t = -4..4, with
+    H_j large enough for the noise to fall to a third of the tolerance (at most
+    ``COARSE_MAX_STEP * max(1, |x_j|)`` for 4 H_j), and the slope of a least-squares
+    cubic through the 9 values is the derivative: the cubic term absorbs the
+    third-derivative truncation of a central difference, and 9 points average the
+    noise.  Its error is ``MEASURED_NOISE_FACTOR`` standard deviations of that slope.
+    The same fit at H_j / 4 (256x less fifth-order truncation) decides whether the
+    wide one can stand.  A column whose fit leaves residuals beyond the noise (a kink,
+    a domain edge or a period of f within 4 H_j) is left to the shrinking ladder.
+    """
+    atol, rtol = tolerances
+    sigma = jac.plan.noise.sigma if jac.plan.noise is not None else np.zeros(jac.plan.m)
+    with np.errstate(invalid="ignore"):
+        limited = noise > _compare.allowance(numerical, atol, rtol)
+    # Columns that left f's domain are for the shrinking ladder, not this one.
+    columns = np.flatnonzero(np.any(limited, axis=0) & np.all(np.isfinite(numerical), axis=0)
+                             & np.all(np.isfinite(a), axis=0))
+    if not len(columns):
+        return columns
+    # Column by column independent: in chunks whose [m, 9, k] tables (the evaluations' quotients,
+    # both sides, the fit's values; twice) stay within memory_budget (a bfloat16 conv 32x32x8: 8192
+    # noisy columns held ~30 GB at once, and the OS killed the check).
+    chunk = max(1, int(jac.config.budget // (COARSE_TABLES * 9 * 8 * max(jac.plan.m, 1))))
+    taken = [_coarsen_columns(jac, position, columns[start:start + chunk], a, numerical, noise, status, band,
+                              tolerances, sigma) for start in range(0, len(columns), chunk)]
+    return np.concatenate(taken)
+
+
+def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, noise, status, band, tolerances,
+                     sigma) -> np.ndarray:
+    """``_coarsen`` on the noise-limited ``columns``; returns those taken."""
+    atol, rtol = tolerances
+    base = steps(jac.plan, jac.config, position)[columns]
+    scale = base / jac.config.step(jac.eps_eval)  # max(1, |x_j|)
+    spread = MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE
+    with np.errstate(divide="ignore", invalid="ignore"):
+        needed = np.nanmax(3 * spread * sigma[:, None] / _compare.allowance(a[:, columns], atol, rtol), axis=0)
+    width = np.clip(needed, 4 * base, COARSE_MAX_STEP * scale / 4)
+    wide, wide_error, wide_residual = _cubic_slopes(jac, position, columns, width, sigma)
+    narrow, narrow_error, narrow_residual = _cubic_slopes(jac, position, columns, width / 4, sigma)
+    # The wide fit has a quarter of the noise; it stands where a cubic fits it (residuals
+    # within the noise) and the narrow one (256x less quintic truncation) agrees with it.
+    with np.errstate(invalid="ignore"):
+        fits = 3 * sigma[:, None] + 64 * jac.eps_eval * np.abs(jac.y0)[:, None]
+        agree = (np.abs(wide - narrow) <= narrow_error) & (wide_residual <= fits)
+    estimate = np.where(agree, wide, narrow)
+    error = np.where(agree, wide_error, narrow_error)
+    with np.errstate(invalid="ignore"):
+        smooth = np.where(agree, wide_residual, narrow_residual) <= fits
+    # Only columns where a cubic fits f within its noise are taken; the others (a kink,
+    # a domain edge or a period of f within 4 H) go on to the shrinking ladder.
+    taken = np.all(smooth & np.isfinite(estimate), axis=0)
+    columns, estimate, error = columns[taken], estimate[:, taken], error[:, taken]
+    numerical[:, columns], noise[:, columns] = estimate, error
+    status[:, columns], band[:, columns] = _compare.verdicts(a[:, columns], estimate, error, atol, rtol)
+    return columns
+
+
+def _cubic_slopes(jac: _Jacobians, position: int, columns, width, sigma):
+    """Slopes [m, k] of least-squares cubics through f at x + t width_j e_j (t = -4..4), their
+    error (``MEASURED_NOISE_FACTOR`` standard deviations) and the fits' residuals."""
+    count = len(columns)
+    idx = np.tile(columns, 4)
+    delta = np.concatenate([k * width for k in (1.0, 2.0, 3.0, 4.0)])
+    _, plus, minus, spans = numerical_columns(jac.executor, position, idx, delta)
+    unit = spans.reshape(4, count)[3] / 8  # the step actually realised: half the span at t = 4, over 4
+    plus, minus = plus.reshape(-1, 4, count), minus.reshape(-1, 4, count)
+    values = np.concatenate([minus[:, ::-1], np.broadcast_to(jac.y0[:, None, None], (jac.plan.m, 1, count)), plus],
+                            axis=1)  # [m, 9, k]
+    # One least-squares solve for every row and column: the nodes are t = -4..4 in units
+    # of each column's step (rounding moves them by far less than the noise allows).
+    with np.errstate(invalid="ignore", over="ignore"):
+        coefficients = np.einsum("ct,mtk->mck", _CUBIC_FIT, values)  # [m, 4, k]
+        fitted = np.einsum("tc,mck->mtk", _NODES, coefficients)
+        residual = np.sqrt(np.mean((values - fitted) ** 2, axis=1))
+        estimate = coefficients[:, 1] / unit[None, :]
+    outside = ~np.all(np.isfinite(values), axis=1)  # outside f's domain: not for this ladder
+    estimate[outside], residual[outside] = np.nan, np.inf
+    error = MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE * sigma[:, None] / width[None, :]
+    return estimate, error, residual
+
+
+_NODES = np.vander(np.arange(-4.0, 5.0), 4, increasing=True)  # [9, 4]: 1, t, t^2, t^3
+
+
+_CUBIC_FIT = np.linalg.pinv(_NODES)  # [4, 9]
+
+
+COARSE_SLOPE_NOISE = float(np.sqrt(np.linalg.inv(_NODES.T @ _NODES)[1, 1]))
+
+
+def _confirmed(jac: _Jacobians, position: int, columns, a, estimate, error, chosen, mismatch) -> np.ndarray:
+    """Per column: whether its settled mismatches hold at an independent pair of steps.
+
+    A geometric ladder of steps can fool the h^2 test: when a step h_k of cos at 5e7
+    lies near a multiple of pi, so do all the coarser ones (4x, 16x, ...), and their
+    quotients agree like converging ones.  A confident mismatch is therefore
+    re-estimated at the chosen pair's steps times 0.618 (the golden ratio, which no
+    power of 4 approaches): a real one reappears there, a coincidence does not.
+    """
+    result = np.ones(len(columns), bool)
+    check = np.flatnonzero(np.any(mismatch, axis=0))
+    if not len(check):
+        return result
+    # The coarsest pair chosen in each column decides its confirmation steps.
+    level = np.array([chosen[mismatch[:, c], c].min() for c in check]).clip(0)
+    coarse = steps(jac.plan, jac.config, position)[columns[check]] / REFINE_RATIO**level * CONFIRM_RATIO
+    idx = np.concatenate([columns[check], columns[check]])
+    derivative, plus, minus, spans = numerical_columns(jac.executor, position, idx,
+                                                       np.concatenate([coarse, coarse / REFINE_RATIO]))
+    half = len(check)
+    other, other_error = _compare.richardson(derivative[:, :half], derivative[:, half:], REFINE_RATIO)
+    other_error = other_error + jac.noise(spans[half:]) * 2  # the noise bound over the span, as a quotient's
+    with np.errstate(invalid="ignore"):
+        curvature = np.abs(plus + minus - 2 * jac.y0[:, None])  # f(x + h) + f(x - h) - 2 f(x)
+        slack = 2 * jac.noise(spans) * spans[None, :]  # that second difference's rounding
+        agree = ((np.abs(other - estimate[:, check]) <= CONFIRM_AGREES * np.abs(estimate[:, check]) + CONFIRM_ERRORS * (
+            error[:, check] + other_error))
+            & (curvature[:, half:] <= curvature[:, :half] / CONFIRM_SHRINK + slack[:, :half] + slack[:, half:]))
+    result[check] = np.all(agree | ~mismatch[:, check], axis=0)
+    return result & _holds_below(jac, position, columns, a, estimate, level, check, mismatch)
+
+
+def _holds_below(jac: _Jacobians, position: int, columns, a, estimate, level, check, mismatch) -> np.ndarray:
+    """Per column: whether its mismatches hold at the step below the pair, averaged where needed.
+
+    A kink between the pair's fine step and the next one (a ReLU input at 0.5 h/4) moves both of
+    the pair's quotients alike, and only the next step shows the derivative at the point.  Where
+    that step's rounding bound exceeds a quarter of the mismatch (float32), the ladder could not
+    tell, so ``BELOW_POINTS`` steps in [BELOW_LOW, 1] x that step are averaged: the mismatch holds unless
+    their mean departs from the estimate by more than ``BELOW_HOLDS`` of it plus ``BELOW_DEVIATIONS``
+    of its standard deviations (see ``_tables``)."""
+    result = np.ones(len(columns), bool)
+    # The pair is (level, level + 1); the step below it, level + 2.
+    below = steps(jac.plan, jac.config, position)[columns[check]] / REFINE_RATIO ** (level + 2)
+    with np.errstate(invalid="ignore"):
+        miss = np.abs(a[:, check] - estimate[:, check])
+        noisy = np.any(mismatch[:, check] & (jac.noise(2 * below) > BELOW_NOISY * miss), axis=0)
+    if not noisy.any():
+        return result
+    chosen = check[noisy]
+    ladder = np.outer(np.linspace(BELOW_LOW, 1.0, BELOW_POINTS), below[noisy]).ravel()
+    derivative, _, _, spans = numerical_columns(jac.executor, position, np.tile(columns[chosen], BELOW_POINTS), ladder)
+    count = len(chosen)
+    mean = derivative.reshape(len(derivative), BELOW_POINTS, count).mean(axis=1)
+    deviation = jac.noise(spans).reshape(len(derivative), BELOW_POINTS, count).mean(axis=1) / (
+        BOUND_DEVIATIONS * np.sqrt(BELOW_POINTS))
+    with np.errstate(invalid="ignore"):
+        departs = np.abs(mean - estimate[:, chosen])
+        # ... and only where the mean shows the mismatch, not the gradient: nearer the estimate than the analytical
+        # value (the deviations are slack for the estimate, never a reason to side against the gradient).
+        holds = ((departs <= BELOW_HOLDS * miss[:, noisy] + BELOW_DEVIATIONS * deviation)
+                 & (departs <= np.abs(mean - a[:, chosen])))
+    result[chosen] = np.all(holds | ~mismatch[:, chosen] | ~np.isfinite(mean), axis=0)
+    return result
