@@ -79,21 +79,20 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             _require_memory(plan, config)  # before routing: a refused check traces nothing
         # Routing first (it only routes): the time a full check would take depends on its path.
         executor = _executor(plan, config, timings)
-        def sparse():  # coloured mode's layout, found once: the check reuses it (executor.memo)
-            with timed(timings, "sparsity"):
-                return prospect(executor, executor.plan)
-
+        facts = Facts(executor, timings)
         if config.mode == "coloured":
-            _require_coloured_memory(sparse, config)
-        mode, why = choose_mode(plan, config, executor.route, executor.calibration,
-                                lambda: _traced_call_seconds(executor), sparse)
-        outcome = STRATEGIES[mode](executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
-        rerun = _escalates(plan, config, executor, outcome)
-        if rerun:  # coloured mode cannot name the wrong elements; full mode can
-            why = (events.Escalated(why),)
-            notes_before = [events.Inconsistent(text) for text in outcome.inconsistent]
-            mode = "full"
-            outcome = check_full(executor, executor.plan, timings, problem.supplied, problem.output_name, problem.twin)
+            _require_coloured_memory(facts.sparse, config)
+        done: list[tuple[str, tuple, Outcome]] = []
+        decision = decide(plan, config, executor, facts, ())
+        while decision is not None:
+            mode, why = decision
+            done.append((mode, why, STRATEGIES[mode](executor, executor.plan, timings, problem.supplied,
+                                                     problem.output_name, problem.twin)))
+            decision = decide(plan, config, executor, facts, tuple(done))
+        mode, why, outcome = done[-1]
+        rerun = len(done) > 1
+        if rerun:  # the escalated check's notes begin with what coloured mode found
+            notes_before = [events.Inconsistent(text) for text in done[0][2].inconsistent]
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
         inconsistent = list(outcome.inconsistent)
         learnt = executor.calibration
@@ -114,18 +113,44 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
                               [*vacuous_warnings(outcome.pairs), *outcome.warnings], calibration=learnt)
 
 
-def _escalates(plan: Plan, config: CheckConfig, executor: Executor, outcome: Outcome) -> bool:
-    """The one escalation rule: a check reruns in full mode when coloured mode found the reverse-mode gradient
-    inconsistent with f's sparsity pattern (its row colours' VJPs disagree with a dense cotangent's, so it cannot
-    name the wrong elements) and the full Jacobians fit: at most FULL_RERUN_MAX_ENTRIES entries, within the memory
-    limit, and predicted within time_budget."""
-    if not outcome.inconsistent or plan.m * plan.n > FULL_RERUN_MAX_ENTRIES:
-        return False
+@dataclasses.dataclass
+class Facts:
+    """What deciding a check's strategy reads of f beyond its plan, each probed once and only when first asked
+    (they cost calls of f): one traced call's seconds, and coloured mode's prospect (``_coloured.prospect``,
+    memoised on the executor; an f without a pattern raises its ValueError each time it is asked)."""
+
+    executor: Executor
+    timings: dict
+    seconds: float | None = None
+
+    def call_seconds(self) -> float:
+        if self.seconds is None:
+            self.seconds = _traced_call_seconds(self.executor)
+        return self.seconds
+
+    def sparse(self) -> dict:
+        with timed(self.timings, "sparsity"):
+            return prospect(self.executor, self.executor.plan)
+
+
+def decide(plan: Plan, config: CheckConfig, executor: Executor, facts: Facts, done: tuple) -> tuple[str, tuple] | None:
+    """The one decision of a check: the next strategy to run and why (``events``), or None where the last one's
+    outcome is the check's.  ``done``: the (mode, why, outcome) of the strategies run so far.
+
+    Nothing run yet: the mode ``config.mode`` asks for, or ``mode="auto"``'s choice (``choose_mode``).  After
+    coloured mode found the reverse-mode gradient inconsistent with f's sparsity pattern (its row colours' VJPs
+    disagree with a dense cotangent's, so it cannot name the wrong elements): full mode, where the full Jacobians
+    fit -- at most ``FULL_RERUN_MAX_ENTRIES`` entries, within the memory limit, and predicted within time_budget.
+    """
+    if not done:
+        return choose_mode(plan, config, executor.route, executor.calibration, facts.call_seconds, facts.sparse)
+    _, why, outcome = done[-1]
+    if len(done) > 1 or not outcome.inconsistent or plan.m * plan.n > FULL_RERUN_MAX_ENTRIES:
+        return None
     if config.table("FULL_BYTES_PER_ENTRY") * plan.m * plan.n > _memory_limit(config)[0]:
-        return False
-    seconds = predict_full_seconds(plan, executor.route, executor.calibration, config.seconds,
-                                   lambda: _traced_call_seconds(executor))[0]
-    return seconds <= config.seconds
+        return None
+    seconds = predict_full_seconds(plan, executor.route, executor.calibration, config.seconds, facts.call_seconds)[0]
+    return ("full", (events.Escalated(why),)) if seconds <= config.seconds else None
 
 
 def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.ndarray | None]]:
