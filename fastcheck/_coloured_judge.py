@@ -34,15 +34,13 @@ from fastcheck._colours import (
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import Early, Evaluate, Rungs, descend
+from fastcheck._refine import LADDER, Early, Evaluate, Rungs, descend
 from fastcheck._results import having
 from fastcheck._tables import (
-    DEEP_LEVELS,
     MEASURED_NOISE_FACTOR,
     NOISE_FACTOR,
     PATTERN_MARGIN,
     PATTERN_PROBES,
-    REFINE_LEVELS,
     REFINE_RATIO,
     SCREEN_MARGIN,
     SECOND_STEP,
@@ -252,8 +250,8 @@ class _Block:
             (second, second_noise, *_), = rungs.levels
             return _compare.second_step(a[None, :], first, first_noise, second, second_noise, atol, rtol, REFINE_RATIO)
 
-        found = descend(self._ladder(plan, rows, cols), len(failing), range(0, REFINE_LEVELS + 1), still_open,
-                        range(0, DEEP_LEVELS + 1), early=Early((SECOND_STEP,), passes)).at(0)
+        found = descend(self._ladder(plan, rows, cols), len(failing), LADDER.first, still_open, LADDER.deeper,
+                        early=Early((SECOND_STEP,), passes)).at(0)
         status, band = _verdicts(a, found.estimate, found.error, atol, rtol)
         ks = np.flatnonzero(status == _compare.MISMATCH)
         found_ks = found.at(ks)

@@ -80,22 +80,19 @@ from fastcheck._directions import F64, Joint, _normal, _vjp
 from fastcheck._events import FastSummary
 from fastcheck._executor import Executor, measured, timed
 from fastcheck._plan import Plan
-from fastcheck._refine import Evaluate, Rungs, descend
+from fastcheck._refine import LADDER, Evaluate, Rungs, descend
 from fastcheck._results import Comparison, Element, Outcome, PairReport, Projections
 from fastcheck._tables import (
     BLOCK_REFINE_OUTPUTS,
     BLOCKS,
-    DEEP_LEVELS,
     DILUTION,
     FLAT_ROUNDINGS,
     LOCALISE_DRAWS,
     MAX_LOCALISED_INPUTS,
-    REFINE_LEVELS,
     REFINE_RATIO,
     REFINED_COLUMNS,
     REGION_MAX,
     RESOLUTION_RTOLS,
-    RESOLVE_UP,
 )
 
 # Stateless seeds (seed, SEEDS[...] + i) of the probes, per purpose.
@@ -320,7 +317,7 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
 
     # The first level is the first evaluation's; the deeper ladder keeps the first one's levels.
     found = descend(_ladder(joint, directions, failing, realised, u, gradient, rows, head), len(failing),
-                    range(0, REFINE_LEVELS + 1), still_open, range(REFINE_LEVELS + 1, DEEP_LEVELS + 1))
+                    LADDER.first, still_open, LADDER.deeper)
     elements, projection, band = mismatched(found.estimate, found.error)
     # Each element by the one classification (beside a kink, within the probe's band), then each probe by them.
     status, _ = _compare.classify(found.estimate if analytical is None else analytical, found, atol, rtol, band)
@@ -557,7 +554,7 @@ def _sharpened(joint: Joint, group: list, number: int, result: Probes, u, gradie
     first, realised, _, _, first_noise = (t.numpy() for t in joint.numerical(directions))
     probes = np.arange(int(directions.shape[0]))
     best, error, settled, *_ = descend(_ladder(joint, directions, probes, realised, u, gradient, np.arange(joint.plan.m)),
-                                       len(probes), range(-RESOLVE_UP, 1))
+                                       len(probes), LADDER.larger)
     better = np.all(settled, axis=0) & (np.max(error, axis=0) < np.max(first_noise, axis=1))  # [k]
     estimate = np.where(better[:, None], best.T, first)
     noise = np.where(better[:, None], error.T, first_noise)

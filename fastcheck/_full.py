@@ -21,19 +21,15 @@ from fastcheck._executor import NOISE_TABLES, Executor, timed
 from fastcheck._full_steps import _coarsen, _confirmed, _Jacobians, _triage
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
-from fastcheck._refine import descend
+from fastcheck._refine import LADDER, descend
 from fastcheck._results import Dense, GradientCheckError, Outcome, PairReport
 from fastcheck._tables import (
-    DEEP_LEVELS,
-    EDGE_LEVELS,
     FORWARD_MIN_EVALUATIONS,
     FORWARD_PROBES,
     NOISE_SIDE,
-    REFINE_LEVELS,
     REFINE_RATIO,
     RESOLUTION_RTOLS,
     RESOLVE_COLUMNS,
-    RESOLVE_UP,
 )
 from fastcheck._text import element_name
 
@@ -225,7 +221,7 @@ def _twin_holds_above(jac: _Jacobians, position: int, a, t, n_twin, allowed, usa
     if not suspect.any():
         return
     columns = np.flatnonzero(suspect.any(axis=0))
-    estimate, error, settled, *_ = descend(jac.ladder(position, columns), len(columns), range(-RESOLVE_UP, 1))
+    estimate, error, settled, *_ = descend(jac.ladder(position, columns), len(columns), LADDER.larger)
     with np.errstate(invalid="ignore"):
         holds = settled & (np.abs(a[:, columns] - estimate) > _compare.allowance(estimate, atol64, rtol64, error)
                            + np.abs(a[:, columns] - t[:, columns]))
@@ -253,7 +249,7 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
     with np.errstate(invalid="ignore", divide="ignore"):
         score = np.nanmax(np.where(status == _compare.OK, np.abs(a) / band, 0.0), axis=0)
     columns = np.sort(np.argsort(-score, kind="stable")[:RESOLVE_COLUMNS])
-    estimate, error, settled, *_ = descend(jac.ladder(position, columns), len(columns), range(-RESOLVE_UP, 1))
+    estimate, error, settled, *_ = descend(jac.ladder(position, columns), len(columns), LADDER.larger)
     with np.errstate(invalid="ignore"):
         allowed = _compare.allowance(estimate, atol, rtol, error)
         better = (settled & (np.abs(a[:, columns] - estimate) <= allowed) & (allowed < band[:, columns])
@@ -318,10 +314,10 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
 
 
 def _ladder(jac: _Jacobians, position: int, columns: np.ndarray, a, tolerances) -> _compare.Refined:
-    """The suspicious ``columns`` down the shared ladder (``descend``): h ... h/4**REFINE_LEVELS, then,
-    for a column with a mismatch not settled and confirmed (``_confirmed``) or a step outside f's domain,
-    h ... h/4**DEEP_LEVELS -- h/4**EDGE_LEVELS where every step so far left f's domain (log at 3e-9: only
-    steps below 3e-9 stay inside); a mismatch still unconfirmed after the deep steps is unsettled."""
+    """The suspicious ``columns`` down the shared ladder (``descend``, ``LADDER``): its first powers, then, for a
+    column with a mismatch not settled and confirmed (``_confirmed``) or a step outside f's domain, the deeper
+    ones (the edge's where every step so far left f's domain); a mismatch still unconfirmed after the deep
+    steps is unsettled."""
     atol, rtol = tolerances
 
     def mismatch(found: _compare.Refined, selection) -> np.ndarray:
@@ -339,9 +335,9 @@ def _ladder(jac: _Jacobians, position: int, columns: np.ndarray, a, tolerances) 
 
     def deeper(found: _compare.Refined, selection: np.ndarray) -> range:
         outside = np.any(~np.isfinite(found.estimate[:, selection]))
-        return range(0, (EDGE_LEVELS if outside else DEEP_LEVELS) + 1)
+        return LADDER.edge if outside else LADDER.deeper
 
-    return descend(jac.ladder(position, columns), len(columns), range(0, REFINE_LEVELS + 1), still_open,
+    return descend(jac.ladder(position, columns), len(columns), LADDER.first, still_open,
                            deeper, confirm)
 
 

@@ -25,7 +25,21 @@ from typing import NamedTuple
 import numpy as np
 
 from fastcheck import _compare
-from fastcheck._tables import REFINE_RATIO
+from fastcheck._tables import DEEP_LEVELS, EDGE_LEVELS, REFINE_LEVELS, REFINE_RATIO, RESOLVE_UP
+
+
+class Ladder(NamedTuple):
+    """The powers p of the steps h / REFINE_RATIO**p that each stage of refinement evaluates, coarsest first:
+    the one ladder of every mode, a named value (``LADDER``) rather than ranges at the call sites."""
+
+    first: range  # every failing direction
+    deeper: range  # the directions still open after the first ladder; its levels above these are kept
+    edge: range  # ... where every step so far left f's domain (log at 3e-9: only steps below 3e-9 stay inside)
+    larger: range  # a coarse pass sharpened, a twin's mismatch confirmed: above h, where rounding is smaller
+
+
+LADDER = Ladder(range(0, REFINE_LEVELS + 1), range(REFINE_LEVELS + 1, DEEP_LEVELS + 1),
+                range(REFINE_LEVELS + 1, EDGE_LEVELS + 1), range(-RESOLVE_UP, 1))
 
 
 class Rungs(NamedTuple):
