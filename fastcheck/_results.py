@@ -260,6 +260,10 @@ class Projections:
 
 Storage = Dense | Nonzeros | Projections
 
+# Status names, by code (``PairReport.statuses``) and codes by name (``PairReport.count``).
+_STATUS_NAMES = np.array([STATUS_NAMES[code] for code in range(len(STATUS_NAMES))], dtype=object)
+STATUS_CODES = {name: code for code, name in STATUS_NAMES.items()}
+
 # The per-status counts of ``PairReport.to_dict``, by key.
 COUNT_KEYS = (("mismatches", MISMATCH), ("analytical_nonfinite", ANALYTICAL_NONFINITE),
               ("numerical_nonfinite", NUMERICAL_NONFINITE), ("not_differentiable", NONDIFFERENTIABLE),
@@ -366,13 +370,20 @@ class PairReport:
 
     # -- the verdict -----------------------------------------------------------------------
 
-    def count(self, status: int) -> int:
-        """Values (fast mode: probe comparisons) with this status."""
+    def count(self, status: int | str) -> int:
+        """Values (fast mode: probe comparisons) with this status: its name (``"mismatch"``, the README's table)
+        or its code in ``status``."""
         if self._counts is None:  # one bincount for every status the text asks about
             codes = self.status.reshape(-1)
             codes = codes.view(np.uint8) if codes.dtype.itemsize == 1 else codes.astype(np.uint8)
             self._counts = np.bincount(codes, minlength=len(STATUS_NAMES))
-        return int(self._counts[status])
+        return int(self._counts[STATUS_CODES[status] if isinstance(status, str) else status])
+
+    @property
+    def statuses(self) -> np.ndarray:
+        """Each value's status by name (``"ok"``, ``"mismatch"``, ``"not differentiable here"``, ...), shaped as
+        ``status`` (its codes)."""
+        return _STATUS_NAMES[self.status]
 
     @property
     def failed_count(self) -> int:

@@ -5,7 +5,6 @@ import pytest
 import tensorflow as tf
 
 import fastcheck
-from fastcheck._compare import NONDIFFERENTIABLE, UNRESOLVED
 
 PRECISIONS = ["auto", "native"]
 
@@ -23,7 +22,7 @@ def test_kink_at_the_point_reports_both_one_sided_derivatives():
     report = fastcheck.check_gradients(tf.nn.relu, tf.constant([-1.0, 0.0, 2.0], tf.float64))
     assert report.ok, str(report)  # TF's 0 at the kink is a valid one-sided derivative
     pair = report.pairs[0]
-    assert pair.count(NONDIFFERENTIABLE) == 1
+    assert pair.count("not differentiable here") == 1
     element, left, right = pair.kinks()[0]
     assert element.input_index == (1,) and (left, right) == pytest.approx((0.0, 1.0), abs=1e-6)
     assert "not differentiable at d output[1] / d input[1]" in str(report)
@@ -58,7 +57,7 @@ def test_unresolved_numerics_are_undecidable_not_wrong():
     f = lambda x: tf.tanh((x - 0.3) / 1e-14)  # noqa: E731
     report = fastcheck.check_gradients(f, tf.constant([0.3, 0.5], tf.float64), eps=1e-2)
     assert not report.ok and report.verdict == "undecidable", str(report)
-    assert report.pairs[0].count(UNRESOLVED) == 1
+    assert report.pairs[0].count("numerical derivative unresolved") == 1
     assert "did not settle at any step tried" in report.pairs[0].hint
 
 
