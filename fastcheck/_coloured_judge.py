@@ -81,7 +81,7 @@ def _probe_vjps(executor: Executor, plan: Plan, positions: list[int], weights: t
 
 
 def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
-    """``_compare.rounding_noise`` for single elements (row, span) rather than an outer product
+    """``_compare.rounding_noise_factors`` for single elements (row, span) rather than an outer product
     (``rows``: an index array, a slice, or None for every row)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         level = np.abs(_take(plan.eval_output, rows))

@@ -102,23 +102,16 @@ def coarse(resolved: float, tolerance: float, rtol: float) -> bool:
     return bool(resolved > max(RESOLUTION_RTOLS * rtol, RESOLUTION_NOISE_SHARE * tolerance))
 
 
-def rounding_noise(y0: np.ndarray, spans: np.ndarray, eps_eval: float | np.ndarray,
-                   sigma: np.ndarray | None = None) -> np.ndarray:
-    """[m, n] rounding error estimate of (f(x+) - f(x-)) / span (0 where it is not finite).
-
-    Each evaluation of output i is off by at most ``NOISE_FACTOR * eps_eval * |f_i|``
-    (rounding), or by ``MEASURED_NOISE_FACTOR * sigma_i`` where ``sigma`` is the
-    measured standard deviation of f's evaluations (see ``_precision``): a band of
-    about 6 standard deviations of the difference quotient, so that a million
-    elements of a correct noisy f raise no false alarm.
-    """
-    return rounding_noise_factors(y0, spans, eps_eval, sigma).dense()
-
-
 def rounding_noise_factors(y0: np.ndarray, spans: np.ndarray, eps_eval: float | np.ndarray,
                            sigma: np.ndarray | None = None) -> RankOne:
-    """``rounding_noise`` as its two factors (per output, per column), not materialised; ``eps_eval`` per
-    output row (``Plan.row_epsilon``) or one for all."""
+    """[m, n] rounding error estimate of (f(x+) - f(x-)) / span (0 where it is not finite), as its two factors
+    (per output, per column), not materialised; ``eps_eval`` per output row (``Plan.row_epsilon``) or one for all.
+
+    Each evaluation of output i is off by at most ``NOISE_FACTOR * eps_eval * |f_i|`` (rounding), or by
+    ``MEASURED_NOISE_FACTOR * sigma_i`` where ``sigma`` is the measured standard deviation of f's evaluations
+    (see ``_precision``): a band of about 6 standard deviations of the difference quotient, so that a million
+    elements of a correct noisy f raise no false alarm.
+    """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         rows = NOISE_FACTOR * eps_eval * np.abs(y0)
         if sigma is not None:

@@ -112,11 +112,6 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
                    computes_in=loss.computes_in, native=loss.native)
 
 
-def _variables_in(inputs) -> list:
-    items = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-    return [item for item in items if isinstance(item, tf.Variable)]
-
-
 def gradient_function(f: Callable, inputs, seed: int = 0) -> Callable:
     """``g(*inputs)`` = the gradient of ``u . f(*inputs)`` w.r.t. every floating input.
 
