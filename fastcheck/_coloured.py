@@ -15,7 +15,7 @@ Jacobian is sparse (elementwise ops, normalisations over a small axis, stencils)
    of the colour-weighted outputs), each nonzero read off its row's colour;
 4. the element rule of ``_compare`` on the nonzeros, f's noise measured only when
    an element fails; a large diagonal block (``SCREEN_ELEMENTS``) is screened beside
-   its evaluations, on the device (``_screen``: elements within 0.9 of their band pass,
+   its evaluations, on the device (``_coloured_judge._screen``: elements within 0.9 of their band pass,
    numpy's rule judges the rest); failing nonzeros evaluated at h/4 first (the second
    step: those its quotient and Richardson's extrapolation pass are done), the rest
    refined over h ... h/4**5 (deeper where unsettled) by re-evaluating only their
@@ -25,7 +25,9 @@ Jacobian is sparse (elementwise ops, normalisations over a small axis, stencils)
    quarter of the step) is a *problem* of the report -- the pattern is wrong --,
    not a gradient verdict.  A traced diagonal pattern is trusted instead, as the
    element-wise walk (``_diagonal``) trusts the same rules; a dense random cotangent
-   checks the reverse-mode gradient itself (``_vjp_problems``) in every case.
+   checks the reverse-mode gradient itself (``_coloured_judge._vjp_problems``) in every case.
+
+The evaluations (steps 2 and 3) are ``_colours``; the rule and the probes (4 and 5) ``_coloured_judge``.
 
 Memory: one status byte per nonzero; the colours' differences [C, m] (float32 where
 exact) and the VJPs [R, n] stay compressed, and every other per-nonzero quantity

@@ -7,7 +7,7 @@ memory) and the events that become report notes -- and runs the one chunk loop,
 on out-of-memory, falling back xla -> graph/loop -> loop -> eager as
 ``Route.following`` says, each retry and fallback an event (``OutOfMemory``,
 ``FellBack``). Every strategy's batched evaluations go through it: full mode's
-differences (below), fast mode's directions (``_fast.Joint``), coloured mode's
+differences (below), fast mode's directions (``_directions.Joint``), coloured mode's
 colours and VJPs (``_coloured``). Full mode's:
 
 * ``differences(position, idx, delta)``: ``f(x + d_j e_j)`` and ``f(x - d_j e_j)``
@@ -601,7 +601,7 @@ def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
 
     ``eps`` is the evaluation dtype's ``machine_epsilon ** (1/3)``: the steps do not
     follow f's measured noise (a larger relative step spans periods of cos at 5e7);
-    noise-limited columns are re-estimated over larger steps instead (``_full._coarsen``).
+    noise-limited columns are re-estimated over larger steps instead (``_full_steps._coarsen``).
     """
     if config.absolute_step and config.eps is not None:  # the configuration refuses one without the other
         return np.full(plan.inputs[position].size, float(config.eps))

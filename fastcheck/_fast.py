@@ -1,6 +1,7 @@
 """The fast check (``mode="fast"``): random projections over many inputs at once, and localisation.
 
-One strategy of ``_check.run_check`` (the other is ``_full``), evaluating f through the same executor.
+One strategy of ``_check.run_check`` (with ``_full`` and ``_coloured``), evaluating f through the same executor
+(its evaluations along directions are ``_directions``).
 
 **Probes over groups of inputs.**  A probe is one direction ``d = (d_1, ..., d_K)``
 over several checked inputs together, ``d_k = max(1, |x_k|) * v_k`` with
@@ -13,7 +14,7 @@ MobileNetV2's 158 variables), k probes per group, and one cotangent u:
 
 * numerical  ``J d ~ (f(x + eps d) - f(x - eps d)) / (2 eps)``: the group's
   inputs move at once; every probe of every group goes through **one** compiled
-  kernel (``_directional_kernel``: f at points that move any inputs), a few dozen
+  kernel (``_directions._directional_kernel``: f at points that move any inputs), a few dozen
   probes per call, refined at smaller steps where they disagree;
 * element-wise  ``J d = sum_k J_k d_k`` from the reverse-mode gradient: for a
   scalar f it is ``g . d`` with ``g`` the gradient (the user's supplied one for

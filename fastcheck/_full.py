@@ -1,12 +1,13 @@
 """The full check: both Jacobians element by element, refined where they disagree.
 
-One strategy of ``_check.run_check`` (the other is ``_fast``): the numerical
+One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): the numerical
 Jacobian by batched central differences through the executor, the analytical one
 from reverse mode (or the user's gradients), the element rule of ``_compare``,
 then -- only for failing elements -- a second step at h/4 (``_second_step``), and
 where that does not pass them, f's noise and precision, larger steps for
-noise-limited columns (``_coarsen``), smaller ones for the rest (``_refine``,
-``_confirmed``), and the forward-mode side (``_forward_side``).
+noise-limited columns (``_full_steps._coarsen``), smaller ones for the rest
+(``_refine``: ``_full_steps._triage``, the ladder, ``_full_steps._confirmed``), and
+the forward-mode side (``_forward_side``).
 """
 
 from __future__ import annotations

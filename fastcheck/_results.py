@@ -123,7 +123,7 @@ class Nonzeros:
     ``jacobian_shape`` block only, 1-D over them.
 
     Only ``status`` is held (a view of the check's int8 array); values, bands and indices are read
-    off the check's compressed arrays (``_coloured._Block``) block by block, and made whole arrays
+    off the check's compressed arrays (``_coloured_judge._Block``) block by block, and made whole arrays
     only when asked for by name (``numerical``, ``rows`` ..., ``to_dict(arrays=True)``): at 6.4e7
     nonzeros each such array is 0.5 GB.
     """

@@ -38,7 +38,7 @@ CONFIRM_AGREES = 0.1  # ... whose estimate a confirmed one is within this share 
 CONFIRM_CURVATURE = 0.5  # ... and whose second difference the h^2-scaled one within this share (cos h = 1 near a period)
 CONFIRM_ERRORS = 2.0  # a settled mismatch's confirmation: the two estimates agree within this many times their errors
 CONFIRM_SHRINK = 4.0  # ... and the finer step's second difference is at most 1/this of the coarser's (h^2 predicts 16)
-# Full mode's triage at h/4 (``_full._conclusive``): a mismatch is settled there without the ladder where the h/4
+# Full mode's triage at h/4 (``_full_steps._conclusive``): a mismatch is settled there without the ladder where the h/4
 # quotient moves by at most TRIAGE_MOVED of the mismatch and TRIAGE_DRIFT of itself, its one-sided quotients differ
 # by at most TRIAGE_SIDES of the mismatch (no kink crossed), and its second-order term is at most TRIAGE_LOCAL of the
 # first-order one (a step small for f); then it must hold at the finest step whose rounding is 1/FINEST_ROUNDING of
@@ -89,7 +89,7 @@ RESOLUTION_NOISE_SHARE = 2.0
 RESOLVE_COLUMNS = 8  # a coarse full-mode pass re-estimates this many of its most resolving columns ...
 RESOLVE_UP = 4  # ... on the ladder h * 4**RESOLVE_UP ... h (float32 sum(x**2) over 2000 elements: 2.3% -> decisive)
 
-# -- noise-limited columns: least-squares cubics (``_full._coarsen``) --------------------------------
+# -- noise-limited columns: least-squares cubics (``_full_steps._coarsen``) --------------------------------
 COARSE_MAX_STEP = 0.25  # 4 H at most this relative step: past it the cubic's truncation, not the noise, rules
 COARSE_TABLES = 8  # float64 [m, 9, k] tables alive at once in a fit (plus, minus, quotients, values, residuals)
 
@@ -133,7 +133,7 @@ PATTERN_PROBES = 1  # random dense probes of the pattern (each confirmed at a qu
 PATTERN_MARGIN = 3.0  # J d may leave the pattern's prediction by this factor before a quarter step confirms it
 VJP_PROBE_WEIGHTS = (-4.0, -2.0, -1.0, 1.0, 2.0, 4.0)  # the dense cotangent's values: powers of two keep u exact
 VJP_PROBE_ROUNDING = 64.0  # unit roundoffs of the native dtype per unit of sum_i |u_i a_ij|
-# From this many nonzeros a diagonal pattern's judgement is screened beside the evaluations (``_coloured._screen``):
+# From this many nonzeros a diagonal pattern's judgement is screened beside the evaluations (``_coloured_judge._screen``):
 # one fused XLA pass over the sweep, the VJP and the pattern probe clears every element whose error is below
 # SCREEN_MARGIN of its band (10^7 float32: ~30 ms against ~250 ms of numpy passes); numpy's rule judges the rest.
 SCREEN_ELEMENTS = 1 << 18
@@ -177,10 +177,10 @@ CALL_TIMING_LIMIT = 0.01  # seconds: a third call times f when one call is cheap
 # sweep runs at 3x graph mode's FLOP rate, since pfor's transposes fuse into the dot) and on the 5,000-parameter
 # MLP (2.3e8).
 XLA_MIN_WORK = 20_000_000
-# Coloured kernels (``_coloured._kernel_path``) run few evaluations (2 per colour): XLA's compilation (0.4 s
+# Coloured kernels (``_colours._kernel_path``) run few evaluations (2 per colour): XLA's compilation (0.4 s
 # for an elementwise f at 10^7 elements, whose graph kernel also runs faster) pays only from this many.
 XLA_MIN_EVALUATIONS = 512
-# (Fast mode's probes, ``_fast.Joint._evaluate``, never pay it -- a few dozen evaluations: graph mode unless
+# (Fast mode's probes, ``_directions.Joint._evaluate``, never pay it -- a few dozen evaluations: graph mode unless
 # jit_compile=True; no number.)
 # Full mode's differences run through one kernel for all checked inputs instead of one per input when that saves
 # more tracing than it costs (``_paths.joint_chunk``): each of its evaluations carries every checked input as a
@@ -306,7 +306,7 @@ FLOAT64_COPY_ROUNDINGS = 256
 
 # -- execution blocks ------------------------------------------------------------------------------
 # Fast mode evaluates at most this many rows per call: one compiled kernel then serves probes, bisection blocks
-# and element columns alike (``_fast.Joint``).
+# and element columns alike (``_directions.Joint``).
 FAST_ROWS = 16
 VERDICT_BLOCK = 1 << 14  # ``_compare``: elements per block of the element-wise rule (a few arrays of it stay in cache)
 ROW_BLOCK = 256  # ``_compare``: rows per block when a pass over an [m, n] Jacobian is memory-bound
