@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -121,12 +122,13 @@ class Facts:
 
     executor: Executor
     timings: dict
-    seconds: float | None = None
+
+    @functools.cached_property
+    def traced_call(self) -> float:
+        return _traced_call_seconds(self.executor)
 
     def call_seconds(self) -> float:
-        if self.seconds is None:
-            self.seconds = _traced_call_seconds(self.executor)
-        return self.seconds
+        return self.traced_call
 
     def sparse(self) -> dict:
         with timed(self.timings, "sparsity"):
