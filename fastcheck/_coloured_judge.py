@@ -34,7 +34,7 @@ from fastcheck._colours import (
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import LADDER, Early, Evaluate, Rungs, descend
+from fastcheck._refine import LADDER, Early, Evaluate, Line, Rungs, confirmation, descend
 from fastcheck._results import having
 from fastcheck._tables import (
     MEASURED_NOISE_FACTOR,
@@ -229,7 +229,8 @@ class _Block:
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
         """Failing nonzeros: their colours again at h/4 (the second step, ``_compare.second_step``), then
-        those it does not pass at h ... h/4**5 (h ... h/4**12 where still unsettled)."""
+        those it does not pass at h ... h/4**5 (h ... h/4**12 where still unsettled); a settled mismatch
+        stands where ``confirmation`` finds it again at independent steps, as in full mode."""
         failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE, among=self.flagged)
         if not len(failing):
             return
@@ -250,8 +251,14 @@ class _Block:
             (second, second_noise, *_), = rungs.levels
             return _compare.second_step(a[None, :], first, first_noise, second, second_noise, atol, rtol, REFINE_RATIO)
 
-        found = descend(self._ladder(plan, rows, cols), len(failing), LADDER.first, still_open, LADDER.deeper,
-                        early=Early((SECOND_STEP,), passes)).at(0)
+        def mismatch(selection: np.ndarray, found: _compare.Refined) -> np.ndarray:
+            return (_verdicts(a[selection], found.estimate[0], found.error[0], atol, rtol)[0] == _compare.MISMATCH)[None]
+
+        evaluate = self._ladder(plan, rows, cols)
+        line = Line(lambda selection: self.columns.step[cols[selection]].astype(np.float64),
+                    lambda selection, spans: _noise(plan, rows[selection], spans)[None, :])
+        found = descend(evaluate, len(failing), LADDER.first, still_open, LADDER.deeper,
+                        confirmation(evaluate, line, a[None, :], mismatch), early=Early((SECOND_STEP,), passes)).at(0)
         status, band = _verdicts(a, found.estimate, found.error, atol, rtol)
         ks = np.flatnonzero(status == _compare.MISMATCH)
         found_ks = found.at(ks)
@@ -271,11 +278,11 @@ class _Block:
         ever use differences from f(x)).
         """
 
-        def evaluate(selection: np.ndarray, powers) -> Rungs:
+        def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
             chosen = rows[selection]
             y0 = plan.eval_output[chosen]
             stack: list[tuple] = []
-            for plus, minus, spans in self.columns.sides(chosen, cols[selection], list(powers)):
+            for plus, minus, spans in self.columns.sides(chosen, cols[selection], list(powers), factors):
                 with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                     derivative = (plus - minus) / spans
                 noise = _noise(plan, chosen, spans)

@@ -346,10 +346,10 @@ class _Columns:
             result.tensor = kept[0]
         return result
 
-    def sides(self, rows: np.ndarray, cols: np.ndarray, levels: list[int]):
+    def sides(self, rows: np.ndarray, cols: np.ndarray, levels: list[int], factors: list[float] | None = None):
         """Per level k: f(x + d), f(x - d) at each nonzero's row along its column's colour direction
-        at step h / REFINE_RATIO**k, and the spans of its column -- every level not yet evaluated for
-        all of these nonzeros in one batch.  The direction is restricted to the columns given: columns
+        at step h / REFINE_RATIO**k (times ``factors[k]``, where given), and the spans of its column --
+        every level not yet evaluated for all of these nonzeros in one batch.  The direction is restricted to the columns given: columns
         of one colour share no row, so any subset of them still recovers its nonzeros.
 
         A (nonzero, level) evaluated before is read back, not evaluated again: f is deterministic (the
@@ -357,14 +357,15 @@ class _Columns:
         noise, after a first refinement without it, then reuses that one's ladder (a planted defect at
         10^7 elements: its ~12 evaluations of f once, not twice)."""
         keys = np.asarray(rows, np.int64) * self.x.size + np.asarray(cols, np.int64)
+        steps: list = list(levels) if factors is None else list(zip(levels, factors))  # a step: its power, its factor
         found: dict = {}
-        for level in levels:
+        for level in steps:
             known = self._sides.get(level)
             if known is not None and len(known[0]):
                 where = np.minimum(np.searchsorted(known[0], keys), len(known[0]) - 1)
                 if np.array_equal(known[0][where], keys):
                     found[level] = (known[1][where], known[2][where])
-        missing = [level for level in levels if level not in found]
+        missing = [level for level in steps if level not in found]
         if missing:
             plus, minus = self._evaluated(rows, cols, missing)
             for k, level in enumerate(missing):
@@ -375,9 +376,14 @@ class _Columns:
                 self._sides[level] = (merged, np.concatenate([old[1], plus[k]])[first],
                                       np.concatenate([old[2], minus[k]])[first])
         x, d = self.x[cols], self.step[cols]
-        return [(*found[level], _span(x, d * self.dtype(REFINE_RATIO ** -float(level)))) for level in levels]
+        return [(*found[level], _span(x, d * self._scale(level))) for level in steps]
 
-    def _evaluated(self, rows: np.ndarray, cols: np.ndarray, levels: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _scale(self, level) -> np.floating:
+        """A step's multiple of h in f's dtype: REFINE_RATIO**-p, or its (p, factor)'s product."""
+        power, factor = level if isinstance(level, tuple) else (level, 1.0)
+        return self.dtype(REFINE_RATIO ** -float(power)) if factor == 1.0 else self.dtype(REFINE_RATIO ** -float(power) * factor)
+
+    def _evaluated(self, rows: np.ndarray, cols: np.ndarray, levels: list) -> tuple[np.ndarray, np.ndarray]:
         """f(x + d), f(x - d) [len(levels), len(rows)] of ``sides``, evaluated: every level in one batch."""
         colour = self.labels[cols].astype(np.int64)
         present, slot = np.unique(colour, return_inverse=True)
@@ -389,7 +395,7 @@ class _Columns:
         if self.colours > 1:
             distinct = np.unique(np.asarray(cols, np.int64))
             step = tf.scatter_nd(tf.constant(distinct[:, None]), tf.constant(self.step[distinct]), [self.x.size])
-        factors = [self.dtype(REFINE_RATIO ** -float(k)) for k in levels]
+        factors = [self._scale(k) for k in levels]
         ids = np.tile(present, len(levels))
         scales = np.repeat(np.array(factors, self.dtype), len(present))
         plus, minus = np.empty((len(levels), len(rows))), np.empty((len(levels), len(rows)))

@@ -6,7 +6,7 @@ from reverse mode (or the user's gradients), the element rule of ``_compare``,
 then -- only for failing elements -- a second step at h/4 (``_second_step``), and
 where that does not pass them, f's noise and precision, larger steps for
 noise-limited columns (``_full_steps._coarsen``), smaller ones for the rest
-(``_refine``: ``_full_steps._triage``, the ladder, ``_full_steps._confirmed``), and
+(``_refine``: ``_full_steps._triage``, the ladder, ``_refine.confirmation``), and
 the forward-mode side (``_forward_side``).
 """
 
@@ -19,10 +19,10 @@ from fastcheck._autodiff import AutodiffJacobian, forward_probe
 from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ForwardNotChecked, ForwardProbe
 from fastcheck._executor import NOISE_TABLES, Executor, timed
-from fastcheck._full_steps import _coarsen, _confirmed, _Jacobians, _triage
+from fastcheck._full_steps import _coarsen, _Jacobians, _triage
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
-from fastcheck._refine import LADDER, descend
+from fastcheck._refine import LADDER, confirmation, descend
 from fastcheck._results import Dense, GradientCheckError, Outcome, PairReport
 from fastcheck._tables import (
     FORWARD_MIN_EVALUATIONS,
@@ -316,18 +316,14 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
 
 def _ladder(jac: _Jacobians, position: int, columns: np.ndarray, a, tolerances) -> _compare.Refined:
     """The suspicious ``columns`` down the shared ladder (``descend``, ``LADDER``): its first powers, then, for a
-    column with a mismatch not settled and confirmed (``_confirmed``) or a step outside f's domain, the deeper
+    column with a mismatch not settled and confirmed (``_refine.confirmation``) or a step outside f's domain, the deeper
     ones (the edge's where every step so far left f's domain); a mismatch still unconfirmed after the deep
     steps is unsettled."""
     atol, rtol = tolerances
 
-    def mismatch(found: _compare.Refined, selection) -> np.ndarray:
+    def mismatch(selection, found: _compare.Refined) -> np.ndarray:
         return _compare.verdicts(a[:, selection], found.estimate, found.error, atol, rtol, bands=False)[0] \
             == _compare.MISMATCH
-
-    def confirm(selection: np.ndarray, found: _compare.Refined) -> np.ndarray:
-        return _confirmed(jac, position, columns[selection], a[:, selection], found.estimate, found.error,
-                          found.chosen, mismatch(found, selection) & found.settled)
 
     def still_open(found: _compare.Refined) -> np.ndarray:
         status = _compare.verdicts(a, found.estimate, found.error, atol, rtol, bands=False)[0]
@@ -338,8 +334,9 @@ def _ladder(jac: _Jacobians, position: int, columns: np.ndarray, a, tolerances) 
         outside = np.any(~np.isfinite(found.estimate[:, selection]))
         return LADDER.edge if outside else LADDER.deeper
 
-    return descend(jac.ladder(position, columns), len(columns), LADDER.first, still_open,
-                           deeper, confirm)
+    evaluate = jac.ladder(position, columns)
+    return descend(evaluate, len(columns), LADDER.first, still_open, deeper,
+                   confirmation(evaluate, jac.line(position, columns), a, mismatch))
 
 
 def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:

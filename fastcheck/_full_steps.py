@@ -1,7 +1,7 @@
 """Full mode's evaluator (_Jacobians: columns at given steps through the executor) and the steps that re-judge
 a failing column before and after the ladder: the triage at h/4 (_triage: conclusive, golden, finest), the
-coarsening of noise-limited columns (_coarsen: cubic fits at larger steps), and the confirmation of a settled
-mismatch at 0.618 x its steps and below them (_confirmed, _holds_below).
+coarsening of noise-limited columns (_coarsen: cubic fits at larger steps); a settled mismatch's confirmation
+is ``_refine.confirmation``, over this evaluator's ladder and ``line``.
 """
 
 
@@ -16,21 +16,13 @@ from fastcheck._autodiff import AutodiffJacobian
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import Executor, measured, numerical_columns, steps
 from fastcheck._plan import Plan
-from fastcheck._refine import Evaluate, Rungs
+from fastcheck._refine import Evaluate, Line, Rungs
 from fastcheck._tables import (
-    BELOW_DEVIATIONS,
-    BELOW_HOLDS,
-    BELOW_LOW,
-    BELOW_NOISY,
-    BELOW_POINTS,
-    BOUND_DEVIATIONS,
     COARSE_MAX_STEP,
     COARSE_TABLES,
     CONFIRM_AGREES,
     CONFIRM_CURVATURE,
-    CONFIRM_ERRORS,
     CONFIRM_RATIO,
-    CONFIRM_SHRINK,
     DEEP_LEVELS,
     FINEST_HOLDS,
     FINEST_ROUNDING,
@@ -102,13 +94,14 @@ class _Jacobians:
         test on noise alone."""
         sigma = self.plan.noise.sigma if self.plan.noise is not None else None
 
-        def evaluate(selection: np.ndarray, powers) -> Rungs:
+        def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
             chosen = columns[selection]
             count = len(chosen)
             base = steps(self.plan, self.config, position)[chosen]
             divisors = [REFINE_RATIO**k for k in powers]
             idx = np.tile(chosen, len(divisors))
-            delta = np.concatenate([base / d for d in divisors])
+            delta = np.concatenate([base / d if factor is None else base / d * factor
+                                    for d, factor in zip(divisors, factors or [None] * len(divisors))])
             jacobian, plus, minus, spans = numerical_columns(self.executor, position, idx, delta)
             noise = self.noise(spans)
             levels = []
@@ -118,6 +111,11 @@ class _Jacobians:
             return Rungs(levels, self.y0, sigma)
 
         return evaluate
+
+    def line(self, position: int, columns: np.ndarray) -> Line:
+        """The ``Line`` of ``columns`` for ``confirmation``: their first steps, the noise over a span."""
+        return Line(lambda selection: steps(self.plan, self.config, position)[columns[selection]],
+                    lambda selection, spans: self.noise(spans))
 
     def analytical(self) -> list[np.ndarray]:
         if self.plan.n == 0:
@@ -335,69 +333,3 @@ _CUBIC_FIT = np.linalg.pinv(_NODES)  # [4, 9]
 
 
 COARSE_SLOPE_NOISE = float(np.sqrt(np.linalg.inv(_NODES.T @ _NODES)[1, 1]))
-
-
-def _confirmed(jac: _Jacobians, position: int, columns, a, estimate, error, chosen, mismatch) -> np.ndarray:
-    """Per column: whether its settled mismatches hold at an independent pair of steps.
-
-    A geometric ladder of steps can fool the h^2 test: when a step h_k of cos at 5e7
-    lies near a multiple of pi, so do all the coarser ones (4x, 16x, ...), and their
-    quotients agree like converging ones.  A confident mismatch is therefore
-    re-estimated at the chosen pair's steps times 0.618 (the golden ratio, which no
-    power of 4 approaches): a real one reappears there, a coincidence does not.
-    """
-    result = np.ones(len(columns), bool)
-    check = np.flatnonzero(np.any(mismatch, axis=0))
-    if not len(check):
-        return result
-    # The coarsest pair chosen in each column decides its confirmation steps.
-    level = np.array([chosen[mismatch[:, c], c].min() for c in check]).clip(0)
-    coarse = steps(jac.plan, jac.config, position)[columns[check]] / REFINE_RATIO**level * CONFIRM_RATIO
-    idx = np.concatenate([columns[check], columns[check]])
-    derivative, plus, minus, spans = numerical_columns(jac.executor, position, idx,
-                                                       np.concatenate([coarse, coarse / REFINE_RATIO]))
-    half = len(check)
-    other, other_error = _compare.richardson(derivative[:, :half], derivative[:, half:], REFINE_RATIO)
-    other_error = other_error + jac.noise(spans[half:]) * 2  # the noise bound over the span, as a quotient's
-    with np.errstate(invalid="ignore"):
-        curvature = np.abs(plus + minus - 2 * jac.y0[:, None])  # f(x + h) + f(x - h) - 2 f(x)
-        slack = 2 * jac.noise(spans) * spans[None, :]  # that second difference's rounding
-        agree = ((np.abs(other - estimate[:, check]) <= CONFIRM_AGREES * np.abs(estimate[:, check]) + CONFIRM_ERRORS * (
-            error[:, check] + other_error))
-            & (curvature[:, half:] <= curvature[:, :half] / CONFIRM_SHRINK + slack[:, :half] + slack[:, half:]))
-    result[check] = np.all(agree | ~mismatch[:, check], axis=0)
-    return result & _holds_below(jac, position, columns, a, estimate, level, check, mismatch)
-
-
-def _holds_below(jac: _Jacobians, position: int, columns, a, estimate, level, check, mismatch) -> np.ndarray:
-    """Per column: whether its mismatches hold at the step below the pair, averaged where needed.
-
-    A kink between the pair's fine step and the next one (a ReLU input at 0.5 h/4) moves both of
-    the pair's quotients alike, and only the next step shows the derivative at the point.  Where
-    that step's rounding bound exceeds a quarter of the mismatch (float32), the ladder could not
-    tell, so ``BELOW_POINTS`` steps in [BELOW_LOW, 1] x that step are averaged: the mismatch holds unless
-    their mean departs from the estimate by more than ``BELOW_HOLDS`` of it plus ``BELOW_DEVIATIONS``
-    of its standard deviations (see ``_tables``)."""
-    result = np.ones(len(columns), bool)
-    # The pair is (level, level + 1); the step below it, level + 2.
-    below = steps(jac.plan, jac.config, position)[columns[check]] / REFINE_RATIO ** (level + 2)
-    with np.errstate(invalid="ignore"):
-        miss = np.abs(a[:, check] - estimate[:, check])
-        noisy = np.any(mismatch[:, check] & (jac.noise(2 * below) > BELOW_NOISY * miss), axis=0)
-    if not noisy.any():
-        return result
-    chosen = check[noisy]
-    ladder = np.outer(np.linspace(BELOW_LOW, 1.0, BELOW_POINTS), below[noisy]).ravel()
-    derivative, _, _, spans = numerical_columns(jac.executor, position, np.tile(columns[chosen], BELOW_POINTS), ladder)
-    count = len(chosen)
-    mean = derivative.reshape(len(derivative), BELOW_POINTS, count).mean(axis=1)
-    deviation = jac.noise(spans).reshape(len(derivative), BELOW_POINTS, count).mean(axis=1) / (
-        BOUND_DEVIATIONS * np.sqrt(BELOW_POINTS))
-    with np.errstate(invalid="ignore"):
-        departs = np.abs(mean - estimate[:, chosen])
-        # ... and only where the mean shows the mismatch, not the gradient: nearer the estimate than the analytical
-        # value (the deviations are slack for the estimate, never a reason to side against the gradient).
-        holds = ((departs <= BELOW_HOLDS * miss[:, noisy] + BELOW_DEVIATIONS * deviation)
-                 & (departs <= np.abs(mean - a[:, chosen])))
-    result[chosen] = np.all(holds | ~mismatch[:, chosen] | ~np.isfinite(mean), axis=0)
-    return result

@@ -10,7 +10,10 @@ directions at given powers (``Evaluate``: the levels, f at the point and f's noi
 "open" means for it; it reads the estimates off the ``Refined`` it gets back.  It may also
 supply an ``Early`` stage: a few powers evaluated for every direction first, and a test that
 passes directions there outright (coloured mode's second step); only the others go down the
-ladder, which takes the early powers' levels over instead of evaluating them again.
+ladder, which takes the early powers' levels over instead of evaluating them again.  And it may
+supply a ``Line`` (each direction's first step, the noise of a quotient over a span): then a
+settled mismatch stands only where ``confirmation`` finds it again at independent steps (0.618 x
+the chosen pair's, and averaged below the pair where its rounding hid a kink), in every mode alike.
 
 Why a module of its own: ``_compare`` is the rule on arrays that exist (the element verdicts,
 ``refine`` over levels), pure and without callbacks; the driver calls back into the
@@ -25,7 +28,23 @@ from typing import NamedTuple
 import numpy as np
 
 from fastcheck import _compare
-from fastcheck._tables import DEEP_LEVELS, EDGE_LEVELS, REFINE_LEVELS, REFINE_RATIO, RESOLVE_UP
+from fastcheck._tables import (
+    BELOW_DEVIATIONS,
+    BELOW_HOLDS,
+    BELOW_LOW,
+    BELOW_NOISY,
+    BELOW_POINTS,
+    BOUND_DEVIATIONS,
+    CONFIRM_AGREES,
+    CONFIRM_ERRORS,
+    CONFIRM_RATIO,
+    CONFIRM_SHRINK,
+    DEEP_LEVELS,
+    EDGE_LEVELS,
+    REFINE_LEVELS,
+    REFINE_RATIO,
+    RESOLVE_UP,
+)
 
 
 class Ladder(NamedTuple):
@@ -52,8 +71,9 @@ class Rungs(NamedTuple):
     sigma: np.ndarray | None
 
 
-# (selection: indices of the directions [k'], powers: steps h / REFINE_RATIO**p) -> their rungs [m, k'].
-Evaluate = Callable[[np.ndarray, Sequence[int]], Rungs]
+# (selection: indices of the directions [k'], powers, factors) -> their rungs [m, k'] at the steps
+# h / REFINE_RATIO**p * factor (factors: one per power, or None for 1: the ladder's own steps).
+Evaluate = Callable[..., Rungs]
 # (the Refined of all directions) -> [k] whether each direction still needs deeper steps.
 StillOpen = Callable[[_compare.Refined], np.ndarray]
 # (selection, the Refined of those directions) -> [k'] whether each one's settled estimates stand.
@@ -132,7 +152,9 @@ def _reusing(evaluate: Evaluate, powers: Sequence[int], first: Rungs) -> Evaluat
     instead of evaluated again: the same numbers, fewer evaluations of f."""
     known = dict(zip(powers, first.levels))
 
-    def reused(selection: np.ndarray, steps: Sequence[int]) -> Rungs:
+    def reused(selection: np.ndarray, steps: Sequence[int], factors: Sequence[float] | None = None) -> Rungs:
+        if factors is not None:  # other steps than the ladder's
+            return evaluate(selection, steps, factors)
         missing = [p for p in steps if p not in known]
         if not missing:  # y0 and sigma come with an evaluation: a ladder of known powers alone is evaluated
             return evaluate(selection, steps)
@@ -165,6 +187,93 @@ def _settle(rungs: Rungs, selection: np.ndarray, confirm: Confirm | None) -> _co
     with np.errstate(invalid="ignore"):
         gap = np.abs(np.take_along_axis(quotients, k, 0) - np.take_along_axis(quotients, k + 1, 0))[0]
     return found._replace(settled=kept, error=np.where(rejected & np.isfinite(gap), found.error + gap, found.error))
+
+
+class Line(NamedTuple):
+    """What ``confirmation`` needs of a strategy besides its evaluation: ``steps(selection)`` [k'], each
+    direction's first step h, and ``noise(selection, spans [k'])`` [m, k'], the rounding bound of a
+    central quotient over those spans (``Rungs``' levels carry it for the steps evaluated)."""
+
+    steps: Callable[[np.ndarray], np.ndarray]
+    noise: Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def confirmation(evaluate: Evaluate, line: Line, analytical: np.ndarray,
+                 mismatch: Callable[[np.ndarray, _compare.Refined], np.ndarray]) -> Confirm:
+    """The ``Confirm`` of ``descend`` for a strategy: per direction, whether its settled mismatches
+    (``mismatch(selection, found)`` [m, k'], settled ones kept) hold at independent steps;
+    ``analytical`` [m, count] is what the directions' estimates are judged against.
+
+    A geometric ladder of steps can fool the h^2 test: when a step h_k of cos at 5e7 lies near a
+    multiple of pi, so do all the coarser ones (4x, 16x, ...), and their quotients agree like
+    converging ones.  A confident mismatch is therefore re-estimated at the chosen pair's steps
+    times ``CONFIRM_RATIO`` (0.618, the golden ratio, which no power of 4 approaches): a real one
+    reappears there, a coincidence does not.  Then ``_holds_below``."""
+
+    def confirm(selection: np.ndarray, found: _compare.Refined) -> np.ndarray:
+        wrong = mismatch(selection, found) & found.settled
+        result = np.ones(len(selection), bool)
+        check = np.flatnonzero(np.any(wrong, axis=0))
+        if not len(check):
+            return result
+        # The coarsest pair chosen in each direction decides its confirmation steps.
+        level = np.array([found.chosen[wrong[:, c], c].min() for c in check]).clip(0)
+        for power in np.unique(level):
+            group = check[level == power]
+            rungs = evaluate(selection[group], [power, power + 1], [CONFIRM_RATIO, CONFIRM_RATIO])
+            (coarse, coarse_noise, coarse_plus, coarse_minus, coarse_spans), (fine, fine_noise, plus, minus, spans) = \
+                rungs.levels
+            other, other_error = _compare.richardson(coarse, fine, REFINE_RATIO)
+            other_error = other_error + fine_noise * 2  # the noise bound over the span, as a quotient's
+            y0 = np.asarray(rungs.y0)[:, None]
+            estimate, error = found.estimate[:, group], found.error[:, group]
+            with np.errstate(invalid="ignore"):
+                # f(x + h) + f(x - h) - 2 f(x) at each step, and that second difference's rounding
+                coarse_curvature, curvature = (np.abs(p + m - 2 * y0) for p, m in ((coarse_plus, coarse_minus),
+                                                                                  (plus, minus)))
+                slack = 2 * coarse_noise * coarse_spans[None, :] + 2 * fine_noise * spans[None, :]
+                agree = ((np.abs(other - estimate) <= CONFIRM_AGREES * np.abs(estimate) + CONFIRM_ERRORS * (
+                    error + other_error)) & (curvature <= coarse_curvature / CONFIRM_SHRINK + slack))
+            result[group] = np.all(agree | ~wrong[:, group], axis=0)
+        return result & _holds_below(evaluate, line, selection, analytical[:, selection], found, level, check,
+                                     wrong)
+
+    return confirm
+
+
+def _holds_below(evaluate: Evaluate, line: Line, selection: np.ndarray, a: np.ndarray, found: _compare.Refined,
+                 level: np.ndarray, check: np.ndarray, wrong: np.ndarray) -> np.ndarray:
+    """Per direction: whether its mismatches hold at the step below the pair, averaged where needed.
+
+    A kink between the pair's fine step and the next one (a ReLU input at 0.5 h/4) moves both of
+    the pair's quotients alike, and only the next step shows the derivative at the point.  Where
+    that step's rounding bound exceeds ``BELOW_NOISY`` of the mismatch (float32), the ladder could
+    not tell, so ``BELOW_POINTS`` steps in [BELOW_LOW, 1] x that step are averaged: the mismatch
+    holds unless their mean departs from the estimate by more than ``BELOW_HOLDS`` of it plus
+    ``BELOW_DEVIATIONS`` of its standard deviations (see ``_tables``), and only where the mean sides
+    with the estimate."""
+    result = np.ones(len(selection), bool)
+    # The pair is (level, level + 1); the step below it, level + 2.
+    below = line.steps(selection[check]) / REFINE_RATIO ** (level + 2)
+    estimate = found.estimate
+    with np.errstate(invalid="ignore"):
+        miss = np.abs(a[:, check] - estimate[:, check])
+        noisy = np.any(wrong[:, check] & (line.noise(selection[check], 2 * below) > BELOW_NOISY * miss), axis=0)
+    points = list(np.linspace(BELOW_LOW, 1.0, BELOW_POINTS))
+    for power in np.unique(level[noisy]):
+        group = check[noisy & (level == power)]
+        rungs = evaluate(selection[group], [power + 2] * BELOW_POINTS, points)
+        mean = np.mean([derivative for derivative, *_ in rungs.levels], axis=0)
+        deviation = np.mean([noise for _, noise, *_ in rungs.levels], axis=0) / (
+            BOUND_DEVIATIONS * np.sqrt(BELOW_POINTS))
+        with np.errstate(invalid="ignore"):
+            departs = np.abs(mean - estimate[:, group])
+            # ... nearer the estimate than the analytical value (the deviations are slack for the estimate,
+            # never a reason to side against the gradient).
+            holds = ((departs <= BELOW_HOLDS * np.abs(a[:, group] - estimate[:, group]) + BELOW_DEVIATIONS * deviation)
+                     & (departs <= np.abs(mean - a[:, group])))
+        result[group] = np.all(holds | ~wrong[:, group] | ~np.isfinite(mean), axis=0)
+    return result
 
 
 def _restricted(level: tuple, selection: np.ndarray) -> tuple:

@@ -776,3 +776,24 @@ def test_a_given_diagonal_pattern_is_probed_and_a_traced_one_trusted():
     assert (traced_block.probes, given_block.probes) == (0, 1)
     assert _evaluations(given) == _evaluations(traced) + 2
     assert "input's pattern checked by 1 random dense probe" in str(given), str(given)
+
+
+# Corpus cases at kinks, at large arguments, at domain edges and with f's noise, correct and wrong: one ladder,
+# one confirmation (``_refine.confirmation``) and one classification in both modes, element by element.
+SAME_STATUSES = ["relu_near_kink", "abs_near_kink", "max_pool_near_ties", "kink_misplaced_relu", "max_routed_to_loser",
+                 "large_x_cos", "large_x_cos_sign", "kink_relu_at_1e_9", "kink_clip_near_bound",
+                 "kink_abs_offset_wrong_center", "edge_acosh_near_one", "edge_acosh_missing_factor",
+                 "kink_relu_switch_at_1e_8", "noisy_cancelling_sum_factor_2"]
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", SAME_STATUSES)
+def test_full_and_coloured_mode_give_the_same_status_per_element(name, dtype):
+    from benchmarks import corpus
+
+    (case,) = [case for case in corpus.CASES if case.name == name]
+    full = fastcheck.check_gradients(case.f, case.make_inputs(dtype), mode="full")
+    coloured = fastcheck.check_gradients(case.f, case.make_inputs(dtype), mode="coloured")
+    assert full.verdict == coloured.verdict and (full.verdict == "pass") == case.correct, (str(full), str(coloured))
+    for pf, pc in zip(full.pairs, coloured.pairs, strict=True):
+        np.testing.assert_array_equal(pc.statuses, pf.statuses)
