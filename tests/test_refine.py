@@ -1,5 +1,5 @@
-"""The refinement driver (``_refine.descend``) through its function, on closed-form f in numpy, and full
-mode's triage steps (``_full_steps``) each on its own."""
+"""The refinement driver (``_refine.descend``) and its confirmation (``_refine.confirmation``) through their
+functions, on closed-form f in numpy, and full mode's triage steps (``_full_steps``) each on its own."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fastcheck import _compare, _full_steps
-from fastcheck._refine import Rungs, descend
+from fastcheck._refine import Line, Rungs, confirmation, descend
 from fastcheck._tables import DEEP_LEVELS, REFINE_LEVELS, REFINE_RATIO
 
 H = 1e-3
@@ -18,11 +18,12 @@ def _directions(functions, noise=1e-15):
     """An ``Evaluate`` of f(x + t d_j) = Y0 + functions[j](t) (one output), and the calls it got."""
     calls = []
 
-    def evaluate(selection, powers):
-        calls.append((np.array(selection), list(powers)))
+    def evaluate(selection, powers, factors=None):
+        calls.append((np.array(selection), list(powers)) if factors is None else (np.array(selection), list(powers),
+                                                                                   list(factors)))
         levels = []
-        for p in powers:
-            h = H / REFINE_RATIO**p
+        for p, factor in zip(powers, factors or [1.0] * len(powers)):
+            h = H / REFINE_RATIO**p * factor
             plus = np.array([[Y0 + functions[j](h) for j in selection]])
             minus = np.array([[Y0 + functions[j](-h) for j in selection]])
             span = np.full(len(selection), 2 * h)
@@ -85,6 +86,32 @@ def test_a_rejected_confirmation_unsettles_and_is_asked_after_each_ladder():
                     range(0, DEEP_LEVELS + 1), confirm)
     assert asked == [[0, 1, 2], [0]]  # direction 0, unconfirmed, went deeper and was asked again
     assert found.settled.tolist() == [[False, True, True]]
+
+
+def _confirmed_descent(functions, analytical):
+    evaluate, calls = _directions(functions)
+    a = np.array([analytical])
+    line = Line(lambda selection: np.full(len(selection), H), lambda selection, spans: 1e-15 / spans[None, :])
+
+    def mismatch(selection, found):
+        return np.abs(a[:, selection] - found.estimate) > 1e-6
+
+    found = descend(evaluate, len(functions), range(0, REFINE_LEVELS + 1),
+                    confirm=confirmation(evaluate, line, a, mismatch))
+    return found, calls
+
+
+def test_confirmation_keeps_a_real_mismatch_and_rejects_a_ladder_that_agrees_by_coincidence():
+    # On every step H / 4**p the second f is exactly 3.5 t (its sine vanishes there), so its ladder settles at 3.5
+    # like the first's; at 0.618 x the steps it is 3.5 t (1 + sin(...)), far from 3.5: a coincidence, unsettled.
+    wrong = 3.5
+    coincidence = lambda t: wrong * t * (1 + np.sin(np.pi * np.log(abs(t) / H) / np.log(REFINE_RATIO)))  # noqa: E731
+    found, calls = _confirmed_descent([lambda t: wrong * t, coincidence, lambda t: 3.0 * t], [3.0, 3.0, 3.0])
+    assert found.settled.tolist() == [[True, False, True]]
+    assert found.estimate[0, 0] == pytest.approx(wrong) and found.estimate[0, 2] == pytest.approx(3.0)
+    # Only the settled mismatches were evaluated again, at the chosen pair's steps times the golden ratio.
+    (selection, powers, factors), = [call for call in calls if len(call) == 3]
+    assert selection.tolist() == [0, 1] and factors == [pytest.approx(0.618034)] * 2 and powers[1] == powers[0] + 1
 
 
 def test_a_kink_within_every_step_stays_unsettled():
