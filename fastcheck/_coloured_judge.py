@@ -258,14 +258,10 @@ class _Block:
         line = Line(lambda selection: self.columns.step[cols[selection]].astype(np.float64),
                     lambda selection, spans: _noise(plan, rows[selection], spans)[None, :])
         found = descend(evaluate, len(failing), LADDER.first, still_open, LADDER.deeper,
-                        confirmation(evaluate, line, a[None, :], mismatch), early=Early((SECOND_STEP,), passes)).at(0)
-        status, band = _verdicts(a, found.estimate, found.error, atol, rtol)
-        ks = np.flatnonzero(status == _compare.MISMATCH)
-        found_ks = found.at(ks)
-        status[ks], reported = _compare.classify(a[ks], found_ks, atol, rtol)
-        for k, left, right in zip(ks[reported], found_ks.left[reported], found_ks.right[reported]):
-            self.one_sided[(int(failing[k]),)] = (float(left), float(right))
-        self.override = (failing, np.asarray(found.estimate, np.float64), np.asarray(band, np.float64))
+                        confirmation(evaluate, line, a[None, :], mismatch), early=Early((SECOND_STEP,), passes))
+        (status,), (band,), sides = _compare.judge_refined(a[None, :], found, atol, rtol)
+        self.one_sided.update({(int(failing[k]),): value for (_, k), value in sides.items()})
+        self.override = (failing, np.asarray(found.estimate[0], np.float64), np.asarray(band, np.float64))
         self.status[failing] = status
 
     def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray) -> Evaluate:

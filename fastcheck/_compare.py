@@ -266,6 +266,19 @@ def classify(analytical: np.ndarray, refined: Refined, atol: float, rtol: float,
     return status.astype(np.int8), kink & ~jump & ~settled & sides
 
 
+def judge_refined(analytical: np.ndarray, refined: Refined, atol: float, rtol: float) -> tuple:
+    """The element rule on refined estimates [m, k], then ``classify`` where it still finds a mismatch: the
+    status [m, k], the band [m, k] and {(row, k): (left, right)} of the elements with one-sided derivatives to
+    report.  Element-wise refinement ends here in every mode (fast mode's probes then judge each probe)."""
+    status, band = verdicts(analytical, refined.estimate, refined.error, atol, rtol)
+    rows, ks = np.nonzero(status == MISMATCH)
+    found = refined.at((rows, ks))
+    status[rows, ks], reported = classify(analytical[rows, ks], found, atol, rtol)
+    sides = {(int(row), int(k)): (float(left), float(right))
+             for row, k, left, right in zip(rows[reported], ks[reported], found.left[reported], found.right[reported])}
+    return status, band, sides
+
+
 def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None = None) -> Refined:
     """Best estimate from central differences at shrinking steps, and a kink test.
 

@@ -302,16 +302,8 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
         return status, band, {}
     found = _ladder(jac, position, suspicious, a[:, suspicious], tolerances)
     numerical[:, suspicious] = found.estimate
-    status[:, suspicious], band[:, suspicious] = _compare.verdicts(a[:, suspicious], found.estimate, found.error,
-                                                                   atol, rtol)
-    rows, ks = np.nonzero(status[:, suspicious] == _compare.MISMATCH)
-    columns = suspicious[ks]
-    found = found.at((rows, ks))
-    status[rows, columns], reported = _compare.classify(a[rows, columns], found, atol, rtol)
-    one_sided = {(int(row), int(column)): (float(left), float(right))
-                 for row, column, left, right in zip(rows[reported], columns[reported], found.left[reported],
-                                                     found.right[reported])}
-    return status, band, one_sided
+    status[:, suspicious], band[:, suspicious], sides = _compare.judge_refined(a[:, suspicious], found, atol, rtol)
+    return status, band, {(row, int(suspicious[k])): value for (row, k), value in sides.items()}
 
 
 def _ladder(jac: _Jacobians, position: int, columns: np.ndarray, a, tolerances) -> _compare.Refined:
