@@ -349,8 +349,9 @@ class _Columns:
     def sides(self, rows: np.ndarray, cols: np.ndarray, levels: list[int], factors: list[float] | None = None):
         """Per level k: f(x + d), f(x - d) at each nonzero's row along its column's colour direction
         at step h / REFINE_RATIO**k (times ``factors[k]``, where given), and the spans of its column --
-        every level not yet evaluated for all of these nonzeros in one batch.  The direction is restricted to the columns given: columns
-        of one colour share no row, so any subset of them still recovers its nonzeros.
+        every level not yet evaluated for all of these nonzeros in one batch.  The direction is restricted
+        to the columns given: columns of one colour share no row, so any subset of them still recovers its
+        nonzeros.
 
         A (nonzero, level) evaluated before is read back, not evaluated again: f is deterministic (the
         plan checked), and a nonzero's row sees its own column alone.  The refinement under measured
@@ -379,9 +380,9 @@ class _Columns:
         return [(*found[level], _span(x, d * self._scale(level))) for level in steps]
 
     def _scale(self, level) -> np.floating:
-        """A step's multiple of h in f's dtype: REFINE_RATIO**-p, or its (p, factor)'s product."""
+        """A step's multiple of h in f's dtype: REFINE_RATIO**-p, times the factor of a (p, factor) step."""
         power, factor = level if isinstance(level, tuple) else (level, 1.0)
-        return self.dtype(REFINE_RATIO ** -float(power)) if factor == 1.0 else self.dtype(REFINE_RATIO ** -float(power) * factor)
+        return self.dtype(REFINE_RATIO ** -float(power) * factor)
 
     def _evaluated(self, rows: np.ndarray, cols: np.ndarray, levels: list) -> tuple[np.ndarray, np.ndarray]:
         """f(x + d), f(x - d) [len(levels), len(rows)] of ``sides``, evaluated: every level in one batch."""

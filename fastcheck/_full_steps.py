@@ -100,8 +100,7 @@ class _Jacobians:
             base = steps(self.plan, self.config, position)[chosen]
             divisors = [REFINE_RATIO**k for k in powers]
             idx = np.tile(chosen, len(divisors))
-            delta = np.concatenate([base / d if factor is None else base / d * factor
-                                    for d, factor in zip(divisors, factors or [None] * len(divisors))])
+            delta = np.concatenate([base / d * factor for d, factor in zip(divisors, factors or [1.0] * len(divisors))])
             jacobian, plus, minus, spans = numerical_columns(self.executor, position, idx, delta)
             noise = self.noise(spans)
             levels = []
