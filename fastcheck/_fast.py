@@ -81,7 +81,7 @@ from fastcheck._directions import F64, Joint, _normal, _vjp
 from fastcheck._events import FastSummary
 from fastcheck._executor import Executor, measured, timed
 from fastcheck._plan import Plan
-from fastcheck._refine import LADDER, Evaluate, Rungs, descend
+from fastcheck._refine import LADDER, Evaluate, Line, Rungs, confirmation, descend
 from fastcheck._results import Comparison, Element, Outcome, PairReport, Projections
 from fastcheck._tables import (
     BLOCK_REFINE_OUTPUTS,
@@ -90,6 +90,7 @@ from fastcheck._tables import (
     FLAT_ROUNDINGS,
     LOCALISE_DRAWS,
     MAX_LOCALISED_INPUTS,
+    NOISE_FACTOR,
     REFINE_RATIO,
     REFINED_COLUMNS,
     REGION_MAX,
@@ -117,61 +118,6 @@ REGION_PASSES_HINT = ("probes through the region shown disagree, but none of its
 FLAT_HINT = ("the probes' disagreement leads to an element where f does not move: " + _compare.FLAT_HINT)
 CAPPED_HINT = ("the projections over this group of inputs fail; localisation stopped after {count} failing inputs: "
                "check the group's inputs with mode='full' (check_model: variables=[...]).")
-
-
-@dataclasses.dataclass
-class Probes:
-    """Per-probe results of one comparison (ratios > 1 fail); ``comparison()`` is what the report holds."""
-
-    forward_ratio: np.ndarray  # [k] worst |J d_i - numerical_i| / allowed_i over outputs
-    reverse_ratio: np.ndarray  # [k] |u.VJP.d - u.numerical| / allowed
-    forward_worst: np.ndarray  # [k, 4]: output row, analytical, numerical, allowed at the worst element
-    reverse: np.ndarray  # [k, 3]: analytical, numerical, allowed
-    squares: np.ndarray  # [k, 3]: ||n - a||^2, ||n||^2, ||a||^2 of each probe's J d
-    # [k] what a ratio > 1 of each probe stands for (``_compare`` statuses): MISMATCH unless
-    # refinement found kinks along the probe (NONDIFFERENTIABLE: the analytical value lies
-    # between the one-sided derivatives, a pass; UNRESOLVED_KINK / UNRESOLVED / DISCONTINUOUS:
-    # undecidable) -- only a MISMATCH is a wrong gradient, and only it is localised.
-    kind: np.ndarray
-    # [k, inputs] each checked input's share (J^T u)_k . d_k of the analytical projection: what a
-    # relative error r of that input's gradient moves the probe by (``resolution``).
-    shares: np.ndarray
-
-    def resolution(self, index: int) -> tuple[float, float]:
-        """(resolution, the tolerance's own) of input ``index``'s gradient along these probes
-        (``_compare.resolution``): min over passing probes of allowed / |its share|."""
-        usable = (self.score <= 1) | ~np.isin(self.kind, _compare.FAILING)
-        return _compare.resolution(self.shares[:, index], self.reverse[:, 2], self.reverse[:, 3], usable)
-
-    @property
-    def score(self) -> np.ndarray:
-        return np.maximum(self.forward_ratio, self.reverse_ratio)
-
-    @property
-    def defect(self) -> np.ndarray:
-        """[k] the score of probes that show a wrong gradient (0 for the rest)."""
-        return np.where(self.kind == _compare.MISMATCH, self.score, 0.0)
-
-    @property
-    def ok(self) -> bool:
-        return not bool(np.any((self.score > 1) & np.isin(self.kind, _compare.FAILING)))
-
-    @property
-    def wrong(self) -> bool:
-        """Whether some probe shows a wrong gradient (not merely kinks no step resolves)."""
-        return bool(np.any(self.defect > 1))
-
-    def select(self, rows) -> Probes:
-        rows = np.asarray(rows, int)
-        return Probes(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
-
-    @staticmethod
-    def join(parts: list) -> Probes:
-        return Probes(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(Probes)))
-
-    def comparison(self) -> Comparison:
-        return Comparison(self.forward_ratio, self.reverse_ratio, self.forward_worst, self.reverse,
-                          np.sum(self.squares, axis=0), self.kind)
 
 
 # -- f along joint directions ------------------------------------------------------
@@ -213,28 +159,29 @@ def _summaries(estimate, forward, realised, noise, u, gradient, atol, rtol):
     return tf.reduce_max(ratio, axis=1), worst, reverse, squares
 
 
-def _judge(estimate, forward, realised, noise, u, gradient, atol, rtol) -> Probes:
+def _judge(estimate, forward, realised, noise, u, gradient, atol, rtol) -> Comparison:
     forward_ratio, worst, reverse, squares = (t.numpy() for t in _summaries(
         estimate, forward, realised, noise, u, gradient, tf.constant(atol, F64), tf.constant(rtol, F64)))
     with np.errstate(invalid="ignore", divide="ignore"):
         reverse_ratio = np.abs(reverse[:, 0] - reverse[:, 1]) / reverse[:, 2]
-    return Probes(forward_ratio, np.where(np.isnan(reverse_ratio), np.inf, reverse_ratio), worst, reverse, squares,
+    return Comparison(forward_ratio, np.where(np.isnan(reverse_ratio), np.inf, reverse_ratio), worst, reverse, squares,
                   np.full(len(forward_ratio), _compare.MISMATCH), np.zeros((len(forward_ratio), 0)))
 
 
-def _judge_arrays(estimate: np.ndarray, noise: np.ndarray, forward, realised, u, gradient, atol, rtol) -> Probes:
+def _judge_arrays(estimate: np.ndarray, noise: np.ndarray, forward, realised, u, gradient, atol, rtol) -> Comparison:
     """``_judge`` of host-side estimates; ``forward=None`` compares the estimate with itself."""
     estimate = tf.constant(estimate)
     return _judge(estimate, estimate if forward is None else forward, realised, tf.constant(noise), u, gradient, atol, rtol)
 
 
 def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tensor, atol, rtol,
-            forward_side=True, refine=True) -> Probes:
+            forward_side=True, refine=True, confirm=False) -> Comparison:
     """Numerical vs element-wise J d and projection for the given joint probes, a call's worth at a time.
 
     ``forward_side=False`` skips the element-wise J d (that comparison then passes
     trivially); ``refine=False`` skips the smaller-step re-evaluation of failing
-    probes (see ``_refine``), whose ratios > 1 then all count as mismatches.
+    probes (see ``_refine``), whose ratios > 1 then all count as mismatches; ``confirm``
+    (directions along single elements) confirms a settled mismatch as every mode does.
     """
     parts = []
     group = joint.rows_per_call
@@ -248,16 +195,16 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
             # Curvature along a long direction, or kinks the step crosses, are not a gradient
             # bug: refine the failing probes with smaller steps, an error estimate and a kink test.
             first = tuple(t.numpy() for t in (estimate, noise, plus, minus, realised, forward))
-            estimate, noise, kind = _refine(joint, d, failing, first, u, gradient, atol, rtol, forward_side)
+            estimate, noise, kind = _refine(joint, d, failing, first, u, gradient, atol, rtol, forward_side, confirm)
             result = _judge_arrays(estimate, noise, forward if forward_side else None, realised, u, gradient, atol, rtol)
             result.kind = kind
         result.shares = joint.shares(realised, gradient)
         parts.append(result)
-    return Probes.join(parts)
+    return Comparison.join(parts)
 
 
 def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tuple, u, gradient, atol, rtol,
-            forward_side: bool):
+            forward_side: bool, confirm: bool = False):
     """Refined estimates, their error and a status per probe for the ``failing`` probes.
 
     The same ladder and rule as full mode's (``_compare.refine``), along each probe's
@@ -317,8 +264,23 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
         return np.any(elements & ~found.settled, axis=0) | (projection & ~np.all(found.settled, axis=0))
 
     # The first level is the first evaluation's; the deeper ladder keeps the first one's levels.
-    found = descend(_ladder(joint, directions, failing, realised, u, gradient, rows, head), len(failing),
-                    LADDER.first, still_open, LADDER.deeper)
+    evaluate = _ladder(joint, directions, failing, realised, u, gradient, rows, head)
+    confirmed = None
+    if confirm and analytical is not None:
+        # Along one element a probe is full mode's column: its settled mismatch holds at independent steps
+        # (``_refine.confirmation``).  A probe moving many elements is not confirmed: each approaches f's domain
+        # edges at its own distance, and the golden steps' curvature test fails there for a real defect.
+        level = np.asarray(joint.level.numpy(), np.float64)[rows]
+
+        def mismatch(selection, found: _compare.Refined) -> np.ndarray:
+            with np.errstate(invalid="ignore"):
+                return ~(np.abs(analytical[:, selection] - found.estimate)
+                         <= _compare.allowance(found.estimate, atol, rtol, found.error, norms[None, selection]))
+
+        line = Line(lambda selection: np.full(len(selection), joint.eps),
+                    lambda selection, spans: NOISE_FACTOR * level[:, None] / spans[None, :])
+        confirmed = confirmation(evaluate, line, analytical, mismatch)
+    found = descend(evaluate, len(failing), LADDER.first, still_open, LADDER.deeper, confirmed)
     elements, projection, band = mismatched(found.estimate, found.error)
     # Each element by the one classification (beside a kink, within the probe's band), then each probe by them.
     status, _ = _compare.classify(found.estimate if analytical is None else analytical, found, atol, rtol, band)
@@ -363,24 +325,24 @@ def _ladder(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: n
     y0 = np.asarray(joint.y0, np.float64)[outputs]
     sigma = joint.plan.noise.sigma[outputs] if joint.plan.noise is not None else None
 
-    def evaluate(selection: np.ndarray, powers) -> Rungs:
+    def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
         powers = list(powers)
         levels = []
-        if head is not None and powers[0] == 0:
+        if head is not None and powers[0] == 0 and factors is None:
             levels.append(tuple(array[..., selection] for array in head))
             powers = powers[1:]
         if powers:
-            levels += _levels(joint, directions, probes[selection], realised, u, gradient, powers, outputs)
+            levels += _levels(joint, directions, probes[selection], realised, u, gradient, powers, outputs, factors)
         return Rungs(levels, y0, sigma)
 
     return evaluate
 
 
 def _levels(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: np.ndarray, u, gradient, powers,
-            outputs: np.ndarray) -> list:
-    """``_ladder``'s evaluation of ``probes`` at the ``powers``."""
+            outputs: np.ndarray, factors=None) -> list:
+    """``_ladder``'s evaluation of ``probes`` at the ``powers`` (steps h / 4**p times ``factors``, where given)."""
     count = len(probes)
-    divides = np.array([REFINE_RATIO**p for p in powers], np.float64)
+    divides = np.array([REFINE_RATIO**p for p in powers], np.float64) / np.asarray(factors or 1.0, np.float64)
     rows = np.repeat(probes, len(powers))
     e, r, p, mi, nz = joint.numerical(tf.gather(directions, rows), np.tile(divides, count))
     shift = joint.jvp(tf.constant(realised[rows]) - r, gradient, u).numpy()  # [rows, m]
@@ -492,7 +454,7 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
             probes = dataclasses.replace(probes, kind=np.where((probes.kind == _compare.MISMATCH) & (probes.score > 1),
                                                                _compare.UNRESOLVED, probes.kind))
-        storage = Projections(probes.comparison(), probes.resolution(index), region=region, found=worst, found_by=side)
+        storage = Projections(probes, probes.resolution(index), region=region, found=worst, found_by=side)
         pairs.append(PairReport("u.J.d", spec.name, (), tuple(spec.real_view.shape), storage, atol, rtol, hint=hint,
                                 side="reverse" if supplied is None else "supplied", float64_gradient=index in twinned))
     notes = []
@@ -546,7 +508,7 @@ def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict,
     return decided, plan
 
 
-def _sharpened(joint: Joint, group: list, number: int, result: Probes, u, gradient, atol, rtol) -> Probes:
+def _sharpened(joint: Joint, group: list, number: int, result: Comparison, u, gradient, atol, rtol) -> Comparison:
     """A passing group's probes re-estimated on the ladder h * 4**RESOLVE_UP ... h (``_compare.refine``), as full
     mode sharpens a coarse pass: a probe whose settled estimate has a smaller allowance takes it.  The result
     replaces the group's only where every probe still passes (a larger step's truncation is judged by the
@@ -567,7 +529,7 @@ def _sharpened(joint: Joint, group: list, number: int, result: Probes, u, gradie
 
 def _screen(joint: Joint, groups: list, numbers, u, gradient, atol, rtol, refine=True) -> list:
     """k probes restricted to each group of inputs (group number g draws from seeds g * k ...),
-    as many groups to a batched evaluation as fit one: a ``Probes`` per group."""
+    as many groups to a batched evaluation as fit one: a ``Comparison`` per group."""
     k = joint.config.probes
     per_call = max(1, joint.rows_per_call // k)
     results: list = []
@@ -653,17 +615,17 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
             # The input's own test: k probes restricted to it, as if it were the only input.
             mine = compare(joint, joint.restricted([joint.ranges([index])] * k, seed, SEEDS["own"] + 64 * index),
                            u, gradient, atol, rtol)
-            flagged = Probes.join([mine, flagged])
+            flagged = Comparison.join([mine, flagged])
         decided[index] = (flagged, *_localise_within(joint, index, seed, u, gradient, flagged, atol, rtol))
     return decided
 
 
-def _forward_failed(probes: Probes) -> bool:
+def _forward_failed(probes: Comparison) -> bool:
     """Whether the element-wise side of some probe shows a wrong gradient."""
     return bool(np.any((probes.forward_ratio > 1) & (probes.kind == _compare.MISMATCH)))
 
 
-def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: Probes, atol, rtol) -> tuple:
+def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: Comparison, atol, rtol) -> tuple:
     """(hint, region, worst element, side) of one input: bisect its flattened elements into blocks,
     follow the worst, then check the region's elements one by one."""
     if not result.wrong:
@@ -709,8 +671,9 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: P
         for start in range(0, len(chosen), chunk):
             part = chosen[start : start + chunk]
             unit = tf.one_hot(offset + part, joint.n, dtype=F64) * tf.constant(scale[part], F64)[:, None]
-            parts.append(compare(joint, unit, u, gradient, atol, rtol, forward_side=forward_side, refine=refine))
-        return Probes.join(parts)
+            parts.append(compare(joint, unit, u, gradient, atol, rtol, forward_side=forward_side, refine=refine,
+                                 confirm=refine))
+        return Comparison.join(parts)
 
     # Every column at the step h, then the worst few refined (h/4 ... h/64): the worst element
     # is picked among those, so curvature along one element does not make it.
@@ -748,7 +711,7 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: P
     return (hint if shown else REGION_PASSES_HINT), region, worst, side
 
 
-def _flat_element(joint: Joint, position: int, column: int, row: int | None, first: Probes, at: int, side: str,
+def _flat_element(joint: Joint, position: int, column: int, row: int | None, first: Comparison, at: int, side: str,
                   analytical: float) -> bool:
     """Whether the localised element (``column`` of input ``position``; output ``row``, or the projection of
     a scalar f) is one where f does not move (``_flat``): its first-step quotient ``first``'s entry ``at``."""

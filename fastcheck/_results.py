@@ -228,7 +228,7 @@ class Projections:
 
     def __post_init__(self):
         c = self.comparison
-        kinds = c.kinds
+        kinds = c.kind
         # [k, 2] status of each probe's element-wise and projection comparison (``_compare`` codes).
         self.status = np.stack([np.where(c.forward_ratio > 1, kinds, OK), np.where(c.reverse_ratio > 1, kinds, OK)],
                                axis=1)
@@ -482,7 +482,7 @@ class PairReport:
             index, score = np.concatenate(candidates), np.concatenate(scores)
             worst = [int(index[k]) for k in _top(score, keep)]
         if isinstance(self.storage, Projections):  # over its probes' J d vectors, and its shares of the probes
-            squares = np.asarray(self.storage.comparison.squares, dtype=np.float64)
+            squares = np.sum(self.storage.comparison.squares, axis=0, dtype=np.float64)
             resolved, tolerance = self.storage.resolutions
         difference, numerical, analytical = np.sqrt(squares)
         return {"max_abs_error": float(largest_of(largest)) if largest else 0.0,
@@ -648,28 +648,52 @@ def _num(value):
 
 @dataclasses.dataclass
 class Comparison:
-    """Per-probe summaries of the forward and reverse comparisons (ratios > 1 fail)."""
+    """Fast mode's per-probe results (ratios > 1 fail): what its strategy judges and a pair's ``Projections`` hold."""
 
-    forward_ratio: np.ndarray  # [k] worst |JVP_i - numerical_i| / allowed_i over outputs
+    forward_ratio: np.ndarray  # [k] worst |J d_i - numerical_i| / allowed_i over outputs
     reverse_ratio: np.ndarray  # [k] |u.VJP.d - u.numerical| / allowed
     forward_worst: np.ndarray  # [k, 4]: output row, analytical, numerical, allowed at the worst element
     reverse: np.ndarray  # [k, 4]: analytical, numerical, allowed, allowed by the tolerances alone
-    squares: np.ndarray  # [3]: sum ||n - a||^2, ||n||^2, ||a||^2 over probes
-    # [k] the status a ratio > 1 of each probe stands for: MISMATCH, or what refinement found
-    # along it (NONDIFFERENTIABLE: kinks, analytical between the one-sided derivatives;
-    # UNRESOLVED_KINK, UNRESOLVED, DISCONTINUOUS: undecidable).  None: all MISMATCH.
-    kind: np.ndarray | None = None
+    squares: np.ndarray  # [k, 3]: ||n - a||^2, ||n||^2, ||a||^2 of each probe's J d
+    # [k] what a ratio > 1 of each probe stands for (``_compare`` statuses): MISMATCH unless refinement found kinks
+    # along the probe (NONDIFFERENTIABLE: the analytical value lies between the one-sided derivatives, a pass;
+    # UNRESOLVED_KINK / UNRESOLVED / DISCONTINUOUS / FLAT: undecidable) -- only a MISMATCH is a wrong gradient.
+    kind: np.ndarray
+    # [k, inputs] each checked input's share (J^T u)_k . d_k of the analytical projection: what a relative error r
+    # of that input's gradient moves the probe by (``resolution``).
+    shares: np.ndarray
+
+    def resolution(self, index: int) -> tuple[float, float]:
+        """(resolution, the tolerance's own) of input ``index``'s gradient along these probes
+        (``_compare.resolution``): min over passing probes of allowed / |its share|."""
+        usable = (self.score <= 1) | ~np.isin(self.kind, FAILING)
+        return resolution(self.shares[:, index], self.reverse[:, 2], self.reverse[:, 3], usable)
+
+    @property
+    def score(self) -> np.ndarray:
+        return np.maximum(self.forward_ratio, self.reverse_ratio)
+
+    @property
+    def defect(self) -> np.ndarray:
+        """[k] the score of probes that show a wrong gradient (0 for the rest)."""
+        return np.where(self.kind == MISMATCH, self.score, 0.0)
+
+    @property
+    def ok(self) -> bool:
+        return not bool(np.any((self.score > 1) & np.isin(self.kind, FAILING)))
+
+    @property
+    def wrong(self) -> bool:
+        """Whether some probe shows a wrong gradient (not merely kinks no step resolves)."""
+        return bool(np.any(self.defect > 1))
+
+    def select(self, rows) -> Comparison:
+        rows = np.asarray(rows, int)
+        return Comparison(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
 
     @staticmethod
     def join(parts: list) -> Comparison:
-        joined = {f: np.concatenate([getattr(p, f) for p in parts])
-                  for f in ("forward_ratio", "reverse_ratio", "forward_worst", "reverse")}
-        kind = np.concatenate([p.kinds for p in parts])
-        return Comparison(**joined, squares=np.sum([p.squares for p in parts], axis=0), kind=kind)
-
-    @property
-    def kinds(self) -> np.ndarray:
-        return np.full(len(self.forward_ratio), MISMATCH) if self.kind is None else np.asarray(self.kind)
+        return Comparison(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(Comparison)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -690,8 +714,6 @@ class Outcome:
 
 
 @dataclasses.dataclass
-
-
 class GradientReport:
     """What a check found.  ``bool(report)`` is ``report.ok``.
 
