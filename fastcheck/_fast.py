@@ -248,12 +248,20 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
     whole_estimate, whole_noise = estimate[failing].T.copy(), noise[failing].T.copy()  # [m, k]: every output
     weights = u.numpy()
 
+    def beyond(best, error, selection=slice(None)):
+        """The refined rows' elements outside their band (of the probes ``selection``), and the band."""
+        with np.errstate(invalid="ignore"):
+            band = _compare.allowance(best, atol, rtol, error, norms[None, selection])
+            return ~(np.abs(analytical[:, selection] - best) <= band), band
+
     def mismatched(best, error):
         """Element and projection mismatches of the refined rows, the projection over every output."""
         whole_estimate[rows], whole_noise[rows] = best, error
+        if analytical is not None:
+            elements, band = beyond(best, error)
+        else:
+            elements, band = np.zeros(best.shape, bool), _compare.allowance(best, atol, rtol, error, norms[None, :])
         with np.errstate(invalid="ignore"):
-            band = _compare.allowance(best, atol, rtol, error, norms[None, :])
-            elements = ~(np.abs(analytical - best) <= band) if analytical is not None else np.zeros(best.shape, bool)
             whole_band = _compare.allowance(whole_estimate, atol, rtol, whole_noise, norms[None, :])
             projection = ~(np.abs(weights @ whole_estimate - _projected(realised[failing], gradient))
                            <= np.linalg.norm(weights[:, None] * whole_band, axis=0))
@@ -272,14 +280,10 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
         # edges at its own distance, and the golden steps' curvature test fails there for a real defect.
         level = np.asarray(joint.level.numpy(), np.float64)[rows]
 
-        def mismatch(selection, found: _compare.Refined) -> np.ndarray:
-            with np.errstate(invalid="ignore"):
-                return ~(np.abs(analytical[:, selection] - found.estimate)
-                         <= _compare.allowance(found.estimate, atol, rtol, found.error, norms[None, selection]))
-
         line = Line(lambda selection: np.full(len(selection), joint.eps),
                     lambda selection, spans: NOISE_FACTOR * level[:, None] / spans[None, :])
-        confirmed = confirmation(evaluate, line, analytical, mismatch)
+        confirmed = confirmation(evaluate, line, analytical,
+                                 lambda selection, found: beyond(found.estimate, found.error, selection)[0])
     found = descend(evaluate, len(failing), LADDER.first, still_open, LADDER.deeper, confirmed)
     elements, projection, band = mismatched(found.estimate, found.error)
     # Each element by the one classification (beside a kink, within the probe's band), then each probe by them.
