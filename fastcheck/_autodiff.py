@@ -1,14 +1,11 @@
 """Jacobians from autodiff: reverse mode (tape VJPs) and forward mode (ForwardAccumulator JVPs).
 
-The checked gradient is the reverse-mode one, the one training and
-``tf.test.compute_gradient`` use: forward mode differentiates f's forward ops
-and ignores ``tf.custom_gradient``, and some ops have no forward-mode rule.
-Forward mode is an extra check (``autodiff="auto"``: a few random JVPs;
-``"both"``: the full forward Jacobian too) or, with ``autodiff="forward"``, the
-checked side.  All checked inputs are differentiated in the same pass, chunked so
-that at most ``output_chunk`` rows or ``chunks[k]`` columns are in flight at
-once, under the route's path (XLA / graph / loop / eager), falling back like the
-numerical side.
+The checked gradient is the reverse-mode one, the one training and ``tf.test.compute_gradient`` use: forward mode
+differentiates f's forward ops and ignores ``tf.custom_gradient``, and some ops have no forward-mode rule.  Forward
+mode is an extra check (``autodiff="auto"``: a few random JVPs; ``"both"``: the full forward Jacobian too) or,
+with ``autodiff="forward"``, the checked side.  All checked inputs are differentiated in the same pass, chunked so
+that at most ``output_chunk`` rows or ``chunks[k]`` columns are in flight at once, under the route's path (XLA /
+graph / loop / eager), falling back like the numerical side.
 """
 
 from __future__ import annotations
@@ -34,12 +31,11 @@ def _densify(gradient):
 
 
 def eager_vjp(tape: tf.GradientTape, targets: list, sources: list, cotangents: list | None = None) -> list:
-    """``tape.gradient(targets, sources, output_gradients=cotangents, unconnected_gradients=ZERO)``
-    for eager tensors, outside the tape's context: the reverse pass that ``tape.gradient`` itself runs
-    (``imperative_grad``), the same numbers, without its per-call checks and nest walks (~95 us of a
-    ~135 us VJP of a small f on a 2-core AMD EPYC; the eager loops make one per output row).  Anything
-    else -- variables, composite tensors, a TensorFlow without that function -- goes through
-    ``tape.gradient``."""
+    """``tape.gradient(targets, sources, output_gradients=cotangents, unconnected_gradients=ZERO)`` for eager
+    tensors, outside the tape's context: the reverse pass that ``tape.gradient`` itself runs (``imperative_grad``),
+    the same numbers, without its per-call checks and nest walks (~95 us of a small f's ~135 us VJP; the eager
+    loops make one per output row).  Anything else -- variables, composite tensors, a TensorFlow without that
+    function -- goes through ``tape.gradient``."""
     plain = _IMPERATIVE_GRAD is not None and all(
         type(t) is EAGER_TENSOR for t in (*targets, *sources, *(cotangents or ())))
     if not plain:
@@ -168,15 +164,13 @@ class AutodiffJacobian:
 
     def __call__(self) -> list[np.ndarray]:
         """One array [m, n_k] per checked input, in the analytical dtype's precision (as float64)."""
-        # Eager VJPs/JVPs cost no tracing: they win for scalar outputs, few rows,
-        # and above all for while-loop functions, whose gradient graphs take
-        # seconds to trace.  The first row's time decides whether to go on.
+        # Eager VJPs/JVPs cost no tracing: they win for scalar outputs, few rows, and above all for while-loop
+        # functions, whose gradient graphs take seconds to trace.  The first row's time decides whether to go on.
         # A kernel already compiled for this plan (a repeated check) always wins.
         limit = None if self.executor.path == EAGER else EAGER_LOOP_SECONDS if self.executor.path == LOOP else EAGER_SECONDS
-        # Under a strategy the rows go over the replicas, on a traced path: no timing-dependent
-        # eager attempt (two workers must take the same steps, and write the same report).
-        # A repeated f's kernel is compiled, not tried eagerly first -- but for the loop path, whose gradient
-        # graphs take seconds to trace.
+        # Under a strategy the rows go over the replicas, on a traced path: no timing-dependent eager attempt (two
+        # workers must take the same steps, and write the same report).  A repeated f's kernel is compiled, not
+        # tried eagerly first -- but for the loop path (its gradient graphs are the slow ones to trace).
         compile_now = self.executor.route.repeated and self.executor.path != LOOP
         timed_attempt = self.executor.path == EAGER or (self.executor.share is None and not compile_now)
         result = None if self._compiled() or not timed_attempt else self._eager(limit)
@@ -244,9 +238,8 @@ class AutodiffJacobian:
     def _eager(self, limit: float | None = None):
         """Row by row (reverse) or column by column (forward), eagerly; None when over ``limit`` seconds."""
         plan = self.plan
-        # Fresh tensors, as a training step has: TFP bijectors cache log-det-Jacobians per
-        # tensor object, so a taped call on the objects planning already used would
-        # reuse values computed outside the tape (and miss their gradient).
+        # Fresh tensors, as a training step has: TFP bijectors cache log-det-Jacobians per tensor object, so a taped
+        # call on the objects planning used would reuse values computed outside the tape (and miss their gradient).
         values = [gen_array_ops.identity(v) for v in self.values]  # the op itself: tf.identity's Python is ~30 calls
         sources = [values[s.position] for s in plan.checked]
         if self.forward:
@@ -328,12 +321,9 @@ def _flat_numpy(plan: Plan, leaves) -> np.ndarray:
 
 
 class _Pace:
-    """Whether a loop of ``total`` eager passes would run over ``limit`` seconds at its steady pace.
-
-    The first pass pays one-time costs (the taped forward pass, kernel lookups: 5 ms
-    where later rows of a dense layer take 0.3 ms), so the pace is that of the passes
-    after it.
-    """
+    """Whether a loop of ``total`` eager passes would run over ``limit`` seconds at its steady pace: that of the
+    passes after the first, which pays one-time costs (the taped forward pass, kernel lookups: 5 ms where later rows
+    of a dense layer take 0.3 ms)."""
 
     def __init__(self, limit: float | None, total: int):
         self.limit, self.total, self.done = limit, total, 0
@@ -354,14 +344,12 @@ class _Pace:
 
 
 def forward_probe(plan: Plan, directions: list[np.ndarray]) -> tuple[np.ndarray | None, str | None]:
-    """Forward-mode J v for each probe (all checked inputs move at once), eagerly: ([k, m], None),
-    or (None, why TensorFlow cannot compute it).
+    """Forward-mode J v for each probe (all checked inputs move at once), eagerly: ([k, m], None), or (None, why
+    TensorFlow cannot compute it).
 
-    ``directions[i]`` is [k, n_i] for the i-th checked input.  An op with no
-    forward-mode rule shows as an error (ResizeBicubic: no gradient for its
-    gradient op) or as a missing JVP (ResizeBilinear: None); ``IndexedSlices``
-    JVPs (scatter_nd with duplicate indices) are made dense.
-    """
+    ``directions[i]`` is [k, n_i] for the i-th checked input.  An op with no forward-mode rule shows as an error
+    (ResizeBicubic: no gradient for its gradient op) or as a missing JVP (ResizeBilinear: None); ``IndexedSlices``
+    JVPs (scatter_nd with duplicate indices) are made dense."""
     values = [tf.identity(v) for v in plan.native_values()]  # fresh tensors (TFP's per-tensor caches)
     sources = [values[s.position] for s in plan.checked]
     rows = []

@@ -1,10 +1,7 @@
 """Routing's costs as a value: what an eager call and a trace cost on this machine, learnt from checks.
 
-A check receives a ``Calibration`` (``CheckConfig.calibration``; default: the process's
-shared one) and returns what it learnt as a new one (``GradientReport.calibration``).
-``_paths.choose_route`` predicts with it; nothing here imports the configuration or the
-routing that read it (no import cycle: ``_config`` validates ``calibration=`` against
-this class).
+``_paths.choose_route`` predicts with a ``Calibration``; nothing here imports the configuration or the routing that
+read it (no import cycle: ``_config`` validates ``calibration=`` against this class).
 """
 
 from __future__ import annotations
@@ -56,20 +53,17 @@ def measured_dispatch() -> float:
 class Calibration:
     """Routing's costs, measured rather than assumed, as a value.
 
-    A check receives one (``CheckConfig.calibration``; default: the process's shared one,
-    ``shared_calibration()``) and returns what it learnt as a new one
-    (``GradientReport.calibration``), which ``_check.run_check`` keeps as the shared one
-    when the check used it.
+    A check receives one (``CheckConfig.calibration``; default: the process's shared one, ``shared_calibration()``)
+    and returns what it learnt as a new one (``GradientReport.calibration``), which ``_check.run_check`` keeps as
+    the shared one when the check used it.
 
-    * ``dispatch``: the eager dispatch time of one small op (None: this machine's,
-      ``measured_dispatch``).
+    * ``dispatch``: the eager dispatch time of one small op (None: this machine's, ``measured_dispatch``).
     * ``cache``: bytes of the CPU's last-level cache (None: this machine's, ``cache_bytes``).
-    * ``traced``: whether a fastcheck kernel was traced before (the first trace in a
-      process pays TensorFlow's warm-up, FIRST_TRACE_SECONDS).
-    * ``eager_ratios``, ``traced_ratios``: actual/predicted seconds of the last ``WINDOW``
-      checks that ran eagerly or traced; their geometric mean (``scale``) multiplies later
-      predictions: a machine whose tracing is slower than the constants say routes more
-      checks eagerly, and the reverse.
+    * ``traced``: whether a fastcheck kernel was traced before (the first trace in a process pays TensorFlow's
+      warm-up, FIRST_TRACE_SECONDS).
+    * ``eager_ratios``, ``traced_ratios``: actual/predicted seconds of the last ``WINDOW`` checks that ran eagerly
+      or traced; their geometric mean (``scale``) multiplies later predictions: a machine whose tracing is slower
+      than the constants say routes more checks eagerly, and the reverse.
     """
 
     dispatch: float | None = None
@@ -117,27 +111,21 @@ class Calibration:
 
     def tracing(self) -> float:
         """Seconds predicted for tracing a check's kernels (the first trace in a process pays TensorFlow's warm-up)."""
-        # Tracing is Python-side work, but it grows less than eager dispatch does: on an AMD EPYC
-        # whose processes measured 14-33 us per dispatch (3.5x the reference at their median), the
-        # first graph-path check of dense n=256 took 0.23-0.30 s whatever the process measured,
-        # 2.3x the reference's 0.108 s; scaled by the dispatch ratio, tracing was predicted at
-        # 0.46-0.70 s, and dense n=512 ran eagerly in 0.76 s against 0.30 s traced.  Hence the
-        # square root.  Clipped: one measurement under a momentary load must not make tracing
-        # look 100x dearer.
+        # Tracing is Python-side work, but it grows less than eager dispatch does (a machine at 3.5x the reference
+        # dispatch traced at 2.3x the reference's time): hence the square root.  Clipped: one measurement under a
+        # momentary load must not make tracing look 100x dearer.
         machine = min(max((self.dispatch_seconds / REFERENCE_DISPATCH) ** 0.5, 0.5), 4.0)
         return (TRACE_SECONDS + (0.0 if self.traced else FIRST_TRACE_SECONDS)) * machine * self.scale("traced")
 
     def learn_from(self, route: Route, path: str, seconds: float) -> Calibration:
         """This calibration after a finished check: ``seconds`` spent on routing and both Jacobians on ``path``.
 
-        An eager check teaches only when its predicted loop is long enough (EAGER_LEARN_SECONDS)
-        for the calls of f to dominate: a check of a few calls costs a few milliseconds of
-        fixed work (plan, comparison, report) the per-call model leaves out, and learning
-        from it would scale every later eager prediction up 5-20x (measured on the
-        verdict corpus: TFP functions of 8-12 inputs went to graph mode at 3-7x the cost).
-        A traced check teaches only when the call was close (predictions within
-        CLOSE_CALL of each other): there the batched run is small next to tracing, which
-        is what the traced prediction models; a long sweep would read as slow tracing.
+        An eager check teaches only when its predicted loop is long enough (EAGER_LEARN_SECONDS) for the calls of f
+        to dominate: a check of a few calls costs a few milliseconds of fixed work (plan, comparison, report) the
+        per-call model leaves out, and learning from it would scale every later eager prediction up 5-20x.  A traced
+        check teaches only when the call was close (predictions within CLOSE_CALL of each other): there the batched
+        run is small next to tracing, which is what the traced prediction models; a long sweep would read as slow
+        tracing.
         """
         eager, traced = route.predicted
         if not eager or not traced or path != route.path:
@@ -151,8 +139,8 @@ class Calibration:
         return self
 
 
-# The process's calibration: what its checks learnt, for the checks that follow (the module-level
-# default of ``CheckConfig.calibration``); only ``keep_shared`` replaces it.
+# The process's calibration: what its checks learnt, for the checks that follow (the module-level default of
+# ``CheckConfig.calibration``); only ``keep_shared`` replaces it.
 _shared = Calibration()
 
 
@@ -169,8 +157,8 @@ def keep_shared(calibration: Calibration) -> None:
 
 @contextlib.contextmanager
 def routing_calibration(calibration: Calibration | None = None):
-    """Within the block, checks without ``calibration=`` route by ``calibration`` (default: a fresh
-    ``Calibration()``) and learn into it; the process's own calibration is back after the block."""
+    """Within the block, checks without ``calibration=`` route by ``calibration`` (default: a fresh ``Calibration()``)
+    and learn into it; the process's own calibration is back after the block."""
     before = _shared
     keep_shared(Calibration() if calibration is None else calibration)
     try:

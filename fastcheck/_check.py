@@ -25,7 +25,8 @@ from fastcheck._paths import EAGER, EAGER_SECONDS, Route, choose_route
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
-from fastcheck._results import Dense, GradientReport, Outcome, PairReport
+from fastcheck._results import GradientReport, Outcome, PairReport
+from fastcheck._storage import Dense
 from fastcheck._tables import (
     BATCHED_ELEMENTS,
     BATCHED_FLOPS,
@@ -53,8 +54,8 @@ OBSERVERS: list[Callable[[GradientReport], None]] = []
 def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
     """Check one problem under one configuration; every observer sees the report.
 
-    The check routes by ``config.calibration``, or the process's shared calibration when it is
-    None; what it learnt is ``report.calibration``, and becomes the shared one in the second case.
+    The check routes by ``config.calibration``, or the process's shared calibration when it is None; what it learnt
+    is ``report.calibration``, and becomes the shared one in the second case.
     """
     report = _run_check(problem, config)
     _keep(config, report.calibration)
@@ -98,9 +99,9 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         inconsistent = list(outcome.inconsistent)
         learnt = executor.calibration
         if mode == "full" and not rerun and not executor.ran_elementwise and not executor.chosen.repeated:
-            # What routing predicted, against what it cost: later checks route by it (not an
-            # element-wise f's few calls, which say nothing of an eager loop's 2n + m; nor a repeated
-            # check's, whose kernels were traced before: it says nothing of what tracing costs).
+            # What routing predicted, against what it cost: later checks route by it (not an element-wise f's few
+            # calls, which say nothing of an eager loop's 2n + m; nor a repeated check's, whose kernels were traced
+            # before).
             seconds = sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical"))
             learnt = learnt.learn_from(executor.chosen, executor.path, seconds)
             if executor.path == EAGER and config.jit_compile == "auto":  # for this problem's repeated checks
@@ -181,8 +182,8 @@ def jacobian_blocks(problem: Problem, config: CheckConfig, sides: tuple[str, ...
 
 def _nothing_to_check(plan: Plan, problem: Problem, config: CheckConfig, seconds: float,
                       timings: dict) -> GradientReport:
-    """The report of an empty Jacobian (f's outputs, or its checked inputs, have no elements):
-    it passes, with a note, as ``tf.test.compute_gradient`` returns empty Jacobians."""
+    """The report of an empty Jacobian (f's outputs, or its checked inputs, have no elements): it passes, with a
+    note, as ``tf.test.compute_gradient`` returns empty Jacobians."""
     atol, rtol = config.tolerances(plan.precision)
 
     def pair(o, s) -> PairReport:
@@ -232,8 +233,8 @@ def _received(config: CheckConfig) -> _calibration.Calibration:
 
 
 def _keep(config: CheckConfig, learnt: _calibration.Calibration | None) -> None:
-    """What a check that routed by the process's shared calibration learnt becomes the shared one
-    (the one place it changes); a check given its own leaves the shared one as it was."""
+    """What a check that routed by the process's shared calibration learnt becomes the shared one (the one place
+    it changes); a check given its own leaves the shared one as it was."""
     if config.calibration is None and learnt is not None:
         _calibration.keep_shared(learnt)
 
@@ -242,14 +243,12 @@ def predict_full_seconds(plan: Plan, route: Route, calibration: _calibration.Cal
                          call_seconds) -> tuple[float, events.Prediction]:
     """(seconds, how) a full check of ``plan`` on ``route`` is predicted to take after routing.
 
-    Eager path: routing's prediction of the eager loop (2n + a few calls of f at f's
-    measured eager call, corrected by what earlier eager checks took: ``calibration``).  Traced
-    paths: one kernel per checked input (one for all of them where routing batches them
-    together, ``Route.joint_chunk``) plus the autodiff kernel, each costing what
-    routing predicts for tracing one (from f's measured eager call and this process's
-    dispatch), then 2n batched evaluations (plus a few per row of a Jacobian with m > 1
-    rows) at the cost above, with ``call_seconds()`` measuring one call of f's traced
-    function -- only when the tracing alone fits ``budget``.
+    Eager path: routing's prediction of the eager loop (2n + a few calls of f at f's measured eager call, corrected
+    by what earlier eager checks took: ``calibration``).  Traced paths: one kernel per checked input (one for all of
+    them where routing batches them together, ``Route.joint_chunk``) plus the autodiff kernel, each costing what
+    routing predicts for tracing one (from f's measured eager call and this process's dispatch), then 2n batched
+    evaluations (plus a few per row of a Jacobian with m > 1 rows), with ``call_seconds()`` measuring one call of
+    f's traced function -- only when the tracing alone fits ``budget``.
     """
     eager, traced = calibration.predict(plan)
     if route.path == EAGER:
@@ -268,12 +267,11 @@ def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _cal
                 sparse=None) -> tuple[str, tuple]:
     """("full" | "coloured" | "fast", why: its reasons, ``fastcheck._events``) for ``config.mode``.
 
-    ``mode="auto"``: full Jacobians when they fit memory_budget, every input has at
-    most ``FULL_MAX_INPUT`` elements, and the full check is predicted to take at most
-    ``time_budget`` seconds (``predict_full_seconds``); beyond that, coloured mode when
-    f's Jacobian is sparse enough to pay (``_beyond_full``), random projections
-    otherwise.  ``call_seconds()`` measures one call of f's traced function (when
-    needed); ``sparse()`` gives coloured mode's prospect (``_coloured.prospect``).
+    ``mode="auto"``: full Jacobians when they fit memory_budget, every input has at most ``FULL_MAX_INPUT``
+    elements, and the full check is predicted to take at most ``time_budget`` seconds (``predict_full_seconds``);
+    beyond that, coloured mode when f's Jacobian is sparse enough to pay (``_beyond_full``), random projections
+    otherwise.  ``call_seconds()`` measures one call of f's traced function (when needed); ``sparse()`` gives
+    coloured mode's prospect (``_coloured.prospect``).
     """
     if config.mode != "auto":
         return config.mode, (events.Requested(),)
@@ -295,12 +293,11 @@ def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _cal
 def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, call_seconds, sparse) -> tuple[str, tuple]:
     """("coloured" | "fast", why) where full Jacobians do not fit.
 
-    Coloured when f has more than one output (a scalar f's Jacobian is one dense row),
-    its sparsity pattern is known (given, or traced op by op), its column colours are at
-    most ``COLOURED_MAX_COLUMN_SHARE`` of the columns, its nonzeros fit the memory a
-    check may hold, and its evaluations (2 per colour and refinement) and VJPs (one per
-    row colour) are predicted to fit ``time_budget`` at the batched cost of one
-    evaluation; element-wise verdicts are then worth their cost over projections.
+    Coloured when f has more than one output (a scalar f's Jacobian is one dense row), its sparsity pattern is
+    known (given, or traced op by op), its column colours are at most ``COLOURED_MAX_COLUMN_SHARE`` of the columns,
+    its nonzeros fit the memory a check may hold, and its evaluations (2 per colour and refinement) and VJPs (one per
+    row colour) are predicted to fit ``time_budget`` at the batched cost of one evaluation; element-wise verdicts are
+    then worth their cost over projections.
     """
     if sparse is None or plan.m <= 1:
         return "fast", (why,)
@@ -323,8 +320,8 @@ def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, call_second
 
 
 def _traced_call_seconds(executor: Executor) -> float:
-    """Seconds of one call of f's traced function (the route's probe), the first call (graph
-    optimisation) aside; f's eager call where there is none or it fails."""
+    """Seconds of one call of f's traced function (the route's probe), the first call (graph optimisation) aside;
+    f's eager call where there is none or it fails."""
     function = executor.route.flat_function
     if not callable(function):
         return executor.plan.call_seconds
@@ -352,8 +349,8 @@ def _require_memory(plan: Plan, config: CheckConfig) -> None:
 
 
 def _require_coloured_memory(sparse, config: CheckConfig) -> None:
-    """mode='coloured' refuses a check whose arrays (a status per nonzero, the colours'
-    differences, the VJPs) would not fit the memory a check may hold."""
+    """mode='coloured' refuses a check whose arrays (a status per nonzero, the colours' differences, the VJPs) would
+    not fit the memory a check may hold."""
     try:
         found = sparse()
     except ValueError:  # no pattern: the check itself says so, naming the op
@@ -370,8 +367,8 @@ def _require_coloured_memory(sparse, config: CheckConfig) -> None:
 
 def _memory_limit(config: CheckConfig) -> tuple[int, str]:
     """The bytes a full check may hold: the larger of memory_budget and HELD_MEMORY_FLOOR (4 GiB), but never more
-    than the memory this machine has free (the full Jacobians are not the batched
-    evaluations memory_budget sizes, so the budget alone would forbid common checks)."""
+    than the memory this machine has free (the full Jacobians are not the batched evaluations memory_budget sizes,
+    so the budget alone would forbid common checks)."""
     floor = int(config.table("HELD_MEMORY_FLOOR"))
     limit, what = max(config.budget, floor), f"the larger of memory_budget and {floor / 2**30:.3g} GiB"
     try:
@@ -388,9 +385,8 @@ def on_device(device):
     """Run the check eagerly (lifted out of a ``tf.Graph`` context) on ``device``, which must exist."""
     with contextlib.ExitStack() as stack:
         if not tf.executing_eagerly():
-            # Inside tf.Graph().as_default() (TF1-style tests, e.g. TFP's): the check runs
-            # eagerly on the side.  tf.init_scope() only lifts out of tf.function graphs,
-            # so this uses TensorFlow's own eager-mode switch.
+            # Inside tf.Graph().as_default() (TF1-style tests, e.g. TFP's): the check runs eagerly on the side.
+            # tf.init_scope() only lifts out of tf.function graphs, so this uses TensorFlow's own eager-mode switch.
             from tensorflow.python.eager import context
 
             stack.enter_context(context.eager_mode())

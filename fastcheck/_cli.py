@@ -23,10 +23,9 @@ def _quiet_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0" or "tensorflow" in sys.modules:
         return
-    # TensorFlow >= 2.20 logs through absl, which writes its start-up lines (oneDNN, "Could not find
-    # cuda drivers") to file descriptor 2 whatever TF_CPP_MIN_LOG_LEVEL says: point it at /dev/null
-    # while TensorFlow loads (TF_CPP_MIN_LOG_LEVEL=0 shows them). Devices are left uncreated, so that
-    # a user's module may still configure them (tf.config.set_visible_devices) when it imports.
+    # TensorFlow >= 2.20 logs through absl, which writes its start-up lines (oneDNN, "Could not find cuda drivers") to
+    # file descriptor 2 whatever TF_CPP_MIN_LOG_LEVEL says: point it at /dev/null while TensorFlow loads. Devices are
+    # left uncreated, so that a user's module may still configure them when it imports (tf.config.set_visible_devices).
     sys.stderr.flush()
     saved = os.dup(2)
     try:

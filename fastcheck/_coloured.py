@@ -1,39 +1,33 @@
 """The coloured check: element-wise verdicts on every structural nonzero of a sparse Jacobian.
 
-One strategy of ``_check.run_check`` (with ``_full`` and ``_fast``), for f whose
-Jacobian is sparse (elementwise ops, normalisations over a small axis, stencils):
+One strategy of ``_check.run_check`` (with ``_full`` and ``_fast``), for f whose Jacobian is sparse (elementwise ops,
+normalisations over a small axis, stencils):
 
-1. the pattern per checked input (``_sparsity``: the user's ``sparsity=``, or a
-   dependency trace of f's graph; an op without a rule refuses with
-   ``UnknownSparsity``, a ValueError naming it);
-2. numerical side: the columns coloured so that columns sharing a row differ; one
-   central difference per colour along ``d_c = sum of h_j e_j`` over the colour's
-   columns (full mode's steps), batched through the executor's chunk loop, and each
-   nonzero (i, j) read off its column's colour -- 2C evaluations instead of 2n;
-3. analytical side: reverse mode, the gradient training uses: rows coloured so that
-   rows sharing a column differ, one VJP per row colour (batched ``tape.jacobian``
-   of the colour-weighted outputs), each nonzero read off its row's colour;
-4. the element rule of ``_compare`` on the nonzeros, f's noise measured only when
-   an element fails; a large diagonal block (``SCREEN_ELEMENTS``) is screened beside
-   its evaluations, on the device (``_coloured_judge._screen``: elements within 0.9 of their band pass,
-   numpy's rule judges the rest); failing nonzeros evaluated at h/4 first (the second
-   step: those its quotient and Richardson's extrapolation pass are done), the rest
-   refined over h ... h/4**5 (deeper where unsettled) by re-evaluating only their
-   colours, with ``_compare.refine``'s kink and jump tests, as in full mode;
-5. the pattern check: random dense probes ``J d`` (numerical) against the
-   pattern-restricted ``sum N_ij d_j``; mass outside the pattern (confirmed at a
-   quarter of the step) is a *problem* of the report -- the pattern is wrong --,
-   not a gradient verdict.  A traced diagonal pattern is trusted instead, as the
-   element-wise walk (``_diagonal``) trusts the same rules; a dense random cotangent
-   checks the reverse-mode gradient itself (``_coloured_judge._vjp_problems``) in every case.
+1. the pattern per checked input (``_sparsity``: the user's ``sparsity=``, or a dependency trace of f's graph; an
+   op without a rule refuses with ``UnknownSparsity``, a ValueError naming it);
+2. numerical side: the columns coloured so that columns sharing a row differ; one central difference per colour
+   along ``d_c = sum of h_j e_j`` over the colour's columns (full mode's steps), batched through the executor's
+   chunk loop, and each nonzero (i, j) read off its column's colour -- 2C evaluations instead of 2n;
+3. analytical side: reverse mode, the gradient training uses: rows coloured so that rows sharing a column differ,
+   one VJP per row colour (batched ``tape.jacobian`` of the colour-weighted outputs), each nonzero read off its
+   row's colour;
+4. the element rule of ``_compare`` on the nonzeros, f's noise measured only when an element fails; a large
+   diagonal block (``SCREEN_ELEMENTS``) is screened on the device beside its evaluations
+   (``_coloured_judge._screen``); failing nonzeros evaluated at h/4 first (the second step: those its quotient and
+   Richardson's extrapolation pass are done), the rest refined over h ... h/4**5 (deeper where unsettled) by
+   re-evaluating only their colours, with ``_compare.refine``'s kink and jump tests, as in full mode;
+5. the pattern check: random dense probes ``J d`` (numerical) against the pattern-restricted ``sum N_ij d_j``; mass
+   outside the pattern (confirmed at a quarter of the step) is a *problem* of the report -- the pattern is wrong
+   --, not a gradient verdict.  A traced diagonal pattern is trusted instead, as the element-wise walk
+   (``_diagonal``) trusts the same rules; a dense random cotangent checks the reverse-mode gradient itself
+   (``_coloured_judge._vjp_problems``) in every case.
 
 The evaluations (steps 2 and 3) are ``_colours``; the rule and the probes (4 and 5) ``_coloured_judge``.
 
-Memory: one status byte per nonzero; the colours' differences [C, m] (float32 where
-exact) and the VJPs [R, n] stay compressed, and every other per-nonzero quantity
-(indices, values, noise, bands) exists one block of ``VERDICT_CHUNK`` nonzeros at a
-time -- in the check and in its report's ``Nonzeros`` storage.  No array of the Jacobian's
-size exists, except for the ``Dense`` storage of a small pair (``DENSE_REPORT_ENTRIES``).
+Memory: one status byte per nonzero; the colours' differences [C, m] (float32 where exact) and the VJPs [R, n]
+stay compressed, and every other per-nonzero quantity (indices, values, noise, bands) exists one block of
+``VERDICT_CHUNK`` nonzeros at a time -- in the check and in its report's ``Nonzeros`` storage.  No array of the
+Jacobian's size exists, except for the ``Dense`` storage of a small pair (``DENSE_REPORT_ENTRIES``).
 """
 
 from __future__ import annotations
@@ -59,7 +53,8 @@ from fastcheck._executor import Executor, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA
 from fastcheck._plan import Plan, first_line, with_noise
 from fastcheck._precision import Noise, measure_noise
-from fastcheck._results import Dense, GradientCheckError, Nonzeros, Outcome, PairReport
+from fastcheck._results import GradientCheckError, Outcome, PairReport
+from fastcheck._storage import Dense, Nonzeros
 from fastcheck._tables import (
     BYTES_PER_NONZERO,
     NOISE_SAMPLE,
@@ -76,26 +71,13 @@ WRONG_PATTERN_HINT = ("the sparsity pattern misses dependencies of f (see the pr
                       "difference and VJP mixes in entries outside it, so these elements are undecidable, not wrong.")
 
 
-# -- kernels -------------------------------------------------------------------------------
-
-
-# -- the numerical side ----------------------------------------------------------------------
-
-
-# -- the analytical side -----------------------------------------------------------------------
-
-
-# -- verdicts -------------------------------------------------------------------------------------
-
-
 # -- the report -------------------------------------------------------------------------------------
 
 
 def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str,
            dense_entries: int) -> list[PairReport]:
     """One ``PairReport`` per (output, input): over ``Dense`` arrays up to ``dense_entries`` entries (the
-    ``DENSE_REPORT_ENTRIES`` table entry; zeros
-    outside the pattern), else over the block's ``Nonzeros``, read off its compressed arrays."""
+    ``DENSE_REPORT_ENTRIES`` table entry; zeros outside the pattern), else over the block's ``Nonzeros``."""
     pairs = []
     for block in blocks:
         spec, pattern = block.spec, block.pattern
@@ -190,9 +172,8 @@ LAYOUT_KEY = "coloured layout"
 
 
 def layout(executor: Executor, plan: Plan) -> Layout:
-    """The patterns and colourings of this check, found once per executor (``Executor.once``):
-    mode choice (``prospect``) and the check itself share them.  Raises ``UnknownSparsity``
-    (remembered too) when there is no pattern."""
+    """The patterns and colourings of this check, found once per executor (``Executor.once``): mode choice
+    (``prospect``) and the check itself share them.  Raises ``UnknownSparsity`` (remembered too) when there is none."""
     found = executor.once(LAYOUT_KEY, lambda: _found_layout(executor, plan))
     if isinstance(found, _pattern.UnknownSparsity):
         raise found
@@ -212,15 +193,13 @@ def _found_layout(executor: Executor, plan: Plan) -> Layout | _pattern.UnknownSp
     return Layout(patterns, source, labels, row_labels)
 
 
-# Evaluations of f a coloured check allows for beyond its sweep: the pattern probe (two
-# evaluations, twice where it must be confirmed) and one refinement ladder (REFINE_LEVELS
-# steps of two evaluations) per checked input, assuming the failing nonzeros of an input
-# fit one colour's direction (elementwise f at 10^7: a handful, all of colour 0).
+# Evaluations of f a coloured check allows for beyond its sweep: the pattern probe (two evaluations, twice where it
+# must be confirmed) and one refinement ladder (REFINE_LEVELS steps of two evaluations) per checked input, assuming
+# the failing nonzeros of an input fit one colour's direction (elementwise f at 10^7: a handful, all of colour 0).
 def prospect(executor: Executor, plan: Plan) -> dict:
-    """The coloured check's predicted size, from ``layout`` (raises ``UnknownSparsity``):
-    ``colours`` (column colours over checked inputs), ``row_colours`` (VJPs), ``nonzeros``,
-    ``evaluations`` of f (2 per colour plus the pattern probe and a refinement allowance),
-    ``bytes`` (host memory of the nonzeros' arrays, peak) and ``source``."""
+    """The coloured check's predicted size, from ``layout`` (raises ``UnknownSparsity``): ``colours`` (column colours
+    over checked inputs), ``row_colours`` (VJPs), ``nonzeros``, ``evaluations`` of f (2 per colour plus the allowance
+    above), ``bytes`` (host memory of the nonzeros' arrays, peak) and ``source``."""
     found = layout(executor, plan)
     colours = sum(found.colours)
     nonzeros = sum(p.nnz for p in found.patterns)
@@ -232,10 +211,9 @@ def prospect(executor: Executor, plan: Plan) -> dict:
 
 
 def held_bytes(found: Layout, plan: Plan) -> int:
-    """Host bytes the coloured check holds from its sweep to its report: the statuses, the
-    colours' differences [C, m] (float32 for f evaluated in float32, else float64; one colour:
-    f(x + d) and f(x - d) in the evaluation dtype, ``_Differences.sides``), the VJPs [R, n]
-    (native dtype) and the patterns."""
+    """Host bytes the coloured check holds from its sweep to its report: the statuses, the colours' differences
+    [C, m] (float32 for f evaluated in float32, else float64; one colour: f(x + d) and f(x - d) in the evaluation
+    dtype, ``_Differences.sides``), the VJPs [R, n] (native dtype) and the patterns."""
     narrow = 4 if plan.eval_dtype.size <= 4 else 8
     differences = sum(2 * plan.eval_dtype.size if c == 1 else narrow * c for c in found.colours) * plan.m
     return int(sum(p.nnz for p in found.patterns) * BYTES_PER_NONZERO + differences
@@ -265,9 +243,8 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
     sampled = None
     if (problems or inconsistent) and plan.noise is None:
-        # f's own rounding may be what a probe saw (an op in bfloat16 inside moves every output by
-        # ~1e-3): measure it -- on every output where there are few, else on the failing nonzeros'
-        # rows and a sample --, judge again under it and probe again.
+        # f's own rounding may be what a probe saw (an op in bfloat16 inside moves every output by ~1e-3): measure
+        # it (``_measured_rows``), judge again under it and probe again.
         with timed(timings, "noise"):
             plan, sampled = _measured_rows(executor, plan, blocks)
         atol, rtol = config.tolerances(plan.precision)
@@ -278,11 +255,10 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         with timed(timings, "pattern"):
             problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
     judged = [b for b in blocks if not any(b is w for w in wrong)]
-    # Failing nonzeros are refined first (a few colours at smaller steps): at 10^7 elements
-    # truncation fails a handful of them, and measuring f's noise costs far more than
-    # refining them.  Only what still fails then measures f's noise and precision -- on the
-    # rows of the failing nonzeros and a random sample of rows --, and is judged and refined
-    # again under them (larger allowances only turn failures into passes).
+    # Failing nonzeros are refined first (a few colours at smaller steps: at 10^7 elements truncation fails a handful
+    # of them, and measuring f's noise costs far more).  Only what still fails then measures f's noise and precision
+    # (``_measured_rows``) and is judged and refined again under them (larger allowances only turn failures into
+    # passes).
     with timed(timings, "refine"):
         for block in judged:
             block.refine(plan, atol, rtol)
@@ -335,14 +311,13 @@ def _noise_line(blocks: list[_Block]):
 
 
 def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tuple[Plan, tuple | None]:
-    """The plan with f's noise measured on the rows of the failing nonzeros plus a random
-    sample of rows (every row where there are few), and the precision f computes in.
+    """The plan with f's noise measured on the rows of the failing nonzeros plus a random sample of rows (every row
+    where there are few), and the precision f computes in.
 
-    ``_precision.measure_noise`` runs over a sub-problem: its values are the columns those
-    rows depend on (the pattern's), the rest of x held, and it reads only those rows --
-    the noise of a row is that of f moved along the columns it depends on.  Unmeasured
-    rows keep the rounding allowance their elements passed with.  (Measuring every output
-    of a 10^7-element f took 100 s: ~100 evaluations with [8, m] tables on the host.)
+    ``_precision.measure_noise`` runs over a sub-problem: its values are the columns those rows depend on (the
+    pattern's), the rest of x held, and it reads only those rows -- the noise of a row is that of f moved along the
+    columns it depends on (measuring every output of a 10^7-element f took 100 s).  Unmeasured rows keep the
+    rounding allowance their elements passed with.
     """
     m = plan.m
     failing = np.unique(np.concatenate([b.pattern.at(np.flatnonzero(b.status))[0] for b in blocks]))

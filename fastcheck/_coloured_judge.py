@@ -1,12 +1,10 @@
 """Coloured mode's judgement: the element rule on every structural nonzero, block by block, and the two probes
 that guard what colouring assumes.
 
-A _Block is one checked input's nonzeros: their quotients, VJP entries, noise and bands exist one block of
-VERDICT_CHUNK nonzeros at a time; a large diagonal block is first screened beside its evaluations in one
-fused XLA pass (_screen), which clears only elements below SCREEN_MARGIN of their band, so every verdict
-is numpy's.  The dense random direction finds Jacobian mass outside the pattern (_pattern_problem: a report
-problem, not a gradient verdict); the dense random cotangent finds a VJP off the pattern or one ignoring dy
-(_vjp_problems: the pair is inconsistent).
+A _Block is one checked input's nonzeros, judged one block of VERDICT_CHUNK nonzeros at a time (a large diagonal
+block first screened in one fused XLA pass, _screen; every verdict is still numpy's).  The dense random direction
+finds Jacobian mass outside the pattern (_pattern_problem: a report problem, not a gradient verdict); the dense
+random cotangent finds a VJP off the pattern or one ignoring dy (_vjp_problems: the pair is inconsistent).
 """
 
 
@@ -88,8 +86,7 @@ def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
         level *= NOISE_FACTOR * plan.row_epsilon_at(rows)
         if plan.noise is not None:
             np.maximum(level, MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
-        # One test after the division, not one before it too: a level that is not finite stays so
-        # divided by a span (or turns NaN), and both became 0 -- the same values, one pass less.
+        # Tested once, after the division: a non-finite level stays non-finite (or NaN) over a span; both become 0.
         level /= np.abs(spans)
         level[~np.isfinite(level)] = 0.0
         return level
@@ -104,10 +101,9 @@ def _verdicts(a, numerical, noise, atol, rtol):
 class _Block:
     """The nonzeros of one checked input and everything known about them.
 
-    Held per nonzero: the status (int8) only.  Numerical values are read off the colours'
-    differences ``compressed`` [C, m] (nonzero (i, j) = D[colour of j, i] / span_j), analytical
-    ones off ``analytical``; bands are recomputed from the last judgement's rule; refined
-    nonzeros override both (``override``).
+    Held per nonzero: the status (int8) only.  Numerical values are read off the colours' differences ``compressed``
+    [C, m] (nonzero (i, j) = D[colour of j, i] / span_j), analytical ones off ``analytical``; bands are recomputed
+    from the last judgement's rule; refined nonzeros override both (``override``).
     """
 
     spec: InputSpec
@@ -241,8 +237,7 @@ class _Block:
             status, _ = _verdicts(a, found.estimate[0], found.error[0], atol, rtol)
             return ((status == _compare.MISMATCH) & ~found.settled[0]) | (status == _compare.NUMERICAL_NONFINITE)
 
-        # The second step: most failures of a first sweep at 10^7 elements are float32's truncation where f' is
-        # near 0, which h/4 and Richardson's extrapolation pass; only the rest go down the ladder.
+        # The second step passes most first-sweep failures (10^7 elements: float32's truncation where f' is near 0).
         spans = self.columns.span(cols)
         first = self.first_sweep(rows, cols, spans)[None, :]
         first_noise = _noise(plan, rows, spans)[None, :]
@@ -269,9 +264,8 @@ class _Block:
         h / 4**p, elements as columns of one row (h, p = 0, is the first sweep's step again, with its sides:
         the sweep keeps none; a kink crossed at h and h/4 then shows at two steps, as in full mode).
 
-        Each element's row value f(x) is subtracted from its sides, so the shared
-        ``y0`` of ``refine`` is 0 (its one-sided quotients and second differences only
-        ever use differences from f(x)).
+        Each element's row value f(x) is subtracted from its sides, so the shared ``y0`` of ``refine`` is 0 (its
+        one-sided quotients and second differences only ever use differences from f(x)).
         """
 
         def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
@@ -288,13 +282,12 @@ class _Block:
         return evaluate
 
     def grid(self, plan: Plan, rows: np.ndarray) -> np.ndarray:
-        """f's grid per element, for the test of steps below what f resolves (``_compare._below_quantum``:
-        sides come back exactly f(x) after a coarser step moved f by a few quanta; their zero quotients
-        would otherwise look like a settled ladder, or a step that resolves a kink).  The measured noise
-        where there is one (its largest over ``rows``), floored by the outputs' own rounding: one unit
-        roundoff of the terms f_i sums, sum_j |a_ij x_j| (a float32 convolution's output near 0 moves in
-        steps of its partial sums' roundoff, far above |f_i|'s), and of |f_i| -- the measurement can read 0
-        on rows it sampled."""
+        """f's grid per element, for the test of steps below what f resolves (``_compare._below_quantum``: sides
+        come back exactly f(x) after a coarser step moved f by a few quanta; their zero quotients would otherwise
+        look like a settled ladder, or a step that resolves a kink).  The measured noise where there is one (its
+        largest over ``rows``), floored by the outputs' own rounding: one unit roundoff of the terms f_i sums,
+        sum_j |a_ij x_j| (a float32 convolution's output near 0 moves in steps of its partial sums' roundoff, far
+        above |f_i|'s), and of |f_i| -- the measurement can read 0 on rows it sampled."""
         eps = MACHINE_EPSILON[plan.eval_dtype]
         grid = eps * np.maximum(np.abs(plan.eval_output[rows]), self.row_terms(rows)) / np.sqrt(12.0)
         if plan.noise is not None:
@@ -363,10 +356,9 @@ def _probe_signs(seed: int, count: int):
 
 
 def _pattern_probes(block: _Block, source: str) -> int:
-    """Random dense probes of ``block``'s pattern: none for a traced diagonal one (each output element depends on
-    its own input element alone), which is trusted as the element-wise walk trusts it (``_diagonal``): its probe
-    would cost as much as its sweep, and the trace's rules are what the walk reads; ``PATTERN_PROBES`` for every
-    other pattern (a given one above all)."""
+    """Random dense probes of ``block``'s pattern: none for a traced diagonal one, trusted as the element-wise walk
+    (``_diagonal``) trusts the trace's rules it reads (its probe would cost as much as its sweep); ``PATTERN_PROBES``
+    for every other pattern (a given one above all)."""
     return 0 if source == TRACED and block.pattern.diagonal else PATTERN_PROBES
 
 
@@ -502,8 +494,7 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=Non
         index, coarse, allowed = excess(signs, 1.0)
         if not len(index):
             continue
-        # Mass outside the pattern scales with the step: it stays at a quarter of it (a
-        # truncation effect of the dense direction shrinks 16-fold).
+        # Mass outside the pattern stays at a quarter of the step (it scales with it); truncation shrinks 16-fold.
         _, fine, fine_allowed = excess(signs, REFINE_RATIO, index)
         with np.errstate(invalid="ignore"):
             outside = (fine > fine_allowed) & (REFINE_RATIO * fine >= 0.5 * coarse)
@@ -522,9 +513,8 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=Non
 
 
 def _probes(executor: Executor, plan: Plan, blocks: list, source: str, atol: float, supplied: bool, firsts: list):
-    """(problems, blocks with a wrong pattern, [(block, text)] whose reverse-mode gradient is off it):
-    the pattern probe on every block (its first as ``_judged`` read it), then the VJP probe on those
-    whose pattern holds."""
+    """(problems, blocks with a wrong pattern, [(block, text)] whose reverse-mode gradient is off it): the pattern
+    probe on every block (its first as ``_judged`` read it), then the VJP probe on those whose pattern holds."""
     problems, wrong = [], []
     for block, first in zip(blocks, firsts):
         problem = _pattern_problem(block, plan, executor.config.seed, source, first)
@@ -544,21 +534,18 @@ def _probes(executor: Executor, plan: Plan, blocks: list, source: str, atol: flo
 
 
 def _vjp_problems(executor: Executor, plan: Plan, blocks: list, atol: float) -> list:
-    """(block, text) for each checked input whose reverse-mode gradient is not what its row
-    colours' VJPs say: J^T u for one dense random cotangent u differs from the recovered
-    nonzeros' sum at some input element.
+    """(block, text) for each checked input whose reverse-mode gradient is not what its row colours' VJPs say:
+    J^T u for one dense random cotangent u differs from the recovered nonzeros' sum at some input element.
 
-    Each row colour's VJP is read only at the pattern's nonzeros, so a VJP that writes to
-    other input elements (a missing transpose, gradient leaked to the wrong element) or
-    is not linear in its cotangent (ignores dy) could look right element by element: the
-    dense cotangent sees all of it.  The numerical side's pattern probe has confirmed that
-    f's Jacobian holds no mass outside the pattern, so the disagreement is the gradient's.
+    Each row colour's VJP is read only at the pattern's nonzeros, so a VJP that writes to other input elements (a
+    missing transpose, gradient leaked to the wrong element) or is not linear in its cotangent (ignores dy) could
+    look right element by element: the dense cotangent sees all of it.  The numerical side's pattern probe has
+    confirmed that f's Jacobian holds no mass outside the pattern, so the disagreement is the gradient's.
     """
     if not blocks:
         return []
     dtype = plan.native_flat_dtype
-    # Drawn on the device in the native dtype, which holds these weights exactly (10^7 cotangents: ~5 ms;
-    # from the host, a numpy draw and a fresh 40 MB tensor took ~190 ms).
+    # Drawn on the device in the native dtype, which holds these weights exactly (10^7: ~5 ms, ~190 ms from the host).
     weights_t = _vjp_weights(executor, plan)
     grads = [b.analytical.take_probe() for b in blocks]
     if any(g is None for g in grads):

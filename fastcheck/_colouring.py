@@ -1,6 +1,6 @@
-"""Colourings of a sparsity pattern: columns that share no row get one colour (one central difference moves them
-all), rows that share no column one row colour (one VJP).  A regular pattern (a convolution's, an element-wise
-op's) is coloured by its lattice of offsets; any other greedily, largest degree first.
+"""Colourings of a sparsity pattern (Curtis-Powell-Reid): columns that share no row get one colour (one central
+difference moves them all), rows that share no column one row colour (one VJP): the better of a *lattice* colouring
+(optimal for elementwise f -- one colour -- and for stencils -- kernel size times channels) and a greedy one.
 """
 
 
@@ -19,10 +19,9 @@ from fastcheck._tables import GREEDY_WORK
 def colour(pattern: Pattern, shape: tuple, seed: int = 0) -> np.ndarray:
     """Column colours [n] (0 .. C-1): columns sharing a row differ.  ``shape``: the columns' index shape.
 
-    Rows of one group share their columns, so the constraint is the groups': both
-    colourings read the group table, never the nonzeros.  The lattice colouring first;
-    the greedy one where it is affordable and the lattice exceeds the lower bound (the
-    longest row).
+    Rows of one group share their columns, so the constraint is the groups': both colourings read the group table,
+    never the nonzeros.  The lattice colouring first; the greedy one where it is affordable and the lattice exceeds
+    the lower bound (the longest row).
     """
     n = pattern.shape[1]
     if not pattern.nnz or pattern.diagonal:  # one colour: int32 zeros, what the kernels take (no copy of n labels)
@@ -42,11 +41,9 @@ def colour(pattern: Pattern, shape: tuple, seed: int = 0) -> np.ndarray:
 
 
 def lattice(indptr: np.ndarray, cols: np.ndarray, n: int, shape: tuple) -> np.ndarray:
-    """Colour = each coordinate modulo K_a, K_a = the widest extent of a row along axis a, plus 1.
-
-    Two columns of one row differ along some axis by less than its K, so equal
-    residues on every axis mean the same column: the colouring is valid, in O(table).
-    """
+    """Colour = each coordinate modulo K_a, K_a = the widest extent of a row along axis a, plus 1: two columns of one
+    row differ along some axis by less than its K, so equal residues on every axis mean the same column (a valid
+    colouring, in O(table))."""
     shape = tuple(shape) if shape else (n,)
     starts = indptr[:-1][np.diff(indptr) > 0]
     strides = np.cumprod((1,) + tuple(shape[:0:-1]))[::-1]
@@ -69,13 +66,12 @@ def _lattice_labels(shape: tuple, moduli: list[int], size: int) -> np.ndarray:
 
 
 def row_colour(patterns: list[Pattern], shape: tuple, seed: int = 0) -> np.ndarray:
-    """Row colours [m] (0 .. R-1) over the blocks of all checked inputs side by side: rows sharing
-    a column of any block differ.  ``shape``: the rows' index shape.
+    """Row colours [m] (0 .. R-1) over the blocks of all checked inputs side by side: rows sharing a column of any
+    block differ.  ``shape``: the rows' index shape.
 
-    The lattice colouring reads, per output axis, the extent of the rows of each group
-    (over the m rows) and then the extent over the groups holding each column (over the
-    group table): no transpose of the nonzeros.  The greedy colouring, where affordable
-    and better than the lattice, runs on the explicit transpose.
+    The lattice colouring reads, per output axis, the extent of the rows of each group (over the m rows) and then
+    the extent over the groups holding each column (over the group table): no transpose of the nonzeros.  The
+    greedy colouring, where affordable and better than the lattice, runs on the explicit transpose.
     """
     m = patterns[0].shape[0]
     if all(not p.nnz or p.diagonal for p in patterns):  # one colour, int32 as in ``colour``

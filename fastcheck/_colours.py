@@ -1,10 +1,9 @@
 """Coloured mode's evaluations: the numerical side through column colours, the analytical side through row colours.
 
-Columns that share no row of the sparsity pattern move together in one central difference (_Columns: one
-colour's sweep, its second step and ladder, the probes' dense directions, drawn on the device by a counter hash);
-rows that share no column share one VJP (_Analytical: one cotangent per row colour, the dense random
-cotangent that checks the gradient off the pattern taken beside them).  Everything here evaluates; the rule
-judges in _coloured.
+Columns that share no row of the sparsity pattern move together in one central difference (_Columns: one colour's
+sweep, its second step and ladder, the probes' dense directions, drawn on the device by a counter hash); rows that
+share no column share one VJP (_Analytical: one cotangent per row colour, the dense random cotangent that checks the
+gradient off the pattern taken beside them).  Everything here evaluates; _coloured_judge judges.
 """
 
 
@@ -37,12 +36,11 @@ def _kernel_path(executor: Executor, evaluations: int) -> str:
 
 
 def _colour_kernel(plan: Plan, position: int, path: str, values, flat_function=None, uniform: bool = False):
-    """For colours ``ids``, d_c = step * scales[c] where labels == ids[c], else 0: f(x + d_c) and
-    f(x - d_c) as [2 len(ids), m] in the evaluation dtype.  ``scales`` are powers of two (exact:
-    the host knows d_c).  One kernel serves the first sweep (the host takes the differences),
-    refinement (the host reads the rows it needs) and the pattern probe (labels all 0, a signed
-    step): traced once, for any number of colours (an XLA kernel compiles per count, so its
-    callers pad to their chunk).  ``uniform``: every label and id is 0 (one colour), d_c = step * scales[c],
+    """For colours ``ids``, d_c = step * scales[c] where labels == ids[c], else 0: f(x + d_c) and f(x - d_c) as
+    [2 len(ids), m] in the evaluation dtype.  ``scales`` are powers of two (exact: the host knows d_c).  One kernel
+    serves the first sweep (the host takes the differences), refinement (the host reads the rows it needs) and the
+    pattern probe (labels all 0, a signed step): traced once, for any number of colours (an XLA kernel compiles per
+    count, so its callers pad to their chunk).  ``uniform``: every label and id is 0 (one colour), so d_c is made
     without the comparison and select over every column (10^7 elements: ~6 ms a call)."""
     n = plan.inputs[position].size
     dtype = values[position].dtype
@@ -62,11 +60,8 @@ def _colour_kernel(plan: Plan, position: int, path: str, values, flat_function=N
 
 
 def _vjp_kernel(plan: Plan, path: str, chunk: int):
-    """J^T u_c [chunk, n_k] per checked input, u_c the indicator of row colour ``ids[c]``.
-
-    One colour per call is one plain VJP (``tape.gradient``: no vectorisation over
-    cotangents); more are one batched ``tape.jacobian`` of the colour sums.
-    """
+    """J^T u_c [chunk, n_k] per checked input, u_c the indicator of row colour ``ids[c]``: one colour per call is one
+    plain VJP (``tape.gradient``: no vectorisation over cotangents), more one batched ``tape.jacobian``."""
     if chunk > 1:
         def colours(y, labels, ids):
             return tf.linalg.matvec(tf.cast(labels[None, :] == ids[:, None], y.dtype), y)
@@ -76,9 +71,8 @@ def _vjp_kernel(plan: Plan, path: str, chunk: int):
 
 
 def _blocked(function, size: int, dtype=np.float64) -> np.ndarray:
-    """``function(slice)`` for consecutive blocks of ``size`` elements, into one array: the
-    temporaries of each block stay in cache (a fresh 80 MB array per numpy operation costs
-    more than the operation at 10^7 elements)."""
+    """``function(slice)`` for consecutive blocks of ``size`` elements, into one array: the temporaries of each block
+    stay in cache (a fresh 80 MB array per numpy operation costs more than the operation at 10^7 elements)."""
     result = np.empty(size, dtype)
     for start in range(0, size, VERDICT_CHUNK):
         part = slice(start, min(start + VERDICT_CHUNK, size))
@@ -98,9 +92,8 @@ def _steps(plan: Plan, config, x: np.ndarray, dtype=np.float64) -> np.ndarray:
 
 
 def _device_steps(x, eps):
-    """``_steps`` of a float32 or float64 tensor, made on the device as the kernels' constant: the same
-    float64 operations and one rounding to x's dtype, bit for bit, without an [n] copy from the host
-    (10^7 elements: the numpy blocks and ``tf.constant`` took ~0.13 s, this ~0.03 s)."""
+    """``_steps`` of a float32 or float64 tensor, made on the device as the kernels' constant: the same float64
+    operations and one rounding to x's dtype, bit for bit, without an [n] copy from the host (~0.03 s, not ~0.13 s)."""
     wide = eps * tf.maximum(tf.constant(1.0, tf.float64), tf.abs(tf.cast(tf.reshape(x, [-1]), tf.float64)))
     return tf.cast(wide, x.dtype)
 
@@ -133,17 +126,14 @@ def _shared(chunk: int, held: int, budget: int) -> int:
 
 
 class _Differences:
-    """The first sweep's differences f(x + d_c) - f(x - d_c), [C, m]: float64 values, held in
-    float32 where that is exact.
+    """The first sweep's differences f(x + d_c) - f(x - d_c), [C, m]: float64 values, held in float32 where exact.
 
-    For f evaluated in float32 (or narrower) each difference is one of two float32 numbers:
-    exact in float32 unless they differ in scale (Sterbenz), so the float32 array holds all
-    but a few (outputs crossing zero), which are kept apart as (flat index, float64 value).
-    Half the memory of a float64 [C, m] (conv 256x256x8: 151 MB, not 302 MB); the values read
-    back are the float64 ones, bit for bit.  One colour (an elementwise f) keeps the kernel's
-    f(x + d) and f(x - d) [1, m] as they came instead (``sides``), subtracted in float64 where read:
-    the same values without a pass over the outputs to store them, and a lower peak (the copy
-    existed beside the kernel's output).
+    For f evaluated in float32 (or narrower) each difference is one of two float32 numbers: exact in float32 unless
+    they differ in scale (Sterbenz), so the float32 array holds all but a few (outputs crossing zero), which are
+    kept apart as (flat index, float64 value): half the memory of a float64 [C, m], and the values read back are the
+    float64 ones, bit for bit.  One colour (an elementwise f) keeps the kernel's f(x + d) and f(x - d) [1, m] as
+    they came instead (``sides``), subtracted in float64 where read: the same values without a pass over the outputs
+    to store them, and a lower peak (no copy beside the kernel's output).
     """
 
     def __init__(self, colours: int, m: int, narrow: bool):
@@ -258,11 +248,10 @@ class _Columns:
         self._sides: dict = {}  # level -> (sorted keys row * n + col, f(x + d), f(x - d)) evaluated by ``sides``
 
     def span(self, cols) -> np.ndarray:
-        """(x + h) - (x - h) in the evaluation dtype, as float64, at the columns ``cols`` (a slice or an
-        index array).  Computed where read, a block at a time, where each column holds one nonzero (a
-        stored [n] float64 array is 80 MB of fresh pages at 10^7 elements, slower to fault in than to
-        recompute); stored once where columns hold several (layer norm's 64: one gather, not two and
-        the arithmetic, per nonzero)."""
+        """(x + h) - (x - h) in the evaluation dtype, as float64, at the columns ``cols`` (a slice or an index
+        array).  Computed where read, a block at a time, where each column holds one nonzero (a stored [n] float64
+        array is 80 MB of fresh pages at 10^7 elements, slower to fault in than to recompute); stored once where
+        columns hold several (layer norm's 64: one gather, not two and the arithmetic, per nonzero)."""
         if self._spans is None and self.pattern.nnz > self.x.size:
             self._spans = _blocked(lambda part: _span(self.x[part], self.step[part]), self.x.size)
         if self._spans is not None:
@@ -347,16 +336,14 @@ class _Columns:
         return result
 
     def sides(self, rows: np.ndarray, cols: np.ndarray, levels: list[int], factors: list[float] | None = None):
-        """Per level k: f(x + d), f(x - d) at each nonzero's row along its column's colour direction
-        at step h / REFINE_RATIO**k (times ``factors[k]``, where given), and the spans of its column --
-        every level not yet evaluated for all of these nonzeros in one batch.  The direction is restricted
-        to the columns given: columns of one colour share no row, so any subset of them still recovers its
-        nonzeros.
+        """Per level k: f(x + d), f(x - d) at each nonzero's row along its column's colour direction at step
+        h / REFINE_RATIO**k (times ``factors[k]``, where given), and the spans of its column -- every level not yet
+        evaluated for all of these nonzeros in one batch.  The direction is restricted to the columns given: columns
+        of one colour share no row, so any subset of them still recovers its nonzeros.
 
-        A (nonzero, level) evaluated before is read back, not evaluated again: f is deterministic (the
-        plan checked), and a nonzero's row sees its own column alone.  The refinement under measured
-        noise, after a first refinement without it, then reuses that one's ladder (a planted defect at
-        10^7 elements: its ~12 evaluations of f once, not twice)."""
+        A (nonzero, level) evaluated before is read back, not evaluated again: f is deterministic (the plan
+        checked), and a nonzero's row sees its own column alone.  So the refinement under measured noise reuses the
+        ladder of the first refinement, without it."""
         keys = np.asarray(rows, np.int64) * self.x.size + np.asarray(cols, np.int64)
         steps: list = list(levels) if factors is None else list(zip(levels, factors))  # a step: its power, its factor
         found: dict = {}
@@ -388,10 +375,9 @@ class _Columns:
         """f(x + d), f(x - d) [len(levels), len(rows)] of ``sides``, evaluated: every level in one batch."""
         colour = self.labels[cols].astype(np.int64)
         present, slot = np.unique(colour, return_inverse=True)
-        # The steps of the columns given, 0 elsewhere (those stay put), made on the device (no n-sized
-        # array from the host); each column once (scatter_nd adds duplicates: a column holds many nonzeros).
-        # One colour moves every column, as the sweep did: each row sees its own column alone either way
-        # (10^7 elements: no 40 MB scatter for the 5321 elements of a second step).
+        # The steps of the columns given, 0 elsewhere (those stay put), made on the device (no n-sized array from
+        # the host); each column once (scatter_nd adds duplicates: a column holds many nonzeros).  One colour moves
+        # every column, as the sweep did: each row sees its own column alone either way (no 40 MB scatter at 10^7).
         labels, step = self.constants()
         if self.colours > 1:
             distinct = np.unique(np.asarray(cols, np.int64))
@@ -413,12 +399,11 @@ class _Columns:
         return plus, minus
 
     def probe(self, seed: int, divide: float = 1.0):
-        """(f(x + d) - f(x - d)) / 2 [m] along d = s * h / divide, s random weights of either sign and
-        magnitude in [1/2, 1] (drawn from ``seed`` on the device: no n-sized array crosses from the
-        host), and the realised direction ((x + d) - (x - d)) / 2 [n].  The colour kernel evaluates
-        it: every label 0, the step weighted.  Not signs alone: an entry (i, k) missing from a pattern
-        that holds (i, i) mixes into the compressed (i, i) as J_ik h_k / h_i, and equal signs of
-        d_i and d_k would cancel it from the probe half the time."""
+        """(f(x + d) - f(x - d)) / 2 [m] along d = s * h / divide, s random weights of either sign and magnitude in
+        [1/2, 1] (drawn on the device from ``seed``), and the realised direction ((x + d) - (x - d)) / 2 [n], by the
+        colour kernel: every label 0, the step weighted.  Not signs alone: an entry (i, k) missing from a pattern
+        that holds (i, i) mixes into the compressed (i, i) as J_ik h_k / h_i, and equal signs of d_i and d_k would
+        cancel it from the probe half the time."""
         _, step = self.constants()
         d = RANDOM_DIRECTION[_large(self.executor.config, self.x.size)](
             step, tf.constant(seed, tf.int32), tf.constant(self.dtype(0.5 / divide)))
@@ -434,10 +419,9 @@ class _Columns:
 
 
 def _drawn(n, seed):
-    """n uint32 draws of a counter-based generator: the lowbias32 hash of each element's index mixed with the
-    hashed ``seed`` (int32).  One fused XLA pass (10^7 elements: ~5 ms; TensorFlow's stateless Philox took
-    ~45 ms on this CPU, ~3 s compiled by XLA); the probes need draws unrelated to f's structure, which a
-    full-avalanche hash of the counter gives, not cryptographic ones."""
+    """n uint32 draws of a counter-based generator: the lowbias32 hash of each element's index mixed with the hashed
+    ``seed`` (int32), in one fused XLA pass (10^7 elements: ~5 ms against ~45 ms for TensorFlow's stateless Philox).
+    The probes need draws unrelated to f's structure, which a full-avalanche hash of the counter gives."""
 
     def mixed(x):
         for shift, factor in ((16, 0x7FEB352D), (15, 0x846CA68B)):
@@ -492,11 +476,8 @@ class _Probe:
 
 def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.ndarray,
                 held: int = 0) -> list[_Analytical]:
-    """Reverse-mode values of every nonzero, per checked input (native dtype): one VJP per row colour.
-
-    The VJPs land in one [R, n_k] array per input (R row colours: the Jacobian compressed
-    by rows), kept as it is and read at (row colour of i, j) for each nonzero (i, j).
-    """
+    """Reverse-mode values of every nonzero, per checked input (native dtype): one VJP per row colour, into one
+    [R, n_k] array per input (the Jacobian compressed by rows), kept as it is and read by ``_Analytical``."""
     colours = int(row_labels.max()) + 1 if row_labels.size else 0
     ids = np.arange(colours)
     dtype = plan.native_flat_dtype.as_numpy_dtype
@@ -515,9 +496,8 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
     per_colour = (plan.m + plan.n + max(executor.route.elements_per_eval, 1)) * itemsize * 4
     chunk = int(max(1, min(colours, _shared(executor.config.budget // per_colour, held, executor.config.budget))))
     if colours * plan.call_seconds <= VJP_LOOP_SECONDS:
-        # One plain VJP per call: its kernel traces in a fraction of the batched tape.jacobian's
-        # time (conv 32x32x8, 72 row colours: ~30 ms against ~110 ms) and the extra forward
-        # pass per colour costs less than that difference.
+        # One plain VJP per call: its kernel traces in a fraction of the batched tape.jacobian's time (72 row colours:
+        # ~30 ms against ~110 ms), and the extra forward pass per colour costs less than that difference.
         chunk = 1
     # One row colour (an elementwise f): the device's zeros, not a copy of an m-sized array.
     labels_t = tf.zeros([len(row_labels)], tf.int32) if colours == 1 else tf.constant(row_labels.astype(np.int32))

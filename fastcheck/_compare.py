@@ -4,10 +4,9 @@ The rule, element by element, for analytical ``a`` and numerical ``n``::
 
     |a - n| <= atol + rtol * |n| + noise
 
-where ``noise`` is the numerical side's own error estimate: its rounding error
-``NOISE_FACTOR * eps_eval * |f(x)| / span`` plus, for columns that were refined
-with a smaller step, the Richardson truncation estimate.  Both sides must be
-finite; a NaN/Inf on either side fails, with its own status.
+where ``noise`` is the numerical side's own error estimate: its rounding error ``NOISE_FACTOR * eps_eval *
+|f(x)| / span`` plus, for columns refined with a smaller step, the Richardson truncation estimate.  Both sides must
+be finite; a NaN/Inf on either side fails, with its own status.
 """
 
 from __future__ import annotations
@@ -45,17 +44,13 @@ STATUS_NAMES = {
     UNRESOLVED_KINK: "kinks no step resolves",
     FLAT: "f does not move here",
 }
-# Statuses that make a check fail.  A kink whose analytical value is one of the
-# one-sided derivatives (or between them) is reported but is not a wrong gradient.
-# Outside them it is undecidable (UNRESOLVED_KINK), not wrong: every step crossed
-# the kink, and several kinks closer together than any step (ReLUs whose inputs all
-# lie within 1e-11 of 0, as in a freshly initialised deep network) look like one
-# from outside, with a derivative at the point that need not lie between the sides.
-# FLAT: a mismatch whose difference quotient is f's output not moving beyond a few of its
-# roundings (``flat``): f is piecewise constant there (a quantizer; the analytical value is a
-# surrogate such as a straight-through estimator), or float32 rounding inside f swallows the
-# change (a batch-norm beta deep in a float32 network: numerical exactly 0, analytical -1.6e-4).
-# Neither shows the gradient wrong, so it is undecidable, never a mismatch.
+# Statuses that make a check fail.  A kink whose analytical value is one of the one-sided derivatives (or between
+# them) is reported but is not a wrong gradient.  Outside them it is undecidable (UNRESOLVED_KINK), not wrong: every
+# step crossed the kink, and several kinks closer together than any step (ReLUs whose inputs all lie within 1e-11
+# of 0, as in a freshly initialised deep network) look like one, with a derivative at the point that need not lie
+# between the sides.  FLAT: a mismatch whose quotient is f's output not moving beyond a few of its roundings
+# (``flat``): f is piecewise constant there (a quantizer; the analytical value a surrogate such as a straight-through
+# estimator), or float32 rounding inside f swallows the change.  Neither shows the gradient wrong: undecidable.
 FAILING = (MISMATCH, ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)
 # Statuses that say "the numerics cannot decide here", as opposed to "the gradient is wrong".
 UNDECIDED = (NUMERICAL_NONFINITE, UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)
@@ -85,8 +80,8 @@ def resolution(scale: np.ndarray, allowed: np.ndarray, tolerated: np.ndarray, us
 
 def decisive_at_largest(analytical: np.ndarray, band: np.ndarray, status: np.ndarray, rtol: float) -> bool:
     """Whether the element of largest |analytical| alone resolves RESOLUTION_RTOLS * rtol: then so does the
-    pair (its resolution is a minimum over elements), and the whole ``resolution`` pass is not needed (two
-    reductions instead of several [m, n] temporaries: a dense 16384 x 16384 pair is 2 GB an array)."""
+    pair (its resolution is a minimum over elements), and the ``resolution`` pass (several [m, n] temporaries)
+    is not needed."""
     if not analytical.size:
         return True
     flat_a = analytical.reshape(-1)
@@ -123,9 +118,8 @@ def rounding_noise_factors(y0: np.ndarray, spans: np.ndarray, eps_eval: float | 
 
 
 class RankOne:
-    """An [m, n] array ``rows[i] * columns[j]`` held as its factors: the first sweep's rounding
-    noise, which a passing check never needs whole (conv 32x32x4: 0.3 s of allocation and
-    writes for a 16.7M-entry array on a 2-core machine).  Blocks of rows come out dense."""
+    """An [m, n] array ``rows[i] * columns[j]`` held as its factors: the first sweep's rounding noise, which a
+    passing check never needs whole.  Blocks of rows come out dense."""
 
     def __init__(self, rows: np.ndarray, columns: np.ndarray):
         self.rows, self.columns = rows, columns
@@ -147,15 +141,12 @@ class RankOne:
 
 def verdicts(analytical: np.ndarray, numerical: np.ndarray, noise, atol: float, rtol: float, out=None,
              bands: bool = True, block: int = VERDICT_BLOCK):
-    """Status per element (OK / MISMATCH / ...NONFINITE) and the band each element had to meet
-    (None without ``bands``).
+    """Status per element (OK / MISMATCH / ...NONFINITE) and the band each element had to meet (None without
+    ``bands``).
 
-    ``noise`` is an array of numerical's shape, or a ``RankOne`` (made a block at a time).
-    ``out``: a (status, band) pair of earlier verdicts to overwrite (a new [m, n] float64
-    array costs its page faults again: 1.3 s at 67M entries on a 2-core VM).
-
-    Jacobians of 10^7 entries are common, so the rule runs over blocks of rows
-    that fit in cache (``block`` elements): one trip through memory instead of one per operation.
+    ``noise`` is an array of numerical's shape, or a ``RankOne`` (made a block at a time).  ``out``: a (status, band)
+    pair of earlier verdicts to overwrite (a new [m, n] float64 array costs its page faults again).  The rule runs
+    over blocks of rows that fit in cache (``block`` elements): one trip through memory instead of one per operation.
     """
     status, band = out if out is not None else (np.empty(numerical.shape, np.int8),
                                                 np.empty(numerical.shape, np.float64) if bands else None)
@@ -174,9 +165,9 @@ def allowance(reference, atol, rtol, noise=0.0, norms=1.0):
     """What the rule allows an element: ``atol ||d||_2 + rtol |reference| + noise``, the one statement of the band.
 
     ``reference`` is the numerical value (a kink's analytical one, a twin's float64 gradient), ``noise`` the
-    numerical side's own error estimate, ``norms`` the 2-norm of fast mode's probe d (1 for an element).
-    numpy arrays, TF tensors (``_fast``) and XLA (``_coloured``'s screen) alike: one formula, the same
-    order of operations, so every side rounds the band as numpy does.
+    numerical side's own error estimate, ``norms`` the 2-norm of fast mode's probe d (1 for an element).  One formula
+    for numpy arrays, TF tensors (``_fast``) and XLA (``_coloured``'s screen), in the same order of operations, so
+    every side rounds the band as numpy does.
     """
     return abs(reference) * rtol + atol * norms + noise
 
@@ -208,12 +199,12 @@ def second_step(analytical, first, first_noise, second, second_noise, atol: floa
     """Which directions a second step passes outright (a first sweep's failures, before any ladder):
     ([k], their estimate [m, k], its error [m, k]).
 
-    A direction passes where, at each of its elements, the quotient at step h/ratio passes the rule
-    on its own -- as a first sweep at that step would -- and so does its Richardson extrapolation
-    with the first step's quotient, allowed the pair's rounding alone (no truncation estimate: a step
-    that crosses a kink or a jump moves the two quotients apart, and their gap excuses nothing).  A
-    correct f whose first step was only truncation-limited (float32's h^2 term where f' is near 0)
-    passes here; the rest goes down the ladder.  The estimate is the extrapolation.
+    A direction passes where, at each of its elements, the quotient at step h/ratio passes the rule on its own -- as
+    a first sweep at that step would -- and so does its Richardson extrapolation with the first step's quotient,
+    allowed the pair's rounding alone (no truncation estimate: a step that crosses a kink or a jump moves the two
+    quotients apart, and their gap excuses nothing).  A correct f whose first step was only truncation-limited
+    (float32's h^2 term where f' is near 0) passes here; the rest goes down the ladder.  The estimate is the
+    extrapolation.
     """
     estimate, _ = richardson(first, second, ratio)
     factor = ratio**2
@@ -249,12 +240,11 @@ def classify(analytical: np.ndarray, refined: Refined, atol: float, rtol: float,
     """The status of elements that are still mismatches after refinement, and which have both one-sided
     derivatives to report.
 
-    A jump of f: DISCONTINUOUS.  A settled (and confirmed) estimate: MISMATCH, a wrong gradient.  Kinks that
-    no finer step resolved: NONDIFFERENTIABLE when the analytical value is one of the one-sided derivatives or
-    between them (``between_sides``), else UNRESOLVED_KINK (undecidable: several kinks closer together than any
-    step look like one from outside; no steady pair: kinks at several distances within every step).  Nothing
-    settled: UNRESOLVED.  Every mode's refinement ends here.  ``allowed``: the tolerance beside a kink's sides
-    where it is not the element rule's ``atol + rtol |analytical|`` (fast mode's probe band).
+    A jump of f: DISCONTINUOUS.  A settled (and confirmed) estimate: MISMATCH, a wrong gradient.  Kinks that no finer
+    step resolved: NONDIFFERENTIABLE when the analytical value is one of the one-sided derivatives or between them
+    (``between_sides``), else UNRESOLVED_KINK (see ``FAILING``; no steady pair: kinks at several distances within
+    every step).  Nothing settled: UNRESOLVED.  Every mode's refinement ends here.  ``allowed``: the tolerance beside
+    a kink's sides where it is not the element rule's ``atol + rtol |analytical|`` (fast mode's probe band).
     """
     low, high = np.fmin(refined.left, refined.right), np.fmax(refined.left, refined.right)
     with np.errstate(invalid="ignore"):
@@ -282,32 +272,20 @@ def judge_refined(analytical: np.ndarray, refined: Refined, atol: float, rtol: f
 def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None = None) -> Refined:
     """Best estimate from central differences at shrinking steps, and a kink test.
 
-    ``levels`` holds, for steps h, h/ratio, h/ratio^2, ..., tuples
-    ``(derivative [m, k], noise [m, k], plus [m, k] or None, minus, span [k])``.
-    Each consecutive pair (D_k, D_k+1) is Richardson-extrapolated.  Its error
-    estimate is |D_k - D_k+1| / (ratio^2 - 1) when the next two pairs confirm the
-    h^2 regime (each gap |D_j - D_j+1| at most a quarter of the one before, and the
-    second differences shrinking likewise, up to noise), and the
-    whole |D_k - D_k+1| otherwise -- so steps that straddle a kink or a domain
-    edge never look precise.  Per element, the settled pair with the smallest
-    error (truncation + rounding) wins; an unsettled pair only where none settled.
+    ``levels`` holds, for steps h, h/ratio, h/ratio^2, ..., tuples ``(derivative [m, k], noise [m, k], plus [m, k]
+    or None, minus, span [k])``.  Each consecutive pair (D_k, D_k+1) is Richardson-extrapolated.  Its error estimate
+    is |D_k - D_k+1| / (ratio^2 - 1) when the next two pairs confirm the h^2 regime (each gap |D_j - D_j+1| at most
+    a quarter of the one before, and the second differences shrinking likewise, up to noise), and the whole
+    |D_k - D_k+1| otherwise -- so steps that straddle a kink or a domain edge never look precise.  Per element, the
+    settled pair with the smallest error (truncation + rounding) wins; an unsettled pair only where none settled.
 
-    Kinks are read off the one-sided quotients ``(f(x+h) - f(x)) / h`` and
-    ``(f(x) - f(x-h)) / h`` of every level: a step that crosses a kink (a ReLU
-    whose input lies within h of 0) sees them differ by a gap that stays as h
-    shrinks (a smooth f's gap shrinks like h), while the central difference stays
-    put and would look converged.  Where a kink was crossed, only finer steps that
-    resolve it (see ``_kinks``) may give a settled estimate; one resolving step alone
-    gives an unsettled one.
+    Kinks are read off the one-sided quotients of every level (``_kinks``): a step that crosses a kink (a ReLU input
+    within h of 0) sees them differ by a gap that stays as h shrinks, while the central difference stays put and
+    would look converged.  Where one was crossed, only finer steps that resolve it may give a settled estimate.
 
-    Returns (estimate, error estimate, settled mask, kink mask, right-sided,
-    left-sided, jump mask, chosen pair k (-1: none), error of the one-sided values):
-    ``settled`` says the estimate came from a pair in the h^2 regime, confirmed by
-    every finer step within its rounding; an element is a kink when its steps
-    crossed kinks (``_kinks``; right- and left-sided are the one-sided derivatives
-    of the most certain steady pair, NaN where none was steady); a jump when the
-    gap grows as h shrinks (the quotients grow like 1/h: f itself is discontinuous
-    at the point).
+    Returns a ``Refined``: ``settled`` says the estimate came from a pair in the h^2 regime, confirmed by every finer
+    step within its rounding; an element is a kink when its steps crossed kinks (``_kinks``), a jump when the gap
+    grows as h shrinks (the quotients grow like 1/h: f itself is discontinuous at the point).
     """
     if sigma is not None:
         levels = _below_quantum(levels, y0, sigma)
@@ -319,15 +297,14 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
     kink, right, left, sides_error, usable, resolved, resolved_error = _kinks(levels, y0)
     with np.errstate(invalid="ignore", over="ignore"):
         gaps = [np.abs(a[0] - b[0]) for a, b in zip(levels, levels[1:])]
-        # Second differences |f(x+h) + f(x-h) - 2 f(x)| and their noise, per level with
-        # evaluations (the first level's are not kept): ~h^2 f'' in the h^2 regime.
+        # Second differences |f(x+h) + f(x-h) - 2 f(x)| and their noise, per level with evaluations (the first
+        # level's are not kept): ~h^2 f'' in the h^2 regime.
         unknown = np.full(best.shape, np.nan)
         curvature = [unknown if level[2] is None else np.abs(level[2] + level[3] - 2 * y0[:, None]) for level in levels]
         slack = [unknown if level[2] is None else 2 * level[1] * level[4][None, :] for level in levels]
-        # shrinking[j]: the second differences shrink (by 4 or more) at every level from j
-        # to the finest.  A step near a multiple of a period of f makes all coarser ones
-        # resonate too (h^2-like second differences included); the resonance breaks at
-        # some finer level, and every pair above it is then out.
+        # shrinking[j]: the second differences shrink (by 4 or more) at every level from j to the finest.  A step near
+        # a multiple of a period of f makes all coarser ones resonate too (h^2-like second differences included); the
+        # resonance breaks at some finer level, and every pair above it is then out.
         shrinking: list = [np.ones(best.shape, bool) for _ in levels]
         for j in range(len(levels) - 2, 0, -1):
             step_ok = curvature[j + 1] <= curvature[j] / 4 + slack[j] + slack[j + 1]
@@ -336,13 +313,9 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
             (coarse, coarse_noise, *_), (fine, fine_noise, *_) = levels[k], levels[k + 1]
             estimate, truncation = richardson(coarse, fine, ratio)
             rounding = fine_noise * (factor + 1) / (factor - 1) + coarse_noise / (factor - 1)
-            # The h^2 regime is confirmed by the next two gaps shrinking in turn: one
-            # shrinking gap can be a coincidence of a periodic f (cos at 5e7 with a step
-            # of 300 gives two nearly equal quotients before the steps resolve it).
-            # The second differences must shrink too (by 16 in the h^2 regime) at every
+            # The h^2 regime is confirmed by the next two gaps shrinking in turn: one shrinking gap can be a
+            # coincidence of a periodic f.  The second differences must shrink too (by 16 in the h^2 regime) at every
             # finer level: where a step spans periods of f they do not, whatever the gaps do.
-            # Steps that cross a kink give the mean of its one-sided derivatives, steadily:
-            # where one was crossed, only steps that resolve it may settle a pair or confirm it.
             if k + 2 < len(gaps):
                 settled = ((gaps[k + 1] <= gaps[k] / 4 + 2 * (fine_noise + levels[k + 2][1]))
                            & (gaps[k + 2] <= gaps[k + 1] / 4 + 2 * (levels[k + 2][1] + levels[k + 3][1]))
@@ -352,33 +325,30 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
                            & (~kink | (gaps[k] <= 2 * (coarse_noise + fine_noise))))
             else:
                 settled = np.zeros(best.shape, bool)
-            # The Richardson error (a 15th of the gap) holds in the h^2 regime; the finer steps
-            # confirm it only where their rounding is below the excess they rule out (a next gap of a
-            # quarter of this one or more).  Where they are too noisy to tell (float32 over a ReLU
-            # network: a kink at 0.4 h/4 moves the pair by 2e-4, and h/16 has 1.6e-3 of rounding),
-            # the pair may still settle, with the whole gap as its error.
+            # The Richardson error (a 15th of the gap) holds in the h^2 regime; the finer steps confirm it only where
+            # their rounding is below the excess they rule out (a next gap of a quarter of this one or more).  Where
+            # they are too noisy to tell (float32 over a ReLU network), the pair may still settle, with the whole gap
+            # as its error.
             informative = (2 * (fine_noise + levels[k + 2][1]) <= gaps[k] / 4) if k + 2 < len(levels) else False
-            # (A gap within the pair's own rounding is that rounding, which ``rounding`` covers: a
-            # linear float32 f keeps the Richardson error, and a defect at its tolerance stays visible.)
+            # (A gap within the pair's own rounding is that rounding, which ``rounding`` covers: a linear float32 f
+            # keeps the Richardson error, and a defect at its tolerance stays visible.)
             claimed = np.where(informative | (gaps[k] <= coarse_noise + fine_noise), truncation, gaps[k])
-            # Every finer step must agree with a settled estimate within its error and their rounding:
-            # one that departs shows a feature of f below the pair's steps (kinks within 1e-9 of the
-            # point, a bump a coarse step steps over), which the pair cannot have converged past.  (The
-            # whole gap as slack let a float32 probe through a ReLU MLP settle at -0.1747 +- 1.5e-3 with
-            # every finer step at -0.1675 +- 1.1e-3.)
+            # Every finer step must agree with a settled estimate within its error and their rounding: one that
+            # departs shows a feature of f below the pair's steps (kinks within 1e-9 of the point, a bump a coarse
+            # step steps over), which the pair cannot have converged past.
             for j in range(k + 2, len(levels)):
                 finer, finer_noise = levels[j][0], levels[j][1]
                 departs = np.abs(finer - estimate) > claimed + rounding + 2 * finer_noise
                 settled &= ~(departs & np.isfinite(finer))
             total = np.where(settled, claimed, gaps[k]) + rounding
-            # A settled pair beats any unsettled one: two steps that agree without the
-            # h^2 regime confirmed may agree by coincidence (aliasing of a periodic f).
+            # A settled pair beats any unsettled one: two steps that agree without the h^2 regime confirmed may
+            # agree by coincidence (aliasing of a periodic f).
             better = np.isfinite(estimate) & np.isfinite(total) & (
                 (settled & ~settled_best) | ((settled == settled_best) & (total < error)))
             best[better], error[better], settled_best[better] = estimate[better], total[better], settled[better]
             chosen[better] = k
-    # Where a kink was crossed and no pair of resolving steps settled, a single resolving
-    # step is the estimate (unsettled: it can pass an element, never fail one).
+    # Where a kink was crossed and no pair of resolving steps settled, a single resolving step is the estimate
+    # (unsettled: it can pass an element, never fail one).
     single = kink & ~settled_best & np.isfinite(resolved)
     best[single], error[single], chosen[single] = resolved[single], resolved_error[single], -1
     # Where no pair is finite, fall back to the finest finite single estimate.
@@ -398,10 +368,9 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
 
 
 def between_sides(analytical, left, right, sides_error, atol: float, rtol: float, allowed=None):
-    """Whether the analytical value is one of the one-sided derivatives or between them, within
-    their own uncertainty and the tolerances (not the central estimate's error: at a kink that is
-    the whole gap of unsettled steps, and took in a gradient 10% off beside a kink of 9% gap);
-    ``allowed`` replaces ``atol + rtol |analytical|`` where given."""
+    """Whether the analytical value is one of the one-sided derivatives or between them, within their own
+    uncertainty and the tolerances (not the central estimate's error: at a kink that is the whole gap of unsettled
+    steps); ``allowed`` replaces ``atol + rtol |analytical|`` where given."""
     low, high = np.minimum(left, right), np.maximum(left, right)
     allowed = (allowance(analytical, atol, rtol) if allowed is None else allowed) + sides_error
     with np.errstate(invalid="ignore"):
@@ -419,20 +388,16 @@ def _one_sided(level, y0: np.ndarray):
 def _kinks(levels: list, y0: np.ndarray):
     """(kink, right, left, their error, usable per level, resolved estimate, its error).
 
-    A smooth f's one-sided quotients differ by h |f''|, a gap that shrinks 4x per
-    level.  A level whose gap is far above its noise and did not shrink (at most
-    halved since the coarser level) crosses kinks: *steadily* when its sides barely
-    moved (one kink, or a cluster closer together than the step: the one-sided
-    derivatives come from the steady pair where they are most certain, the least
-    movement between its two levels plus rounding), or, by a wider margin over the
-    noise, unsteadily (kinks at several distances within the step).  Where kinks
-    were crossed, only *resolving* levels may give a settled estimate: finer than
-    every crossing one, with sides that agree within their rounding although it
-    would show the largest gap crossed (f is then differentiable at the point, the
-    kinks lie between the steps).  Levels in between (a step about as long as the
-    distance to a kink, or swamped by rounding) agree or disagree by chance, and are
-    never trusted.  The most certain single resolving level gives an estimate of the
-    derivative at the point.
+    A smooth f's one-sided quotients differ by h |f''|, a gap that shrinks 4x per level.  A level whose gap is far
+    above its noise and did not shrink (at most halved since the coarser level) crosses kinks: *steadily* when its
+    sides barely moved (one kink, or a cluster closer together than the step: the one-sided derivatives come from the
+    steady pair where they are most certain, the least movement between its two levels plus rounding), or, by a wider
+    margin over the noise, unsteadily (kinks at several distances within the step).  Where kinks were crossed, only
+    *resolving* levels may give a settled estimate: finer than every crossing one, with sides that agree within their
+    rounding although it would show the largest gap crossed (f is then differentiable at the point, the kinks lie
+    between the steps).  Levels in between (a step about as long as the distance to a kink, or swamped by rounding)
+    agree or disagree by chance, and are never trusted.  The most certain single resolving level gives an estimate
+    of the derivative at the point.
     """
     shape = levels[0][0].shape
     evaluated = [j for j, level in enumerate(levels) if level[2] is not None]
@@ -458,8 +423,8 @@ def _kinks(levels: list, y0: np.ndarray):
             uncertainty = np.where(better, certain, uncertainty)
         kink = finest >= 0
         usable = [~kink for _ in levels]
-        # The most certain single resolving level: its central difference, with its
-        # rounding and the sides' disagreement (curvature within 2h) as the error.
+        # The most certain single resolving level: its central difference, with its rounding and the sides'
+        # disagreement (curvature within 2h) as the error.
         resolved, resolved_error = np.full(shape, np.nan), np.full(shape, np.inf)
         for b in evaluated:
             right_b, left_b, noise_b = sides[b]
@@ -476,12 +441,10 @@ def _kinks(levels: list, y0: np.ndarray):
 def _below_quantum(levels: list, y0: np.ndarray, sigma: np.ndarray) -> list:
     """The levels with quotients made NaN where the step fell below f's quantum.
 
-    f(x + h) == f(x - h) == f(x) exactly, where a coarser step moved f by only a
-    few of its measured quanta (rounding to a grid has standard deviation
-    quantum / sqrt(12)), means f rounds to a grid coarser than h there (a float32
-    op inside a float64 f): the zero quotient says nothing, and a ladder of such
-    zeros would look settled.  (A flat region of f, relu below 0, moves by far more
-    than its quanta before it freezes.)
+    f(x + h) == f(x - h) == f(x) exactly, where a coarser step moved f by only a few of its measured quanta (rounding
+    to a grid has standard deviation quantum / sqrt(12)), means f rounds to a grid coarser than h there (a float32 op
+    inside a float64 f): the zero quotient says nothing, and a ladder of such zeros would look settled.  (A flat
+    region of f, relu below 0, moves by far more than its quanta before it freezes.)
     """
     quantum = np.sqrt(12) * (sigma[:, None] if sigma.ndim == 1 else sigma)  # per output, or [m, k]
     few = np.zeros(levels[0][0].shape, bool)
@@ -516,8 +479,8 @@ FLAT_HINT = ("f's output does not move beyond its rounding at these elements whi
 def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, size: int | None = None) -> str | None:
     """A one-line guess at the kind of defect, from the pattern of failing elements.
 
-    ``size``: how many elements the arrays stand for, when they are a sample of the pair's (every
-    failing element and a few others: coloured mode's large pairs); default, their own size.
+    ``size``: how many elements the arrays stand for, when they are a sample of the pair's (every failing element
+    and a few others: coloured mode's large pairs); default, their own size.
     """
     bad = status == MISMATCH
     if np.any(status == ANALYTICAL_NONFINITE):
@@ -553,8 +516,8 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, 
     if np.all(np.abs(a) <= 1e-12 * np.maximum(np.abs(n), 1e-300)) or np.all(a == 0):
         return ("the analytical gradient is zero where the numerical one is not: a missing chain-rule term, a "
                 "misplaced tf.stop_gradient, or a variable that does not reach the gradient.")
-    # Least-squares factor between the failing entries: a = c * n explains a sign
-    # flip (c = -1) or a lost constant (c != 1) even when a few entries are noisy.
+    # Least-squares factor between the failing entries: a = c * n explains a sign flip (c = -1) or a lost constant
+    # (c != 1) even when a few entries are noisy.
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = float(np.dot(a, n) / np.dot(n, n)) if np.dot(n, n) > 0 else np.nan
         residual = float(np.linalg.norm(a - factor * n) / np.linalg.norm(a)) if np.isfinite(factor) else np.inf
@@ -574,9 +537,8 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, 
 
 
 def _transposed(analytical: np.ndarray, numerical: np.ndarray, bad: np.ndarray) -> bool:
-    """``np.allclose(analytical, numerical.T, rtol=1e-4, atol=1e-8)``, tried first on the failing
-    elements alone: where they disagree (nearly always) the whole test cannot hold, and it is
-    not run (67M entries: 2.4 s of temporaries)."""
+    """``np.allclose(analytical, numerical.T, rtol=1e-4, atol=1e-8)``, tried first on the failing elements alone:
+    where they disagree (nearly always) the whole test cannot hold, and is not run."""
     rows, cols = np.nonzero(bad)
     if not np.allclose(analytical[rows, cols], numerical[cols, rows], rtol=1e-4, atol=1e-8):
         return False
@@ -586,8 +548,8 @@ def _transposed(analytical: np.ndarray, numerical: np.ndarray, bad: np.ndarray) 
 def directions_agree(jvp: np.ndarray, directions: list, numerical: list, band: list) -> bool:
     """Whether JVPs ``J v`` [k, m] match the numerical ``N v`` within the element bands.
 
-    Per probe and output row i: ``|JVP_i - (N v)_i| <= ||band_i * v||_2``
-    (independent element errors add up like 2-norms, never a multiple of n).
+    Per probe and output row i: ``|JVP_i - (N v)_i| <= ||band_i * v||_2`` (independent element errors add up like
+    2-norms, never a multiple of n).
     """
     k, m = jvp.shape
     predicted, allowed = np.zeros((k, m)), np.zeros((k, m))

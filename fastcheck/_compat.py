@@ -4,9 +4,8 @@ A suite written against TensorFlow's checker switches by one import::
 
     from fastcheck import compute_gradient, max_error
 
-The arguments, the return layout and the dtypes are TensorFlow's; the numerical
-Jacobian is fastcheck's batched central differences (one batched evaluation per
-chunk of columns instead of two calls of f per column).
+The arguments, the return layout and the dtypes are TensorFlow's; the numerical Jacobian is fastcheck's batched
+central differences (one batched evaluation per chunk of columns instead of two calls of f per column).
 """
 
 from __future__ import annotations
@@ -29,31 +28,26 @@ def compute_gradient(f: Callable, x, delta=None) -> tuple[tuple[np.ndarray, ...]
     """The theoretical and numerical Jacobians of ``f`` at ``x``, as ``tf.test.compute_gradient`` returns them.
 
     Args:
-      f: the function; called as ``f(*x)``.  It returns one tensor (or, beyond
-        TensorFlow, a nested structure of them: the rows of its floating leaves
-        are stacked in ``tf.nest.flatten`` order).
-      x: a list or tuple of values convertible to tensors (Python floats become
-        float32, as ``tf.convert_to_tensor`` makes them), one per argument of f.
-      delta: the absolute step of the central differences: element ``j`` moves
-        to ``x_j +- delta``.  ``None`` (default) takes fastcheck's step instead
-        of TensorFlow's 1/1024: ``eps**(1/3) * max(1, |x_j|)`` for the machine
-        epsilon of the evaluation dtype, float64 where f accepts it (about 6e-6;
-        the differences are then accurate to ~1e-10 where TensorFlow's float32
-        ones carry ~1e-4).
+      f: the function; called as ``f(*x)``.  It returns one tensor (or, beyond TensorFlow, a nested structure of
+        them: the rows of its floating leaves are stacked in ``tf.nest.flatten`` order).
+      x: a list or tuple of values convertible to tensors (Python floats become float32, as
+        ``tf.convert_to_tensor`` makes them), one per argument of f.
+      delta: the absolute step of the central differences: element ``j`` moves to ``x_j +- delta``.  ``None``
+        (default) takes fastcheck's step instead of TensorFlow's 1/1024: ``eps**(1/3) * max(1, |x_j|)`` for the
+        machine epsilon of the evaluation dtype, float64 where f accepts it (about 6e-6; the differences are then
+        accurate to ~1e-10 where TensorFlow's float32 ones carry ~1e-4).
 
     Returns:
-      ``(theoretical, numerical)``: two tuples with one 2-D numpy array per
-      input, of shape (output_size, input_size) and the input's real dtype
-      (complex values count as (real, imag) pairs, as in TensorFlow).
-      Theoretical is the reverse-mode Jacobian.  Empty inputs or outputs give
-      empty arrays of that shape.
+      ``(theoretical, numerical)``: two tuples with one 2-D numpy array per input, of shape (output_size,
+      input_size) and the input's real dtype (complex values count as (real, imag) pairs, as in TensorFlow).
+      Theoretical is the reverse-mode Jacobian.  Empty inputs or outputs give empty arrays of that shape.
 
     Raises:
       ValueError: ``x`` is not a list or tuple (TensorFlow's error).
-      TypeError: an input of a dtype TensorFlow's checker refuses (integers,
-        bool; TensorFlow asserts instead), f returning no floating output.
-      Whatever f raises, on any call: as itself (as TensorFlow's checker, which
-        calls f directly), with a note saying that fastcheck called it.
+      TypeError: an input of a dtype TensorFlow's checker refuses (integers, bool; TensorFlow asserts instead), f
+        returning no floating output.
+      Whatever f raises, on any call: as itself (as TensorFlow's checker, which calls f directly), with a note
+        saying that fastcheck called it.
 
     Example:
       >>> import tensorflow as tf, fastcheck

@@ -2,13 +2,11 @@
 
 Steps and tolerances are data, kept here in one place:
 
-* The finite-difference step for element ``x_j`` is ``h_j = eps * max(1, |x_j|)``
-  where ``eps`` defaults to ``machine_epsilon(dtype) ** (1/3)`` of the dtype the
-  numerical side is *evaluated* in (the least precise floating dtype on the
-  path: inputs and outputs).  ``eps**(1/3)`` balances the O(h^2) truncation
-  error of central differences against the O(eps/h) rounding error.
-* Tolerances come from the dtype of the *analytical* side (the user's dtype),
-  because that is the computation being judged.
+* The finite-difference step for element ``x_j`` is ``h_j = eps * max(1, |x_j|)`` where ``eps`` defaults to
+  ``machine_epsilon(dtype) ** (1/3)`` of the dtype the numerical side is *evaluated* in (the least precise floating
+  dtype on the path: inputs and outputs).  ``eps**(1/3)`` balances the O(h^2) truncation error of central
+  differences against the O(eps/h) rounding error.
+* Tolerances come from the dtype of the *analytical* side (the user's dtype), the computation being judged.
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ MACHINE_EPSILON = {
     tf.float64: float(np.finfo(np.float64).eps),
 }
 
-# The precisions f may compute in, by name, with their unit roundoff.  TensorFloat-32
-# (float32 matmuls and convolutions on Ampere/Hopper GPUs) keeps float16's 10-bit
-# mantissa.
+# The precisions f may compute in, by name, with their unit roundoff.  TensorFloat-32 (float32 matmuls and
+# convolutions on Ampere/Hopper GPUs) keeps float16's 10-bit mantissa.
 PRECISION_EPSILON = {
     "float64": MACHINE_EPSILON[tf.float64],
     "float32": MACHINE_EPSILON[tf.float32],
@@ -51,8 +48,8 @@ PRECISION_EPSILON = {
 
 PRECISIONS = ("auto", "native", "float64")
 MODES = ("auto", "full", "fast", "coloured")
-# Which autodiff side is checked: reverse mode (VJPs, what training uses) always,
-# forward mode (JVPs) as an extra check where TensorFlow supports it ("auto").
+# Which autodiff side is checked: reverse mode (VJPs, what training uses) always, forward mode (JVPs) as an extra
+# check where TensorFlow supports it ("auto").
 AUTODIFF = ("auto", "reverse", "forward", "both")
 
 
@@ -183,10 +180,8 @@ INTERNAL_FIELDS = frozenset({"absolute_step"})
 
 @dataclasses.dataclass(frozen=True)
 class CheckConfig:
-    """Everything that decides how a check runs; frozen and hashable.
-
-    ``None`` fields mean "derive from the dtype tables".
-    """
+    """Everything that decides how a check runs; frozen and hashable.  ``None`` fields: "derive from the dtype
+    tables"."""
 
     eps: float | None = None
     atol: float | None = None
@@ -202,18 +197,17 @@ class CheckConfig:
     progress: bool | None = None
     autodiff: str = "auto"
     time_budget: float | None = None
-    # The Jacobian's sparsity pattern for mode="coloured" (see ``_pattern.GivenSparsity``);
-    # stored normalised, identity-hashed.
+    # The Jacobian's sparsity pattern for mode="coloured" (see ``_pattern.GivenSparsity``); normalised, identity-hashed.
     sparsity: Any = None
-    # A tf.distribute.Strategy whose replicas share the batched evaluations (``_distribute``),
-    # or ``devices``: device names, a MirroredStrategy over them (stored as a tuple).
+    # A tf.distribute.Strategy whose replicas share the batched evaluations (``_distribute``), or ``devices``: device
+    # names, a MirroredStrategy over them (stored as a tuple).
     strategy: Any = None
     devices: Any = None
-    # Routing's measured costs (a ``_calibration.Calibration``); None: the process's shared one,
-    # which learns from every check that uses it.
+    # Routing's measured costs (a ``_calibration.Calibration``); None: the process's shared one, which learns from
+    # every check that uses it.
     calibration: Any = None
-    # Overrides of tunables in ``_tables`` by name (those in ``_tables.CONFIGURABLE``), stored
-    # as sorted (name, value) pairs; read through ``table``.
+    # Overrides of tunables in ``_tables`` by name (those in ``_tables.CONFIGURABLE``), stored as sorted (name,
+    # value) pairs; read through ``table``.
     tables: Any = None
     # eps is every element's absolute step (``compute_gradient``'s delta), not a relative one
     absolute_step: bool = False
@@ -276,8 +270,8 @@ class CheckConfig:
 
     def twin_applies(self, plan) -> bool:
         """Whether a pass too coarse for a 1% error may be judged again through the gradient's float64 twin
-        (``_full._twin``, ``_fast._twinned``): the numerical side computes in float64, the analytical side
-        below it, and atol is the table's (a user's atol is the user's rule)."""
+        (``_full._twin``, ``_fast._twinned``): the numerical side computes in float64, the analytical side below it,
+        and atol is the table's (a user's atol is the user's rule)."""
         return bool(plan.eval_upcast and plan.precision != "float64" and self.atol is None)
 
     def twin_tolerances(self) -> tuple[float, float]:
@@ -293,8 +287,8 @@ class CheckConfig:
         return float(atol), float(rtol)
 
     def step(self, noise_epsilon: float) -> float:
-        """Relative step: ``eps``, else the cube root of the evaluations' relative noise
-        (the machine epsilon of the evaluation dtype, or the measured noise when larger)."""
+        """Relative step: ``eps``, else the cube root of the evaluations' relative noise (the machine epsilon of the
+        evaluation dtype, or the measured noise when larger)."""
         return float(self.eps) if self.eps is not None else noise_epsilon ** (1.0 / 3.0)
 
     def table(self, name: str):
@@ -302,8 +296,8 @@ class CheckConfig:
         return dict(self.tables or ()).get(name, getattr(_tables, name))
 
     def options(self) -> dict:
-        """The configuration as the keyword options of the public entry points (without ``absolute_step``,
-        which only ``compute_gradient``'s delta sets)."""
+        """The configuration as the keyword options of the public entry points (without ``absolute_step``, which
+        only ``compute_gradient``'s delta sets)."""
         return {name: value for name, value in self.__dict__.items() if name not in INTERNAL_FIELDS}
 
     def replace(self, **overrides) -> CheckConfig:
@@ -311,6 +305,6 @@ class CheckConfig:
 
     @property
     def compiled_key(self) -> tuple:
-        """The fields compiled kernels depend on: steps, tolerances and modes are arguments or
-        host-side, so changing them reuses the kernels (the path and chunk are in each kernel's key)."""
+        """The fields compiled kernels depend on: steps, tolerances and modes are arguments or host-side, so changing
+        them reuses the kernels (the path and chunk are in each kernel's key)."""
         return (self.jit_compile, self.device)

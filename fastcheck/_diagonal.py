@@ -1,29 +1,23 @@
 """Element-wise f on the eager path: the full Jacobians from a few calls instead of 2n + m.
 
-Where output element i of f depends on element i of its one checked input alone, in
-f's forward ops *and* in the ops of its gradient, each Jacobian is diagonal and the
-eager loops' per-column and per-row calls are redundant:
+Where output element i of f depends on element i of its one checked input alone, in f's forward ops *and* in the
+ops of its gradient, each Jacobian is diagonal and the eager loops' per-column and per-row calls are redundant:
 
-* numerical side: ``f(x + sum_j d_j e_j)`` moves every column at once.  Output i sees
-  only element i moved, so its value is bit for bit ``f(x + d_i e_i)_i``; every other
-  entry of column j is ``f(x)_i`` (the centre, NaN included), as the one-column call
-  gives it.
-* analytical side: one VJP with the cotangent ``1`` gives every diagonal entry (row i's
-  one-hot VJP computes element i from the same values), one VJP with the cotangent ``0``
-  every entry off the diagonal (element j of row i's VJP sees a zero cotangent: ``0``,
-  or NaN where the gradient's factor is not finite, as the row loop gives it).
+* numerical side: ``f(x + sum_j d_j e_j)`` moves every column at once.  Output i sees only element i moved, so its
+  value is bit for bit ``f(x + d_i e_i)_i``; every other entry of column j is ``f(x)_i`` (the centre, NaN
+  included), as the one-column call gives it.
+* analytical side: one VJP with the cotangent ``1`` gives every diagonal entry (row i's one-hot VJP computes
+  element i from the same values), one VJP with the cotangent ``0`` every entry off the diagonal (element j of row
+  i's VJP sees a zero cotangent: ``0``, or NaN where the gradient's factor is not finite, as the row loop gives it).
 
-So the blocks are the eager loops' own numbers and every verdict is unchanged; the
-check only makes fewer calls (6 elements: 4 calls of f and 2 VJPs for 12 and 6).
+So the blocks are the eager loops' own numbers and every verdict is unchanged; the check only makes fewer calls.
 
-Whether f is element-wise is read from its graph, never from its values: f and its
-VJP are built once in a ``FuncGraph`` (no ``tf.function``, no AutoGraph: a Python
-branch on a tensor value or a ``.numpy()`` fails there and f is not element-wise) and
-walked op by op with ``_sparsity``'s dependency rules, plus the element-wise gradient
-ops (``TanhGrad``, ...).  An op without a rule, a while loop, a py_function, a
-broadcast of the input: not element-wise, and the loops run as before.  The answer is
-cached with f's kernels (per f, signatures and configuration; dropped when f is
-collected), so a repeated check of f pays for it once.
+Whether f is element-wise is read from its graph, never from its values: f and its VJP are built once in a
+``FuncGraph`` (no ``tf.function``, no AutoGraph: a Python branch on a tensor value or a ``.numpy()`` fails there
+and f is not element-wise) and walked op by op with ``_sparsity``'s dependency rules, plus the element-wise gradient
+ops (``TanhGrad``, ...).  An op without a rule, a while loop, a py_function, a broadcast of the input: not
+element-wise, and the loops run as before.  The answer is cached with f's kernels (per f, signatures and
+configuration; dropped when f is collected), so a repeated check of f pays for it once.
 """
 
 from __future__ import annotations
@@ -37,8 +31,8 @@ from fastcheck._plan import Plan
 from fastcheck._sparsity import Dep, Tracer
 from fastcheck._tables import MIN_ELEMENTS, WALK_CALL_SECONDS
 
-# Element-wise ops besides _sparsity's (which walks forward graphs): the gradient kernels of
-# element-wise ops, and unary special functions.
+# Element-wise ops besides _sparsity's (which walks forward graphs): the gradient kernels of element-wise ops, and
+# unary special functions.
 GRADIENT_ELEMENTWISE = frozenset({
     "TanhGrad", "SigmoidGrad", "SqrtGrad", "RsqrtGrad", "ReciprocalGrad", "InvGrad", "ReluGrad", "Relu6Grad",
     "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad", "SoftsignGrad", "GeluGrad",
@@ -81,10 +75,9 @@ def _leaf(plan: Plan, values):
 
 
 def _structure(plan: Plan, eval_values, native_values) -> bool:
-    """Whether f is element-wise in its checked input, forward (at the numerical side's dtypes)
-    and backward (at the native ones); see the module docstring.  f's output leaf itself, not
-    ``call_flat``'s reshaped one: each graph holds f's ops and a placeholder per input (graph ops
-    cost ~0.3 ms each to build)."""
+    """Whether f is element-wise in its checked input, forward (at the numerical side's dtypes) and backward (at
+    the native ones); see the module docstring.  f's output leaf itself, not ``call_flat``'s reshaped one: each
+    graph holds f's ops and a placeholder per input (graph ops cost ~0.3 ms each to build)."""
     (spec,) = plan.checked
     position, n = spec.position, spec.size
     from tensorflow.python.framework import func_graph
@@ -117,13 +110,12 @@ def _structure(plan: Plan, eval_values, native_values) -> bool:
 
 
 def elementwise(plan: Plan, config: CheckConfig, eval_values, native_values) -> bool:
-    """Whether the eager loops may run as this module's few calls: one real checked input and
-    one real output leaf of as many elements, and f element-wise in it (cached per f).
+    """Whether the eager loops may run as this module's few calls: one real checked input and one real output leaf
+    of as many elements, and f element-wise in it (cached per f).
 
-    The walk that finds out costs a few milliseconds: on the first check of f it runs only from
-    ``WALK_ELEMENTS`` elements, or for an f whose one call takes ``WALK_CALL_SECONDS``, where the
-    loops it could spare cost more; a repeated check of f walks once, and every later one reads the
-    cached answer."""
+    The walk that finds out costs a few milliseconds: on the first check of f it runs only where the loops it could
+    spare cost more (``WALK_ELEMENTS``, ``WALK_CALL_SECONDS``); a repeated check of f walks once, and every later one
+    reads the cached answer."""
     if len(plan.checked) != 1 or len(plan.outputs) != 1:
         return False
     spec, output = plan.checked[0], plan.outputs[0]

@@ -1,5 +1,5 @@
 """Fast mode's evaluations along random directions: Joint evaluates f at x +- h d for k directions d over a
-group of inputs at once (one batched kernel per side, chunked by the executor), J d by reverse-over-reverse
+group of inputs at once (both sides in one batched kernel, chunked by the executor), J d by reverse-over-reverse
 (or forward mode, where the gradient cannot be differentiated again), and one VJP.  Everything here evaluates;
 _fast judges.
 """
@@ -49,12 +49,10 @@ def _concatenated(plan: Plan, values):
 def _perturbed(plan: Plan, values, flat, direction, step):
     """The values at ``x + step d`` and ``x - step d``, and the direction realised.
 
-    ``direction`` is [n] float64 over every checked input (flattened real views,
-    concatenated in ``plan.checked`` order); ``flat`` is x so concatenated
-    (``_concatenated``; None: inputs of several dtypes, moved one by one).  Each
-    input moves in its own evaluation dtype; the realised direction is
-    ``((x + s d) - (x - s d)) / 2s`` in float64, so that both sides differentiate
-    along the step actually taken.
+    ``direction`` is [n] float64 over every checked input (flattened real views, concatenated in ``plan.checked``
+    order); ``flat`` is x so concatenated (``_concatenated``; None: inputs of several dtypes, moved one by one).  Each
+    input moves in its own evaluation dtype; the realised direction is ``((x + s d) - (x - s d)) / 2s`` in float64,
+    so that both sides differentiate along the step actually taken.
     """
     sizes = [spec.size for spec in plan.checked]
 
@@ -85,10 +83,8 @@ def _directional_kernel(plan: Plan, path: str, flat_function):
     """f(x + s_i d_i) and f(x - s_i d_i) for each row of a [b, n] batch of joint directions: one kernel
     for every checked input together, traced once for any b (dynamic batch).
 
-    ``tf.map_fn`` rather than ``vectorized_map``: fast mode evaluates a few dozen
-    points, and pfor's conversion of a large f costs more than it saves there
-    (MobileNetV2 on CPU: 3.2 s to trace a vectorized_map of 8 points, 1.3 s for
-    map_fn, both ~35 ms per call).
+    ``tf.map_fn`` rather than ``vectorized_map``: fast mode evaluates a few dozen points, and pfor's conversion of a
+    large f costs more than it saves there (MobileNetV2 on CPU: 3.2 s to trace against map_fn's 1.3 s).
     """
     m, n = plan.m, plan.n
     # The probe's traced flat function on traced paths (f is then not traced again); XLA compiles f itself.
@@ -114,12 +110,11 @@ def _directional_kernel(plan: Plan, path: str, flat_function):
 
 
 def _reverse_jvp(plan: Plan, values, tangents: tf.Tensor) -> tf.Tensor:
-    """J d for each row d of ``tangents`` [k, n] (every checked input, concatenated) from the
-    reverse-mode gradient: [k, m] float64.
+    """J d for each row d of ``tangents`` [k, n] (every checked input, concatenated) from the reverse-mode gradient:
+    [k, m] float64; raises when the VJP cannot be differentiated.
 
-    J d = d/du [(J^T u) . d], with one VJP over every input: the VJP is linear in u,
-    so differentiating it once more gives the JVP *of the VJP that training uses*
-    (custom gradients included).  Raises when the VJP cannot be differentiated.
+    J d = d/du [(J^T u) . d], with one VJP over every input: the VJP is linear in u, so differentiating it once more
+    gives the JVP *of the VJP that training uses* (custom gradients included).
     """
     u = tf.zeros([plan.m], plan.native_flat_dtype)
     with tf.GradientTape(persistent=True) as outer:
@@ -143,9 +138,8 @@ def _reverse_jvp_kernel(plan: Plan):
 def _vjp(plan: Plan, values, u) -> tf.Tensor:
     """J^T u over every checked input at once (one tape, every input a source): [n] float64.
 
-    The sources are fresh tensors, so an input passed twice (``f(x, x)``) gets the
-    gradient of its own argument only, and per-tensor caches (TFP bijectors) see
-    tensors computed on the tape.
+    The sources are fresh tensors, so an input passed twice (``f(x, x)``) gets the gradient of its own argument
+    only, and per-tensor caches (TFP bijectors) see tensors computed on the tape.
     """
     moved = list(values)
     with tf.GradientTape() as tape:
@@ -165,9 +159,8 @@ JOINT_ROWS = "joint rows"
 class Joint:
     """Numerical directional derivatives along joint directions, and their autodiff counterparts.
 
-    Directions are [b, n] float64 over every checked input (concatenated in
-    ``plan.checked`` order).  Everything of size n or m stays in TensorFlow; only
-    per-probe summaries come back to the host.
+    Directions are [b, n] float64 over every checked input (concatenated in ``plan.checked`` order).  Everything of
+    size n or m stays in TensorFlow; only per-probe summaries come back to the host.
     """
 
     def __init__(self, executor: Executor, plan: Plan, supplied=None):
@@ -262,11 +255,10 @@ class Joint:
     def jvp(self, tangents: tf.Tensor, gradient: tf.Tensor, u: tf.Tensor) -> tf.Tensor:
         """J d for each direction [b, m] float64, from the reverse-mode gradient training uses.
 
-        For a scalar f, ``J d = (J^T u) . d / u`` (the gradient itself when u = 1).
-        Otherwise J d is the derivative of the VJP (J^T u) . d with respect to u (see
-        ``_reverse_jvp``), so every element of it comes from the user's custom
-        gradients.  Where TensorFlow cannot differentiate the VJP once more, forward
-        mode (``ForwardAccumulator``) stands in, and the report says so.
+        For a scalar f, ``J d = (J^T u) . d / u`` (the gradient itself when u = 1); otherwise the derivative of the
+        VJP (J^T u) . d with respect to u (``_reverse_jvp``), so every element of it comes from the user's custom
+        gradients.  Where TensorFlow cannot differentiate the VJP once more, forward mode (``ForwardAccumulator``)
+        stands in, and the report says so.
         """
         plan = self.executor.plan
         if plan.m == 1:

@@ -1,29 +1,22 @@
 """Checks spread over the replicas of a ``tf.distribute`` strategy (``strategy=`` / ``devices=``).
 
-The executor's chunk loop hands each chunk to ``Spread.wave``, which splits its
-items (perturbations, colour directions, rows) into one contiguous share per
-replica, in replica order, each share at most ``ceil(chunk / replicas)`` items
-(the batched evaluations in flight together use what one device's chunk used):
+The executor's chunk loop hands each chunk to ``Share.wave``, which splits its items (perturbations, colour
+directions, rows) into one contiguous share per replica, in replica order, each share at most
+``ceil(chunk / replicas)`` items (the batched evaluations in flight together use what one device's chunk used):
 
-* **local replicas** (``MirroredStrategy``, ``OneDeviceStrategy``, the local
-  devices of a worker): one thread per device calls the caller's ``call``
-  under ``tf.device(replica)``; TensorFlow releases the GIL while a kernel
-  runs, so the devices compute at the same time, and each share lands in its
-  place in the caller's arrays.
-* **several workers** (``MultiWorkerMirroredStrategy``): each worker computes
-  the shares of its own replicas, their kernel outputs are all-gathered (a
-  collective ``all_gather`` over ``strategy.run``, float64 on the wire, which
-  every float dtype round-trips exactly), and every worker then replays the
-  caller's ``call`` for every share in order with the gathered outputs in
-  place of the kernel's (``Executor.kernel`` answers through a thread-local
-  ``Tap``).  Every worker thus holds the same numbers and writes the same
-  report.  A small header gathered first checks that all workers are at the
-  same step (same evaluation, items, chunk, path) and carries their errors,
-  so an out-of-memory halving happens on all of them together and a worker
-  that diverged raises instead of hanging.
+* **local replicas** (``MirroredStrategy``, ``OneDeviceStrategy``, the local devices of a worker): one thread per
+  device calls the caller's ``call`` under ``tf.device(replica)``; TensorFlow releases the GIL while a kernel runs,
+  so the devices compute at the same time, and each share lands in its place in the caller's arrays.
+* **several workers** (``MultiWorkerMirroredStrategy``): each worker computes the shares of its own replicas, their
+  kernel outputs are all-gathered (a collective ``all_gather`` over ``strategy.run``, float64 on the wire, which
+  every float dtype round-trips exactly), and every worker then replays the caller's ``call`` for every share in
+  order with the gathered outputs in place of the kernel's (``Executor.kernel`` answers through a thread-local
+  ``Tap``).  Every worker thus holds the same numbers and writes the same report.  A small header gathered first
+  checks that all workers are at the same step (same evaluation, items, chunk, path) and carries their errors, so
+  an out-of-memory halving happens on all of them together and a worker that diverged raises instead of hanging.
 
-The work per replica becomes one report note.  ``None`` (the default) leaves the
-executor exactly as it was: no thread, no device scope, no collective.
+The work per replica becomes one report note.  ``None`` (the default) leaves the executor exactly as it was: no
+thread, no device scope, no collective.
 """
 
 from __future__ import annotations
@@ -99,8 +92,8 @@ class Spread:
     def locally(self, jobs: list) -> list:
         """Run ``job()`` for each (device index, job) under its device, at the same time; results in order.
 
-        Every job finishes before any error is raised (a retry never overlaps a running call);
-        the first error in replica order is raised.
+        Every job finishes before any error is raised (a retry never overlaps a running call); the first error in
+        replica order is raised.
         """
 
         def placed(index, job):
@@ -116,8 +109,8 @@ class Spread:
     # -- across workers ------------------------------------------------------------
 
     def all_gather(self, vectors: list[np.ndarray]) -> np.ndarray:
-        """[replicas, L] float64: each local replica's vector (``vectors[i]`` for local replica i),
-        gathered from every worker in global replica order."""
+        """[replicas, L] float64: each local replica's vector (``vectors[i]`` for local replica i), gathered from
+        every worker in global replica order."""
         local = {g: i for i, g in enumerate(self.ids)}
         values = self.strategy.experimental_distribute_values_from_function(
             lambda context: tf.constant(vectors[local[int(context.replica_id_in_sync_group)]][None], tf.float64))
@@ -188,8 +181,8 @@ def _unpack(vector: np.ndarray, structure, layout: list):
 
 
 class Share:
-    """One check's use of a ``Spread``: runs waves of the executor's chunk loop, counts the work
-    per replica and keeps the report's event up to date."""
+    """One check's use of a ``Spread``: runs waves of the executor's chunk loop, counts the work per replica and
+    keeps the report's event up to date."""
 
     def __init__(self, spread: Spread, events: list):
         self.spread, self.events = spread, events
@@ -242,8 +235,8 @@ class Share:
         jobs = []
         for i, g in enumerate(spread.ids):
             b, n = shares[g]
-            # A replica with no items computes the first one anyway: every worker brings a
-            # payload of the same layout to the collective.  Its result is not used.
+            # A replica with no items computes the first one anyway (its result unused): every worker brings a
+            # payload of the same layout to the collective.
             jobs.append((i, lambda b=b if n else start, n=n or 1: self._safely(record, b, n)))
         outcomes = spread.locally(jobs)
         for tap, error in outcomes:
@@ -296,8 +289,8 @@ class Share:
             return None, error
 
     def agree_on_path(self, path: str, what: str, total: int) -> str:
-        """The path every worker takes for this batched evaluation (eager where they differ); on the
-        eager path, a note that f runs on one device, unsplit."""
+        """The path every worker takes for this batched evaluation (eager where they differ); on the eager path, a
+        note that f runs on one device, unsplit."""
         agreed = path
         if self.spread.multi:
             code = 0.0 if path == EAGER else float(zlib.crc32(path.encode()))

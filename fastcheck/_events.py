@@ -1,14 +1,13 @@
 """What a check learnt on its way, as typed facts: the report composes every note from these.
 
-Each stage hands over an event (which input, which numbers, which reason) instead of a sentence;
-``_text.compose`` is the one place they become text, and ``_text.composed_notes`` merges the
-same event about many inputs on its fields (numbers that vary show as their range).
-``GradientReport.events`` holds them in the order the check learnt them; ``to_dict`` writes each as
-``{"kind": ..., **fields}``.
+Each stage hands over an event (which input, which numbers, which reason) instead of a sentence; ``_text.compose``
+is the one place they become text, and ``_text.composed_notes`` merges the same event about many inputs on its
+fields (numbers that vary show as their range).  ``GradientReport.events`` holds them in the order the check learnt
+them; ``to_dict`` writes each as ``{"kind": ..., **fields}``.
 
-An event about one input names it in its ``input`` field (``SUBJECT``; an out-of-memory retry, its
-``subject``): such events merge over inputs.  A few fields still carry text a stage composed (an
-error's first line, routing's reason, a model's float64 copy's account, a sparsity pattern's source).
+An event about one input names it in its ``input`` field (``SUBJECT``; an out-of-memory retry, its ``subject``):
+such events merge over inputs.  A few fields still carry text a stage composed (an error's first line, routing's
+reason, a model's float64 copy's account, a sparsity pattern's source).
 """
 
 from __future__ import annotations
@@ -277,8 +276,8 @@ class RouteReason:
 
 @dataclasses.dataclass(frozen=True)
 class PathChosen:
-    """The path f's batched evaluations ran on and why, routed before the mode was chosen
-    (``routed_for_full``: as for a full check)."""
+    """The path f's batched evaluations ran on and why, routed before the mode was chosen (``routed_for_full``: as
+    for a full check)."""
 
     path: str
     reason: RouteReason
@@ -309,8 +308,8 @@ class EmptyPart:
 
 @dataclasses.dataclass(frozen=True)
 class ForwardNotChecked:
-    """autodiff="auto" did not probe forward mode: the check ran eagerly, had fewer than ``evaluations``
-    evaluations, or f contains while_loops."""
+    """autodiff="auto" did not probe forward mode: the check ran eagerly, had fewer than ``evaluations`` evaluations,
+    or f contains while_loops."""
 
     reason: Literal["eager", "few evaluations", "loops"]
     evaluations: int = 0
@@ -354,9 +353,9 @@ class FastForwardOnly:
 
 @dataclasses.dataclass(frozen=True)
 class ColouredBlock:
-    """One checked input's share of coloured mode: its pattern's ``nonzeros`` of ``rows`` x ``columns``,
-    in ``colours`` column colours; ``cleared``: nonzeros the device's screen passed (the rest judged on the
-    host); ``probes``: random dense probes of the pattern (0: a traced diagonal pattern, trusted)."""
+    """One checked input's share of coloured mode: its pattern's ``nonzeros`` of ``rows`` x ``columns``, in
+    ``colours`` column colours; ``cleared``: nonzeros the device's screen passed (the rest judged on the host);
+    ``probes``: random dense probes of the pattern (0: a traced diagonal pattern, trusted)."""
 
     input: str
     nonzeros: int
@@ -471,8 +470,8 @@ class LogDetConvention:
 
 @dataclasses.dataclass(frozen=True)
 class Distributed:
-    """The work per replica: ``work`` holds (what, counts per replica, counted on each worker) in order;
-    ``multi``: several workers, each evaluating its replicas' shares."""
+    """The work per replica: ``work`` holds (what, counts per replica, counted on each worker) in order; ``multi``:
+    several workers, each evaluating its replicas' shares."""
 
     where: str
     work: tuple

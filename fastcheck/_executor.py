@@ -1,29 +1,21 @@
 """The executor: every batched evaluation of f that a check makes goes through it.
 
-It owns the execution state of one check -- the route (a frozen value, replaced
-when a path cannot run f), the chunk sizes (halved when a call runs out of
-memory) and the events that become report notes -- and runs the one chunk loop,
-``chunked(batch, total, call, eager)``: ``call`` over chunks of the items, halved
-on out-of-memory, falling back xla -> graph/loop -> loop -> eager as
-``Route.following`` says, each retry and fallback an event (``OutOfMemory``,
-``FellBack``). Every strategy's batched evaluations go through it: full mode's
-differences (below), fast mode's directions (``_directions.Joint``), coloured mode's
-colours and VJPs (``_coloured``). Full mode's:
+It owns the execution state of one check -- the route (a frozen value, replaced when a path cannot run f), the
+chunk sizes (halved when a call runs out of memory) and the events that become report notes -- and runs the one
+chunk loop, ``chunked(batch, total, call, eager)``, falling back xla -> graph/loop -> loop -> eager as
+``Route.following`` says.  Every strategy's batched evaluations go through it: full mode's differences (below),
+fast mode's directions (``_directions.Joint``), coloured mode's colours and VJPs (``_coloured``).  Full mode's:
 
-* ``differences(position, idx, delta)``: ``f(x + d_j e_j)`` and ``f(x - d_j e_j)``
-  for chosen (j, d_j) pairs of one input (full mode's columns, refinements), the
-  one-hot perturbations built inside the kernel so no [2k, n] batch crosses from
-  the host; it also returns the span actually taken,
-  ``(x_j + d_j) - (x_j - d_j)`` in the evaluation dtype.
+* ``differences(position, idx, delta)``: ``f(x + d_j e_j)`` and ``f(x - d_j e_j)`` for chosen (j, d_j) pairs of
+  one input (full mode's columns, refinements), the one-hot perturbations built inside the kernel so no [2k, n]
+  batch crosses from the host; it also returns the span actually taken, ``(x_j + d_j) - (x_j - d_j)`` in the
+  evaluation dtype.
 * ``quotients(position, idx, delta)``: the first sweep's difference quotients.
 
-Both run as one ``vectorized_map`` (or ``map_fn`` on the loop path) per chunk.
-Where routing says so (``Route.joint_chunk``), the differences of every checked
-input go through one kernel whose rows carry all of them (``_joint_kernel``): one
-trace and compile instead of one per input, which for a model of 39 variables was
-90% of the check.
-The autodiff side (``_autodiff``) runs its kernels under the same route and
-records its fallbacks here too.
+Both run as one ``vectorized_map`` (or ``map_fn`` on the loop path) per chunk.  Where routing says so
+(``Route.joint_chunk``), the differences of every checked input go through one kernel whose rows carry all of them
+(``_joint_kernel``): one trace and compile instead of one per input, which for a model of 39 variables was 90% of
+the check.  The autodiff side (``_autodiff``) runs its kernels under the same route and records its fallbacks here.
 """
 
 from __future__ import annotations
@@ -68,8 +60,8 @@ def timed(timings: dict, stage: str):
 def evaluate_rows(plan: Plan, position: int, path: str, values, batch, flat_function=None):
     """f at each row of ``batch`` (values of input ``position``, flattened): flat outputs [rows, m].
 
-    Traced code: one ``vectorized_map`` over the rows, or ``map_fn`` on the loop
-    path, where it calls the probe's already-traced function so f is not traced twice.
+    Traced code: one ``vectorized_map`` over the rows, or ``map_fn`` on the loop path, where it calls the probe's
+    already-traced function so f is not traced twice.
     """
     shape, m = plan.eval_value(plan.inputs[position]).shape, plan.m
 
@@ -105,15 +97,15 @@ def _sides(outs, picked, delta, chunk: int, sides: bool):
     plus, minus = tf.transpose(outs[:chunk]), tf.transpose(outs[chunk:])
     if sides:
         return plus, minus, span
-    # The quotient alone (the first sweep): half the host memory; subtracted in float64,
-    # where the difference of two float32 values is exact.
+    # The quotient alone (the first sweep): half the host memory; subtracted in float64, where the difference of
+    # two float32 values is exact.
     wide = tf.cast(span, tf.float64)
     return (tf.cast(plus, tf.float64) - tf.cast(minus, tf.float64)) / wide[None, :], wide
 
 
 def _joint_kernel(plan: Plan, chunk: int, path: str, sides: bool = True):
-    """The differences kernel of every checked input at once: ``idx`` indexes their flattened
-    concatenation (in ``plan.checked`` order), so one trace serves all of them (``Route.joint_chunk``).
+    """The differences kernel of every checked input at once: ``idx`` indexes their flattened concatenation (in
+    ``plan.checked`` order), so one trace serves all of them (``Route.joint_chunk``).
 
     Each row carries every checked input, the perturbed element moved as in the per-input kernel
     (``x + onehot * d``), the others plus zero; one ``vectorized_map`` over those rows.
@@ -151,10 +143,10 @@ def _loops_in(concrete) -> bool:
 
 
 def _line_kernel(plan: Plan):
-    """f at ``x + t s`` for t in ``ts`` and in ``-ts`` ([2 len(ts), m]): ``steps`` s holds one
-    step per checked input (zeros for those not moved).  The noise tables of ``_precision``: t and
-    s are exact in every dtype (small integers, powers of two times 1..3), so each point is
-    ``x + t s`` rounded once, as the host computes it.  A loop, one call of f per point."""
+    """f at ``x + t s`` for t in ``ts`` and in ``-ts`` ([2 len(ts), m]): ``steps`` s holds one step per checked
+    input (zeros for those not moved).  The noise tables of ``_precision``: t and s are exact in every dtype (small
+    integers, powers of two times 1..3), so each point is ``x + t s`` rounded once, as the host computes it.  A
+    loop, one call of f per point."""
     m = plan.m
 
     def kernel(values, steps, ts):
@@ -171,15 +163,15 @@ def _line_kernel(plan: Plan):
     return compile_kernel(kernel, GRAPH, plan.autograph)
 
 
-# Noise tables of one measurement, at least: NOISE_DIRECTIONS directions per group of inputs,
-# NOISE_SCALES fine scales and one coarser one.  Each is 2 NOISE_SIDE calls of f point by point.
+# Noise tables of one measurement, at least: NOISE_DIRECTIONS directions per group of inputs, NOISE_SCALES fine
+# scales and one coarser one.  Each is 2 NOISE_SIDE calls of f point by point.
 NOISE_TABLES = NOISE_DIRECTIONS * (NOISE_SCALES + 1)
 
 
 def measured(executor: Executor, plan: Plan, line=None) -> Plan:
-    """``measure_precision(plan)``, each noise table one batched call (``line``, or the
-    executor's ``noise_line``), else f called point by point: traced where the check's path
-    is (an eager call of MobileNetV2 costs 150 ms, a traced one 15 ms), eagerly on the eager path."""
+    """``measure_precision(plan)``, each noise table one batched call (``line``, or the executor's ``noise_line``),
+    else f called point by point: traced where the check's path is (a traced call of MobileNetV2 costs a tenth
+    of an eager one), eagerly on the eager path."""
     line = line if line is not None else executor.noise_line()
     if executor.path == EAGER:
         return measure_precision(plan, line)
@@ -196,8 +188,8 @@ def _f_kernel(f, autograph: bool):
 
 
 class Progress:
-    """A tqdm bar for long batched sweeps: shown when asked, or on a terminal once the
-    sweep is predicted (from its pace so far) to take more than PROGRESS_SECONDS."""
+    """A tqdm bar for long batched sweeps: shown when asked, or on a terminal once the sweep is predicted (from its
+    pace so far) to take more than PROGRESS_SECONDS."""
 
     def __init__(self, enabled: bool | None, total: int, unit: str):
         self.enabled, self.total, self.unit = enabled, total, unit
@@ -223,8 +215,8 @@ class Progress:
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-    """What a batched evaluation tells ``Executor.chunked``: where its chunk is kept, where it starts,
-    and the facts its notes and errors name."""
+    """What a batched evaluation tells ``Executor.chunked``: where its chunk is kept, where it starts, and the
+    facts its notes and errors name."""
 
     what: str  # the evaluations, as a fallback note names them ("numerical differences")
     key: Hashable  # the executor keeps the chunk under it: a later batch of the key starts at the halved one
@@ -240,8 +232,8 @@ class Batch:
 
 
 def joined(parts: list):
-    """The chunks' results as one: tensors (or tuples of them) concatenated along the items, arrays
-    likewise; None where the calls filled the caller's arrays (or there were none)."""
+    """The chunks' results as one: tensors (or tuples of them) concatenated along the items, arrays likewise; None
+    where the calls filled the caller's arrays (or there were none)."""
     if not parts or all(part is None for part in parts):
         return None
     if len(parts) == 1:
@@ -263,24 +255,23 @@ class Executor:
         self.chosen = route  # as routing chose it, before any fallback
         # Routing's costs as this check found them (``_calibration.Calibration``): what it returns.
         self.calibration = shared_calibration() if calibration is None else calibration
-        # Items per call of each batch (``Batch.key``; an input's position: its differences), written
-        # here only: set by a batch's first call, halved on out-of-memory; read through ``chunk``.
+        # Items per call of each batch (``Batch.key``; an input's position: its differences), written here only:
+        # set by a batch's first call, halved on out-of-memory; read through ``chunk``.
         self.chunks: dict = dict(route.chunks)
-        # What happened, in order: fallbacks and retries (``FellBack``, ``OutOfMemory``) and the
-        # events of the strategies and replicas (some still text); the report turns them into notes.
+        # What happened, in order: fallbacks and retries (``FellBack``, ``OutOfMemory``) and the events of the
+        # strategies and replicas (some still text); the report turns them into notes.
         self.events: list = []
-        # strategy= / devices=: each chunk split over the strategy's replicas (``_distribute``);
-        # None runs every call here, on one device.
+        # strategy= / devices=: each chunk split over the strategy's replicas (``_distribute``); None: one device.
         spread = spread_for(config)
         self.share = Share(spread, self.events) if spread is not None else None
         self._lock = threading.Lock()  # kernel lookups from the replicas' threads
-        # What one check computes once and hands from mode choice to strategy (``once``: the
-        # coloured layout, patterns and colourings); dies with the check, unlike the kernel cache.
+        # What one check computes once and hands from mode choice to strategy (``once``: the coloured layout,
+        # patterns and colourings); dies with the check, unlike the kernel cache.
         self.memo: dict = {}
         self.values = tuple(plan.eval_values())
         self.native = tuple(plan.native_values())
-        # Full mode's differences through one kernel for every checked input (``_joint_kernel``),
-        # decided by routing; not across workers, which must agree on every step.
+        # Full mode's differences through one kernel for every checked input (``_joint_kernel``), decided by
+        # routing; not across workers, which must agree on every step.
         self.joint = route.joint_chunk > 0 and self.share is None
         self._offsets = dict(zip([s.position for s in plan.checked],
                                  np.cumsum([0] + [s.size for s in plan.checked])[:-1].tolist()))
@@ -308,8 +299,8 @@ class Executor:
         return True
 
     def once(self, key: str, make):
-        """``make()`` for ``key``, made once per check: what mode choice finds and the strategy reuses
-        (coloured mode's layout), what the eager loops learn of f (element-wise, f at x)."""
+        """``make()`` for ``key``, made once per check: what mode choice finds and the strategy reuses (coloured
+        mode's layout), what the eager loops learn of f (element-wise, f at x)."""
         if key not in self.memo:
             self.memo[key] = make()
         return self.memo[key]
@@ -334,11 +325,11 @@ class Executor:
     def chunked(self, batch: Batch, total: int, call, eager):
         """Every batched evaluation of f: ``call(chunk, part, count)`` over chunks of ``total`` items.
 
-        The chunk starts at what ``batch.key`` holds (``batch.chunk`` for a new key). A call that
-        runs out of memory halves it and is retried (an ``OutOfMemory`` event); a path that cannot run
-        f falls back to the next (``FellBack``) and the batch starts again there; on the eager path
-        ``eager()`` runs instead. With ``strategy=`` (and ``batch.spread``) each chunk is split over
-        the replicas. Returns the calls' results joined (``joined``), or ``eager()``'s.
+        The chunk starts at what ``batch.key`` holds (``batch.chunk`` for a new key).  A call that runs out of memory
+        halves it and is retried (an ``OutOfMemory`` event); a path that cannot run f falls back to the next
+        (``FellBack``) and the batch starts again there; on the eager path ``eager()`` runs instead.  With
+        ``strategy=`` (and ``batch.spread``) each chunk is split over the replicas.  Returns the calls' results
+        joined (``joined``), or ``eager()``'s.
         """
         if self.share is not None and batch.spread:  # across workers: every worker takes the same path
             agreed = self.share.agree_on_path(self.path, batch.what, total)
@@ -440,8 +431,8 @@ class Executor:
         return self.joint and self.path in (_paths.XLA, GRAPH)
 
     def _differences_key(self, position: int) -> int:
-        """The chunk key of a differences call on ``position`` (its own); the first on the joint
-        kernel sets every checked input's chunk to the joint kernel's, as the report's notes say."""
+        """The chunk key of a differences call on ``position`` (its own); the first on the joint kernel sets every
+        checked input's chunk to the joint kernel's, as the report's notes say."""
         if self._joint_on() and not self._joint_chunks:
             self._joint_chunks = {s.position: self.chunks[s.position] for s in self.plan.checked}
             for spec in self.plan.checked:
@@ -466,22 +457,22 @@ class Executor:
             self.plan, position, chunk, self.path, self.route.flat_function, sides=sides)), 0
 
     def _vectorised(self, kernel, chunk: int):
-        """A joint kernel, traced; None (cached as such) where pfor could not vectorise some op of f
-        with every input batched (a while_loop in its graph): each input then gets its own kernel."""
+        """A joint kernel, traced; None (cached as such) where pfor could not vectorise some op of f with every
+        input batched (a while_loop in its graph): each input then gets its own kernel."""
         dtype = self.values[self.plan.checked[0].position].dtype
         concrete = kernel.get_concrete_function(self.values, tf.TensorSpec([chunk], tf.int32), tf.TensorSpec([chunk], dtype))
         return None if _loops_in(concrete) else kernel
 
     def elementwise(self) -> bool:
-        """Whether the eager loops may make ``_diagonal``'s few calls (f element-wise in its one
-        checked input; found once per f, signatures and configuration)."""
+        """Whether the eager loops may make ``_diagonal``'s few calls (f element-wise in its one checked input;
+        found once per f, signatures and configuration)."""
         if self.path != EAGER or self.share is not None or not self.route.traceable:
             return False
         return self.once("elementwise", lambda: elementwise(self.plan, self.config, self.values, self.native))
 
     def _centre(self) -> np.ndarray:
-        """f at x on the numerical side, as the eager loop calls it (flat, float64): planning's evaluation
-        at the point in that precision (f of one output leaf: the same call, the same numbers)."""
+        """f at x on the numerical side, as the eager loop calls it (flat, float64): planning's evaluation at the
+        point in that precision (f of one output leaf: the same call, the same numbers)."""
         def centre() -> np.ndarray:
             found = self.plan.eval_output
             if found is None or np.shape(found) != (self.plan.m,):
@@ -525,8 +516,8 @@ class Executor:
         return y
 
     def _elementwise_differences(self, position, idx, delta, flat, shape, dtype):
-        """``_eager_differences`` of an element-wise f (``_diagonal``): every column of ``idx`` moved in
-        one call per side; output j of it is output j of the one-column call, the others are f(x)."""
+        """``_eager_differences`` of an element-wise f (``_diagonal``): every column of ``idx`` moved in one call
+        per side; output j of it is output j of the one-column call, the others are f(x)."""
         k = len(idx)
         centre = self._centre()
         values = list(self.values)
@@ -544,10 +535,10 @@ class Executor:
     # -- noise tables ----------------------------------------------------------
 
     def noise_line(self):
-        """``measure_noise``'s batched evaluator (``line(steps, ts)``: each noise table one call
-        of a traced loop instead of 2 NOISE_SIDE calls of f), or None where the
-        tables run point by point: across workers, beyond ``memory_budget``, and on the eager
-        path where those calls cost less than tracing the kernel (predicted in this process).
+        """``measure_noise``'s batched evaluator (``line(steps, ts)``: each noise table one call of a traced loop
+        instead of 2 NOISE_SIDE calls of f), or None where the tables run point by point: across workers, beyond
+        ``memory_budget``, and on the eager path where those calls cost less than tracing the kernel (predicted in
+        this process).
         """
         plan = self.plan
         if self.share is not None or not plan.checked:
@@ -563,9 +554,8 @@ class Executor:
             traced = calibration.tracing() + groups * NOISE_TABLES * plan.call_seconds
             if point_by_point <= LINE_MARGIN * traced:
                 return None
-        # A loop over the table's points, not vectorised: each point runs f's own kernels, so its
-        # rounding is that of f called alone (a batched matmul rounds otherwise, and the float32
-        # ReLU MLP's noise read 20% higher), and no pfor conversion is paid.
+        # A loop over the table's points, not vectorised: each point runs f's own kernels, so its rounding is that
+        # of f called alone (a batched matmul rounds otherwise), and no pfor conversion is paid.
         positions = [s.position for s in plan.checked]
         state = {"ran": False, "failed": False}
 
@@ -596,12 +586,12 @@ class Executor:
 
 
 def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
-    """Per-element step ``eps * max(1, |x_j|)`` for one input (real view, flattened), or ``eps`` itself
-    where the configuration asks for an absolute step (``compute_gradient``'s delta).
+    """Per-element step ``eps * max(1, |x_j|)`` for one input (real view, flattened), or ``eps`` itself where the
+    configuration asks for an absolute step (``compute_gradient``'s delta).
 
-    ``eps`` is the evaluation dtype's ``machine_epsilon ** (1/3)``: the steps do not
-    follow f's measured noise (a larger relative step spans periods of cos at 5e7);
-    noise-limited columns are re-estimated over larger steps instead (``_full_steps._coarsen``).
+    ``eps`` is the evaluation dtype's ``machine_epsilon ** (1/3)``: the steps do not follow f's measured noise (a
+    larger relative step spans periods of cos at 5e7); noise-limited columns are re-estimated over larger steps
+    instead (``_full_steps._coarsen``).
     """
     if config.absolute_step and config.eps is not None:  # the configuration refuses one without the other
         return np.full(plan.inputs[position].size, float(config.eps))

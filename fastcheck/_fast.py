@@ -3,68 +3,48 @@
 One strategy of ``_check.run_check`` (with ``_full`` and ``_coloured``), evaluating f through the same executor
 (its evaluations along directions are ``_directions``).
 
-**Probes over groups of inputs.**  A probe is one direction ``d = (d_1, ..., d_K)``
-over several checked inputs together, ``d_k = max(1, |x_k|) * v_k`` with
-``v ~ N(0, 1)`` -- seeded draws that never touch TensorFlow's or numpy's global
-RNG -- so every element moves by about the step full mode would use.  The inputs
-are tested in groups of similar size (``_screening_groups``: at most 8 inputs, a
-group holding at most DILUTION**2 = 16 times the elements of its smallest input;
-one group for a single input or a few of similar size; 20 groups for
-MobileNetV2's 158 variables), k probes per group, and one cotangent u:
+**Probes over groups of inputs.**  A probe is one direction ``d = (d_1, ..., d_K)`` over several checked inputs
+together, ``d_k = max(1, |x_k|) * v_k`` with ``v ~ N(0, 1)`` -- seeded draws that never touch TensorFlow's or numpy's
+global RNG -- so every element moves by about the step full mode would use.  The inputs are tested in groups of
+similar size (``_screening_groups``: at most 8 inputs, at most DILUTION**2 = 16 times the elements of the group's
+smallest input; 20 groups for MobileNetV2's 158 variables), k probes per group, and one cotangent u:
 
-* numerical  ``J d ~ (f(x + eps d) - f(x - eps d)) / (2 eps)``: the group's
-  inputs move at once; every probe of every group goes through **one** compiled
-  kernel (``_directions._directional_kernel``: f at points that move any inputs), a few dozen
-  probes per call, refined at smaller steps where they disagree;
-* element-wise  ``J d = sum_k J_k d_k`` from the reverse-mode gradient: for a
-  scalar f it is ``g . d`` with ``g`` the gradient (the user's supplied one for
-  ``check_model``/``verify_gradients``); otherwise the derivative of the VJP
-  ``(J^T u) . d`` with respect to u (``_reverse_jvp``, one kernel for all inputs:
-  custom gradients included; forward mode stands in, with a note, where the VJP
-  cannot be differentiated);
-* projection  ``u . (J d)`` against ``(J^T u) . d``, from **one** VJP over every
-  input (one ``tape.gradient`` with every input as a source).
+* numerical  ``J d ~ (f(x + eps d) - f(x - eps d)) / (2 eps)``: the group's inputs move at once; every probe of
+  every group goes through **one** compiled kernel (``_directions._directional_kernel``: f at points that move any
+  inputs), a few dozen probes per call, refined at smaller steps where they disagree;
+* element-wise  ``J d = sum_k J_k d_k`` from the reverse-mode gradient: for a scalar f ``g . d`` with ``g`` the
+  gradient (the user's supplied one for ``check_model``/``verify_gradients``); otherwise the derivative of the VJP
+  ``(J^T u) . d`` with respect to u (``_reverse_jvp``, one kernel for all inputs, custom gradients included;
+  forward mode stands in, with a note, where the VJP cannot be differentiated);
+* projection  ``u . (J d)`` against ``(J^T u) . d``, from **one** VJP over every input (one ``tape.gradient``).
 
-So the cost is one VJP, one kernel and ``2 k`` evaluations of f per group, never a
-trace, compile or VJP per input.  The tolerance accounts for the probe's norm
-explicitly and is never a multiple of the tensor size (``||d||_2`` is over the
-group's elements):
+So the cost is one VJP, one kernel and ``2 k`` evaluations of f per group, never a trace, compile or VJP per input.
+The tolerance accounts for the probe's norm explicitly and is never a multiple of the tensor size (``||d||_2`` is
+over the group's elements):
 
     element-wise, per output element i:  |a_i - n_i| <= atol * ||d||_2 + rtol * |n_i| + noise_i = band_i
     projection, per probe:               |a - n|     <= ||u * band||_2
 
-**Why groups, not one direction over everything.**  Numerically only the total
-``J d = sum_k J_k d_k`` is observable from a joint perturbation (the per-input
-terms ``(J_k^T u) . d_k`` are known on the autodiff side only), and its allowance
-``atol * ||d||_2`` grows with every element the probe moves: a projection over a
-whole model lets a defect in a small variable drown in the allowance of the large
-ones.  Measured: a 1% defect in the 32-element scale of a custom layer inside a
-50-layer Dense+BatchNorm network (203 variables, 56,000 elements) passed one
-direction over all of them for 3 seeds of 3, and failed its group's probes,
-named, for 3 of 3.  A group dilutes a defect in its smallest input by at most
-DILUTION = 4 against the input's own probes.
+**Why groups, not one direction over everything.**  Numerically only the total ``J d = sum_k J_k d_k`` is
+observable from a joint perturbation (the per-input terms ``(J_k^T u) . d_k`` are known on the autodiff side only),
+and its allowance ``atol * ||d||_2`` grows with every element the probe moves: over a whole model a defect in a
+small variable drowns in the allowance of the large ones (a 1% defect in a 32-element scale among 56,000 elements
+passed one direction over all of them and failed its group's probes).  A group dilutes a defect in its smallest
+input by at most DILUTION = 4 against the input's own probes.
 
-f's noise is measured only when some group fails (a pass needs no measurement:
-measuring only widens allowances); the failing groups are then tested again with
-the measured noise and precision, refined.
+f's noise is measured only when some group fails (measuring only widens allowances); the failing groups are then
+tested again with the measured noise and precision, refined.
 
-**Localisation.**  A group that still fails is bisected over its inputs: probes
-restricted to each part show which carries the defect, every part that shows it
-followed (worst first, at most ``MAX_LOCALISED_INPUTS`` inputs; further failing
-groups fail as groups, with a hint).  An input reached this way gets its own test
-(k probes restricted to it, as if it were the only input) and then the
-within-input bisection: probes restricted to each of 8 blocks (contiguous in the
-flattened input, i.e. slabs along the leading axes), recursively, down to a
-region small enough for an element-by-element check, whose worst element is
-reported with the region.  Each input's pair holds the probes that decided it:
-its group's when the group passed, those of the part that cleared it or its own
-when it was localised; a group whose defect shows in no single part is
-undecidable, with a hint saying so (``NOT_SHOWN_HINT``, ``WITHIN_PARTS_HINT``), and
-groups failing after ``MAX_LOCALISED_INPUTS`` localised inputs fail as groups
-(``CAPPED_HINT``).  A localised element where f does not move (``_flat``) is
-undecidable too (``FLAT_HINT``).  Each input's pair states its resolution: the
-smallest relative error of its gradient that its probes flag, from its share
-``(J^T u)_k . d_k`` of each projection.
+**Localisation** (``_localise``).  A group that still fails is bisected over its inputs, every part that shows the
+defect followed (worst first, at most ``MAX_LOCALISED_INPUTS`` inputs; further failing groups fail as groups,
+``CAPPED_HINT``).  An input reached this way gets its own k probes (as if it were the only input) and then the
+within-input bisection: probes restricted to each of 8 blocks (contiguous in the flattened input, i.e. slabs along
+the leading axes), recursively, down to a region small enough for an element-by-element check, whose worst element
+is reported with the region.  A group whose defect shows in no single part is undecidable (``NOT_SHOWN_HINT``,
+``WITHIN_PARTS_HINT``), as is a localised element where f does not move (``_flat``, ``FLAT_HINT``).  Each input's
+pair holds the probes that decided it (its group's when the group passed, those of the part that cleared it or its
+own when it was localised) and states its resolution: the smallest relative error of its gradient that its probes
+flag, from its share ``(J^T u)_k . d_k`` of each projection.
 """
 
 from __future__ import annotations
@@ -82,7 +62,8 @@ from fastcheck._events import FastSummary
 from fastcheck._executor import Executor, measured, timed
 from fastcheck._plan import Plan
 from fastcheck._refine import LADDER, Evaluate, Line, Rungs, confirmation, descend
-from fastcheck._results import Comparison, Element, Outcome, PairReport, Projections
+from fastcheck._results import Outcome, PairReport
+from fastcheck._storage import Comparison, Element, Projections
 from fastcheck._tables import (
     BLOCK_REFINE_OUTPUTS,
     BLOCKS,
@@ -124,9 +105,8 @@ CAPPED_HINT = ("the projections over this group of inputs fail; localisation sto
 
 
 def _screening_groups(sizes: list) -> list:
-    """The checked inputs (indices) in groups of similar size, at most ``BLOCKS`` to a group: inputs
-    taken in order of size, a group closed before it holds more than DILUTION**2 times the
-    elements of its smallest input."""
+    """The checked inputs (indices) in groups of similar size, at most ``BLOCKS`` to a group: inputs taken in order
+    of size, a group closed before it holds more than DILUTION**2 times the elements of its smallest input."""
     groups: list = []
     current: list = []
     total = 0
@@ -178,10 +158,9 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
             forward_side=True, refine=True, confirm=False) -> Comparison:
     """Numerical vs element-wise J d and projection for the given joint probes, a call's worth at a time.
 
-    ``forward_side=False`` skips the element-wise J d (that comparison then passes
-    trivially); ``refine=False`` skips the smaller-step re-evaluation of failing
-    probes (see ``_refine``), whose ratios > 1 then all count as mismatches; ``confirm``
-    (directions along single elements) confirms a settled mismatch as every mode does.
+    ``forward_side=False`` skips the element-wise J d (that comparison then passes trivially); ``refine=False``
+    skips the smaller-step re-evaluation of failing probes (``_refine``), whose ratios > 1 then all count as
+    mismatches; ``confirm`` (directions along single elements) confirms a settled mismatch as every mode does.
     """
     parts = []
     group = joint.rows_per_call
@@ -192,8 +171,8 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
         result = _judge(estimate, forward, realised, noise, u, gradient, atol, rtol)
         failing = np.flatnonzero(result.score > 1)
         if refine and len(failing):
-            # Curvature along a long direction, or kinks the step crosses, are not a gradient
-            # bug: refine the failing probes with smaller steps, an error estimate and a kink test.
+            # Curvature along a long direction, or kinks the step crosses, are not a gradient bug: refine the
+            # failing probes with smaller steps, an error estimate and a kink test.
             first = tuple(t.numpy() for t in (estimate, noise, plus, minus, realised, forward))
             estimate, noise, kind = _refine(joint, d, failing, first, u, gradient, atol, rtol, forward_side, confirm)
             result = _judge_arrays(estimate, noise, forward if forward_side else None, realised, u, gradient, atol, rtol)
@@ -207,34 +186,29 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
             forward_side: bool, confirm: bool = False):
     """Refined estimates, their error and a status per probe for the ``failing`` probes.
 
-    The same ladder and rule as full mode's (``_compare.refine``), along each probe's
-    line t -> f(x + t d) instead of along one element: steps h/4 ... h/4**REFINE_LEVELS
-    in one batched call, then down to h/4**DEEP_LEVELS for probes whose mismatch did not
-    settle.  A probe through a deep ReLU network crosses kinks within 1e-7 of the point
-    (calibrated MobileNetV2: the quotient along all weights moves from -121 at h = 1e-3
-    to -341, -549 and -548 at 1e-4, 1e-5 and 1e-7): only steps that resolve them settle
-    an estimate, and kinks that no step resolves (activations at 1e-11 in a freshly
-    initialised network) are classified, never a mismatch:
+    The same ladder and rule as full mode's (``_compare.refine``), along each probe's line t -> f(x + t d) instead
+    of along one element: steps h/4 ... h/4**REFINE_LEVELS in one batched call, then down to h/4**DEEP_LEVELS for
+    probes whose mismatch did not settle.  A probe through a deep ReLU network crosses kinks within 1e-7 of the
+    point (calibrated MobileNetV2: the quotient along all weights moves from -121 at h = 1e-3 to -548 at 1e-7): only
+    steps that resolve them settle an estimate, and kinks that no step resolves are classified, never a mismatch:
 
     * settled estimate outside the band: MISMATCH (a wrong gradient);
-    * kinks crossed: NONDIFFERENTIABLE when the analytical J d lies between the one-sided
-      derivatives (a pass), else UNRESOLVED_KINK (undecidable);
+    * kinks crossed: NONDIFFERENTIABLE when the analytical J d lies between the one-sided derivatives (a pass), else
+      UNRESOLVED_KINK (undecidable);
     * a jump of f along d: DISCONTINUOUS; nothing settled: UNRESOLVED.
 
-    Every level's direction realised in the evaluation dtype differs from the first
-    level's by rounding (at h/4**12 by 1e-4 of each element in float64): each level is
-    shifted to the first level's direction by J (r_0 - r_level), from the analytical
-    side (an error in it changes that tiny correction by as little).
+    Every level's direction realised in the evaluation dtype differs from the first level's by rounding (at
+    h/4**12 by 1e-4 of each element in float64): each level is shifted to the first level's direction by
+    J (r_0 - r_level), from the analytical side (an error in it changes that tiny correction by as little).
 
-    ``first`` holds the first evaluation's (estimate, noise, plus, minus, realised,
-    forward) [k, .] arrays.  Returns (estimate, noise) [k, m] with the failing probes'
-    rows replaced, and the kind [k] of every probe (MISMATCH for the others).
+    ``first`` holds the first evaluation's (estimate, noise, plus, minus, realised, forward) [k, .] arrays.  Returns
+    (estimate, noise) [k, m] with the failing probes' rows replaced, and the kind [k] of every probe (MISMATCH for
+    the others).
     """
     estimate, noise, plus, minus, realised, forward = (np.array(t) for t in first)
     norms = np.linalg.norm(realised[failing], axis=1)
-    # Only the outputs some failing probe's element fails at (all of them when only a projection
-    # fails): the ladder's arrays are [outputs, probes] per level, and at 10^6 outputs refining
-    # every one cost 2 minutes of a fast check whose defect sits in 1% of the rows.
+    # Only the outputs some failing probe's element fails at (all of them when only a projection fails): the
+    # ladder's arrays are [outputs, probes] per level (at 10^6 outputs, refining every one cost 2 minutes).
     rows = np.arange(joint.plan.m)
     if forward_side:
         with np.errstate(invalid="ignore"):
@@ -366,13 +340,12 @@ def _levels(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: n
 
 def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
                twin: bool = True) -> Outcome:
-    """The fast check: k probes per group of similar-sized inputs, all in one batched evaluation and
-    against one VJP; failing groups localised to inputs, then within them.
+    """The fast check: k probes per group of similar-sized inputs, all in one batched evaluation and against one
+    VJP; failing groups localised to inputs, then within them.
 
-    One ``PairReport`` over ``Projections`` per checked input (see the module docstring for what
-    each holds).  ``supplied`` (plan -> gradient blocks [1, n_k] of a scalar f)
-    replaces the reverse-mode VJP: ``check_model``'s tape gradient, or
-    ``verify_gradients``' gradients.
+    One ``PairReport`` over ``Projections`` per checked input (see the module docstring for what each holds).
+    ``supplied`` (plan -> gradient blocks [1, n_k] of a scalar f) replaces the reverse-mode VJP: ``check_model``'s
+    tape gradient, or ``verify_gradients``' gradients.
     """
     config = executor.config
     atol, rtol = config.tolerances(plan.precision)
@@ -386,16 +359,14 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     failing = [g for g, result in enumerate(results) if not result.ok]
     decided: dict = {}
     if failing:
-        # The failing groups' probes again, refined at smaller steps where they disagree
-        # (a probe through a ReLU network crosses kinks at the first step).
+        # Refined at smaller steps where they disagree (a probe through a ReLU network crosses kinks at step h).
         with timed(timings, "fast"):
             for g, result in zip(failing, _screen(joint, [groups[g] for g in failing], failing, u, gradient, atol, rtol)):
                 results[g] = result
         failing = [g for g in failing if not results[g].ok]
     if failing:
-        # Only now measure f's noise and precision: a pass needs no measurement (a larger
-        # allowance only turns failures into passes; calibrated MobileNetV2: 3 s saved);
-        # then what still fails, refined again under them.
+        # Only now f's noise and precision (a larger allowance only turns failures into passes, so a pass needs
+        # none); what still fails is refined again under them.
         with timed(timings, "noise"):
             plan = measured(executor, plan)
         atol, rtol = config.tolerances(plan.precision)
@@ -403,8 +374,8 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             joint = joint.with_plan(plan)
             for g, result in zip(failing, _screen(joint, [groups[g] for g in failing], failing, u, gradient, atol, rtol)):
                 results[g] = result
-            # Only probes that show a wrong gradient are localised; kinks no step resolves
-            # leave their group undecidable, with what was found along its probes.
+            # Only probes that show a wrong gradient are localised; kinks no step resolves leave their group
+            # undecidable, with what was found along its probes.
             failing = [g for g in failing if results[g].wrong]
             if failing:
                 worst = [_screen_directions(joint, groups[g], g, first=int(np.argmax(results[g].defect)), count=1)[0]
@@ -419,8 +390,7 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             with timed(timings, "fast"):
                 results[g] = _sharpened(joint, group, g, results[g], u, gradient, atol, rtol)
     # Inputs whose group's probes still resolve no 1% error of their gradient (the group's atol ||d||_2 spans every
-    # input's elements: a 2e-3 head gradient beside a backbone's), tested by their own k probes, as if each were the
-    # only input, in one batched comparison; f's noise measured first where they fail.
+    # input's elements: a 2e-3 head gradient beside a backbone's): their own k probes, in one batched comparison.
     own = [i for g, group in enumerate(groups) if results[g].ok and len(group) > 1 for i in group
            if i not in decided and results[g].resolution(i)[0] > RESOLUTION_RTOLS * rtol]
     if own:
@@ -556,18 +526,15 @@ def _screen_directions(joint: Joint, group: list, number: int, first: int = 0, c
 def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -> dict:
     """Per-input verdicts of the failing groups: ``{input index: (probes, hint, region, worst, side)}``.
 
-    ``failing`` holds (input indices, their failing probes, the worst failing probe's direction
-    [n]).  Bisection over each group's inputs (every sub-group that shows the defect followed,
-    worst first), then each input reached gets its own k probes and the within-input
-    bisection.  A part shows the defect when fresh random probes restricted to it fail, or,
-    failing that, when the group's failing probe itself restricted to it does: a wrong
-    gradient's error is linear in the direction, so the split probe's errors add up to the
-    whole one's and the part holding a wrong element carries its error undiluted, against a
-    smaller allowance.  A group whose failure neither shows in any part is not shown wrong:
-    undecidable (``WITHIN_PARTS_HINT`` where every probe of every part passed outright,
-    ``NOT_SHOWN_HINT`` otherwise), never a FAIL without an input it names.  A correct float32
-    ReLU MLP's probes over two of its weights failed at 1.1-5.9x while no part did: the
-    differences along the whole direction cross kinks the parts' do not.
+    ``failing`` holds (input indices, their failing probes, the worst failing probe's direction [n]).  Bisection
+    over each group's inputs (every sub-group that shows the defect followed, worst first), then each input reached
+    gets its own k probes and the within-input bisection.  A part shows the defect when fresh random probes
+    restricted to it fail, or, failing that, when the group's failing probe itself restricted to it does: a wrong
+    gradient's error is linear in the direction, so the split probe's errors add up to the whole one's and the part
+    holding a wrong element carries its error undiluted, against a smaller allowance.  A group whose failure shows
+    in no part is undecidable (``WITHIN_PARTS_HINT`` where every probe of every part passed outright,
+    ``NOT_SHOWN_HINT`` otherwise), never a FAIL without an input it names: the whole direction can cross kinks the
+    parts' do not (a correct float32 ReLU MLP).
     """
     k = joint.config.probes
     decided: dict = {}
@@ -588,8 +555,8 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
             continue
         forward_side = _forward_failed(flagged)  # follow only the side(s) that failed
         parts = [[int(i) for i in part] for part in np.array_split(group, min(BLOCKS, len(group)))]
-        # A projection catches a defect with a random-sized signal: when no part shows
-        # it, draw again before concluding that it is spread over them.
+        # A projection catches a defect with a random-sized signal: when no part shows it, draw again before
+        # concluding that it is spread over them.
         within = True  # every probe of every part within its allowance, on every draw
         for _ in range(LOCALISE_DRAWS):
             directions = joint.restricted([joint.ranges(part) for part in parts], seed, SEEDS["groups"] + 64 * next(draws))
@@ -643,14 +610,13 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
     while high - low > region_max:
         edges = np.linspace(low, high, min(BLOCKS, high - low) + 1).astype(int)
         blocks = [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
-        # A projection catches a defect with a random-sized signal: when no block
-        # shows it, draw again before concluding that it is spread over blocks.
+        # Drawn again when no block shows the defect, as in ``_localise``.
         for draw in range(LOCALISE_DRAWS):
             directions = joint.restricted([[(offset + a, offset + b)] for a, b in blocks], seed,
                                           SEEDS["blocks"] + 1000 * draw + 64 * level)
             # Refined where they fail (a block's probes cross kinks as the whole input's do), up to
-            # BLOCK_REFINE_OUTPUTS outputs: past them each level's refinement costs seconds, and
-            # the block only has to show the defect more than its siblings.
+            # BLOCK_REFINE_OUTPUTS outputs: past them each level's refinement costs seconds, and the block only
+            # has to show the defect more than its siblings.
             found = compare(joint, directions, u, gradient, atol, rtol, forward_side=forward_side,
                             refine=joint.plan.m <= BLOCK_REFINE_OUTPUTS)
             if found.wrong:
@@ -666,8 +632,7 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
         hint = (f"{hint} The defect did not show in any single block of the region; it may be "
                 "spread thinly over it or close to the tolerance: rerun with more probes or mode='full' on a slice.")
         return hint, region, None, "forward"
-    # Element by element inside the region: each column of the numerical Jacobian
-    # against its element-wise J e_j and the reverse entry (J^T u)_j.
+    # Element by element inside the region: each numerical Jacobian column against its J e_j and (J^T u)_j.
     scale = joint.scale.numpy()[offset:]
 
     def columns_of(chosen, refine):
@@ -679,8 +644,8 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
                                  confirm=refine))
         return Comparison.join(parts)
 
-    # Every column at the step h, then the worst few refined (h/4 ... h/64): the worst element
-    # is picked among those, so curvature along one element does not make it.
+    # Every column at the step h, then the worst few refined (h/4 ... h/64): the worst element is picked among
+    # those, so curvature along one element does not make it.
     every = np.arange(low, high)
     first = columns_of(every, refine=False)
     columns = every[np.argsort(-first.score, kind="stable")[:REFINED_COLUMNS]]

@@ -1,24 +1,20 @@
 """Where f does not move: a mismatch whose difference quotient is f's output not changing.
 
-A numerical derivative of 0 (or a few roundings of f over the step) against a nonzero
-analytical value is not by itself a wrong gradient.  f may be piecewise constant there (a
-quantizer, ``sign``: the analytical value is a surrogate gradient, e.g. a straight-through
-estimator, which no difference quotient can check), or float32 rounding inside f may
-swallow the change (a batch-norm beta deep in a float32 network).  Larger steps tell these
-apart from a wrong gradient: at steps 4 h, 16 h, ... up past ``FLAT_MAX_STEP * max(1, |x_j|)``,
-where f first moves
+A numerical derivative of 0 (or a few roundings of f over the step) against a nonzero analytical value is not by
+itself a wrong gradient.  f may be piecewise constant there (a quantizer, ``sign``: the analytical value is a
+surrogate gradient, e.g. a straight-through estimator, which no difference quotient can check), or float32 rounding
+inside f may swallow the change (a batch-norm beta deep in a float32 network).  Larger steps tell these apart from
+a wrong gradient: at steps 4 h, 16 h, ... up past ``FLAT_MAX_STEP * max(1, |x_j|)``, where f first moves
 
-* by a jump (the next step moves it less than ``FLAT_JUMP_GROWTH`` times as far, where past a kink
-  a 4x step moves a piecewise-linear f 4x or more): piecewise constant;
+* by a jump (the next step moves it less than ``FLAT_JUMP_GROWTH`` times as far, where past a kink a 4x step moves
+  a piecewise-linear f 4x or more): piecewise constant;
 * or with a quotient within ``FLAT_AGREES`` of the analytical value, or only at the largest step;
 
-the element is FLAT, undecidable.  f that moves at no step does not depend on x_j there while
-its gradient says it does (a VJP writing gradient where f does not depend), and f that moves
-steadily with another slope (a dead ReLU whose gradient leaks 1% of the live slope, 100x
-off): the mismatch stands -- unless f's measured noise is as large as f itself
-(``NOISE_IS_F`` of |f_i| or more: sin at 1e20, whose neighbouring representable points lie
-periods apart), where "does not move beyond its noise" says nothing about x_j: no step can
-resolve a derivative there, and the element is UNRESOLVED, undecidable.
+the element is FLAT, undecidable.  f that moves at no step does not depend on x_j there while its gradient says it
+does (a VJP writing gradient where f does not depend), and f that moves steadily with another slope (a dead ReLU
+whose gradient leaks 1% of the live slope): the mismatch stands -- unless f's measured noise is as large as f
+itself (``NOISE_IS_F`` of |f_i| or more: sin at 1e20, whose neighbouring representable points lie periods apart),
+where no step can resolve a derivative, and the element is UNRESOLVED, undecidable.
 """
 
 from __future__ import annotations
@@ -38,8 +34,8 @@ def rounding_level(plan) -> np.ndarray:
 
 
 def candidates(plan, numerical: np.ndarray, spans: np.ndarray, mismatch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, columns) of the ``mismatch`` elements whose quotient at the first step is flat
-    (``_compare.flat``), ``numerical`` [m, n] and ``spans`` [n] from that step."""
+    """(rows, columns) of the ``mismatch`` elements whose quotient at the first step is flat (``_compare.flat``),
+    ``numerical`` [m, n] and ``spans`` [n] from that step."""
     columns = np.flatnonzero(np.any(mismatch, axis=0))
     if not len(columns):
         return np.zeros(0, int), np.zeros(0, int)
@@ -49,8 +45,8 @@ def candidates(plan, numerical: np.ndarray, spans: np.ndarray, mismatch: np.ndar
 
 
 def noise_is_f(plan, rows: np.ndarray) -> np.ndarray:
-    """[len(rows)] whether output ``rows``' measured noise is ``NOISE_IS_F`` of |f_i| or more: f's
-    evaluations there keep fewer than ~3 bits of its value, and no step resolves a derivative."""
+    """[len(rows)] whether output ``rows``' measured noise is ``NOISE_IS_F`` of |f_i| or more: f's evaluations there
+    keep fewer than ~3 bits of its value, and no step resolves a derivative."""
     if plan.noise is None:
         return np.zeros(len(rows), bool)
     sigma, y0 = plan.noise.sigma[rows], np.abs(plan.eval_output[rows])
@@ -60,9 +56,8 @@ def noise_is_f(plan, rows: np.ndarray) -> np.ndarray:
 
 def status(executor, plan, config, position: int, rows: np.ndarray, cols: np.ndarray,
            analytical: np.ndarray) -> np.ndarray:
-    """[len(rows)] the status of flat mismatches (``rows``, ``cols`` of input ``position``, with their
-    ``analytical`` values) that larger steps show: FLAT, UNRESOLVED, or MISMATCH where it stands
-    (see the module docstring)."""
+    """[len(rows)] the status of flat mismatches (``rows``, ``cols`` of input ``position``, with their ``analytical``
+    values) that larger steps show: FLAT, UNRESOLVED, or MISMATCH where it stands (see the module docstring)."""
     if not len(rows):
         return np.zeros(0, np.int8)
     columns, where = np.unique(cols, return_inverse=True)

@@ -82,16 +82,11 @@ def _by_dtype(native: Callable, twin: Callable) -> Callable:
 class _Float64Copy:
     """A float64 copy of a model, and its loss as a function of the chosen variables' (float64) values.
 
-    A Keras 3 model (Sequential, functional, nested, subclassed, a keras-hub backbone
-    or task) is rebuilt from its config with every dtype in it float64 (``_rebuilt``);
-    a Sequential or functional one whose config cannot be rebuilt, and a tf_keras one,
-    is cloned layer by layer with each layer's config under the float64 dtype policy
-    (``_cloned``).  The copy's variables must correspond one to one with the model's
-    (same count, shapes and, for Keras 3, paths or own names: ``_counterparts``).  It is evaluated at the model's own
-    values, cast to float64: Keras 3 through ``stateless_call``, tf_keras by
-    substituting every variable as the model's loss does.  A ``tf.Module`` that is
-    not a Keras model is its own copy: called with every floating variable and the
-    data cast to float64, it computes in float64 when its code is dtype-generic.
+    The copy (Keras 3: ``_keras3_copy``; tf_keras: ``_cloned``) must have variables corresponding one to one with
+    the model's (same count, shapes and, for Keras 3, paths or own names: ``_counterparts``).  It is evaluated at the
+    model's own values, cast to float64: Keras 3 through ``stateless_call``, tf_keras by substituting every variable
+    as the model's loss does.  A ``tf.Module`` that is not a Keras model is its own copy: called with every floating
+    variable and the data cast to float64, it computes in float64 when its code is dtype-generic.
     """
 
     def __init__(self, model, keras3: bool, x, y, loss_fn, sample_weight, every, trainable, chosen, training,
@@ -146,12 +141,11 @@ class _Float64Copy:
     def computes_in(self) -> tuple | None:
         """(precision, reason) for a mixed-precision model: the first layer computing in float16 or bfloat16.
 
-        Its float64 copy computes the function the model rounds (the exact network), and the
-        model's own tape.gradient, computed in that precision, is judged against the copy's
-        derivatives with that precision's tolerances.  The rounded function itself has no
-        derivative below its quantum: its difference quotients at steps large enough to see
-        past float16 noise average over the ReLU kinks within them (a Conv-BN-ReLU network
-        under mixed_float16: numerical -0.327 against the exact -0.170, a false alarm)."""
+        Its float64 copy computes the function the model rounds (the exact network), and the model's own
+        tape.gradient, computed in that precision, is judged against the copy's derivatives with that precision's
+        tolerances.  The rounded function itself has no derivative below its quantum: its difference quotients at
+        steps large enough to see past float16 noise average over the ReLU kinks within them (a Conv-BN-ReLU
+        network under mixed_float16: numerical -0.327 against the exact -0.170, a false alarm)."""
         for layer in _layers(self.model):
             compute = _compute_dtype(layer)
             if compute in ("float16", "bfloat16") and type(layer).__name__ != "InputLayer":
@@ -218,11 +212,9 @@ class _Float64Copy:
                                          self.training), what
 
     def _keras3_copy(self, x64) -> tuple[Any, dict, str]:
-        """(copy, constructor arguments read from attributes, why it was cloned layer by layer or "").
-
-        Rebuilt from its float64 config (``_rebuilt``) first; a Sequential or functional
-        model whose config cannot be rebuilt (a layer deserialisation refuses) is cloned
-        layer by layer instead, each layer from its own config."""
+        """(copy, constructor arguments read from attributes, why it was cloned layer by layer or ""): rebuilt from
+        its float64 config (``_rebuilt``), or, for a Sequential or functional model whose config cannot be rebuilt (a
+        layer deserialisation refuses), cloned layer by layer, each layer from its own config (``_cloned``)."""
         try:
             clone, recovered = _rebuilt(self.model, x64, self.training)
             return clone, recovered, ""
@@ -236,13 +228,12 @@ class _Float64Copy:
 
 
 def _counterparts(original, copy, rebuilt: bool = False) -> bool:
-    """A variable of the model and its float64 copy's, in the same place (they are paired in order):
-    the same shape and the same name, without the number Keras appends to a repeated one.  A clone
-    keeps the names of layers whose config holds them (``dense``), but a custom layer's automatic
-    config does not, nor does an unnamed ``add_weight``: the clone of ``sequential/bad/variable`` is
-    ``sequential/bad_1/variable_1``.  A seed generator's state is named afresh in a clone
-    (``seed_generator_1``), so it matches by shape alone.  A rebuilt subclassed model names its
-    layers afresh too (``net_1/conv2d_1/kernel``): its variables match by their own names.  A
+    """A variable of the model and its float64 copy's, in the same place (they are paired in order): the same shape
+    and the same name, without the number Keras appends to a repeated one.  A clone keeps the names of layers whose
+    config holds them (``dense``), but a custom layer's automatic config does not, nor does an unnamed
+    ``add_weight``: the clone of ``sequential/bad/variable`` is ``sequential/bad_1/variable_1``.  A seed generator's
+    state is named afresh in a clone (``seed_generator_1``), so it matches by shape alone.  A rebuilt subclassed
+    model names its layers afresh too (``net_1/conv2d_1/kernel``): its variables match by their own names.  A
     Sequential model rebuilt from its config may build its layers outside its own name scope
     (``sequential/conv2d/kernel`` against ``conv2d/kernel``): one path may end the other."""
     if tuple(original.shape) != tuple(copy.shape):
@@ -320,18 +311,15 @@ def _assert_float64_layers(copy, what: str, why: str) -> None:
 def _rebuilt(model, x, training: bool):
     """A Keras 3 model made afresh from its config with every floating dtype in it float64, built on ``x``.
 
-    ``type(model).from_config(get_config())`` with each serialised ``DTypePolicy`` and each
-    ``"dtype"`` string of the config set to float64, nested configs included (a sub-model's
-    layers, a keras-hub task's backbone), while the global dtype policy is float64 (so a
-    container without a dtype of its own, and every layer a constructor creates without one,
-    computes in float64 too) and the model's own layer classes are known to deserialisation.
-    This covers Sequential and functional models (nested ones too), subclassed models and
-    keras-hub backbones and tasks.  Where the config holds only the base arguments, a
-    constructor that rejects them is called with none.  Keras's automatic config records a
-    subclassed model's constructor defaults, not the arguments given: arguments the model
-    keeps as attributes of the same names are read back (returned, for the note), and the
-    caller matches the variables one to one and compares the losses, so a constructor that
-    builds another network is refused there."""
+    ``type(model).from_config(get_config())`` with each serialised ``DTypePolicy`` and each ``"dtype"`` string of
+    the config set to float64, nested configs included (``_float64_config``), while the global dtype policy is
+    float64 (so a container without a dtype of its own, and every layer a constructor creates without one, computes
+    in float64 too) and the model's own layer classes are known to deserialisation (``_classes_in``).  This covers
+    Sequential and functional models (nested ones too), subclassed models and keras-hub backbones and tasks.  Where
+    the config holds only the base arguments, a constructor that rejects them is called with none.  Under Keras's
+    automatic config, arguments the model keeps as attributes of the same names are read back
+    (``_arguments_kept_as_attributes``; returned, for the note); the caller matches the variables one to one and
+    compares the losses, so a constructor that builds another network is refused there."""
     keras = _keras_of(model)
 
     def cannot(error) -> _NoCopy:
@@ -372,11 +360,10 @@ _BELOW_FLOAT64 = frozenset({"float16", "bfloat16", "float32", "mixed_float16", "
 
 
 def _float64_config(config):
-    """A ``get_config()`` structure with every floating dtype below float64 set to float64, nested configs too.
-
-    Each serialised ``DTypePolicy`` (``{"class_name": "DTypePolicy", "config": {"name": "float32"}}``),
-    each ``"dtype": "float32"`` entry and each dtype policy object; integer dtypes (token ids)
-    and quantised policies are kept."""
+    """A ``get_config()`` structure with every floating dtype below float64 set to float64, nested configs too:
+    each serialised ``DTypePolicy`` (``{"class_name": "DTypePolicy", "config": {"name": "float32"}}``), each
+    ``"dtype": "float32"`` entry and each dtype policy object; integer dtypes (token ids) and quantised policies
+    are kept."""
     if isinstance(config, dict):
         inner = config.get("config")
         if (config.get("class_name") in ("DTypePolicy", "FloatDTypePolicy") and isinstance(inner, dict)
@@ -405,8 +392,7 @@ def _classes_in(model) -> dict:
     return classes
 
 
-# Constructor arguments a rebuilt model may take from its attributes: what Keras's automatic
-# config itself records (it refuses other types).
+# Argument types a rebuilt model may take from its attributes: those Keras's automatic config records (it refuses others).
 _SIMPLE = (str, int, float, bool, type(None))
 
 
@@ -417,13 +403,11 @@ def _automatic_config(model) -> bool:
 
 
 def _arguments_kept_as_attributes(model, config: dict) -> dict:
-    """Constructor arguments read back from attributes of the same name (``self.units = units``).
-
-    Keras's ``Model.__new__`` does not pass the constructor's arguments on, so a subclassed
-    model's automatic config holds the constructor's *defaults* (``Net(units=5)`` gives
-    ``units: 4``).  Where the model keeps an argument as an attribute of the same name (or
-    with a leading underscore) of a type the config can hold, that value is the argument
-    given; the copy is still matched variable by variable and loss against loss."""
+    """Constructor arguments read back from attributes of the same name (``self.units = units``): Keras's
+    ``Model.__new__`` does not pass the constructor's arguments on, so a subclassed model's automatic config holds
+    the constructor's *defaults* (``Net(units=5)`` gives ``units: 4``).  Where the model keeps an argument as an
+    attribute of the same name (or with a leading underscore) of a type the config can hold, that value is the
+    argument given; the copy is still matched variable by variable and loss against loss."""
     recovered = {}
     for name in set(config) - {"name", "trainable", "dtype"}:
         for attribute in (name, f"_{name}"):

@@ -1,13 +1,11 @@
 """The full check: both Jacobians element by element, refined where they disagree.
 
-One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): the numerical
-Jacobian by batched central differences through the executor, the analytical one
-from reverse mode (or the user's gradients), the element rule of ``_compare``,
-then -- only for failing elements -- a second step at h/4 (``_second_step``), and
-where that does not pass them, f's noise and precision, larger steps for
-noise-limited columns (``_full_steps._coarsen``), smaller ones for the rest
-(``_refine``: ``_full_steps._triage``, the ladder, ``_refine.confirmation``), and
-the forward-mode side (``_forward_side``).
+One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): the numerical Jacobian by batched central
+differences through the executor, the analytical one from reverse mode (or the user's gradients), the element rule
+of ``_compare``, then -- only for failing elements -- a second step at h/4 (``_second_step``), and where that does
+not pass them, f's noise and precision, larger steps for noise-limited columns (``_full_steps._coarsen``), smaller
+ones for the rest (``_refine``: ``_full_steps._triage``, the ladder, ``_refine.confirmation``), and the forward-mode
+side (``_forward_side``).
 """
 
 from __future__ import annotations
@@ -23,7 +21,8 @@ from fastcheck._full_steps import _coarsen, _Jacobians, _triage
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
 from fastcheck._refine import LADDER, confirmation, descend
-from fastcheck._results import Dense, GradientCheckError, Outcome, PairReport
+from fastcheck._results import GradientCheckError, Outcome, PairReport
+from fastcheck._storage import Dense
 from fastcheck._tables import (
     FORWARD_MIN_EVALUATIONS,
     FORWARD_PROBES,
@@ -38,11 +37,9 @@ from fastcheck._text import element_name
 def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = True):
     """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts; and (atol, rtol).
 
-    ``supplied`` replaces autodiff: a callable returning the analytical blocks.
-    f's noise and the precision it computes in are measured only when the first
-    sweep finds an element outside its band: a larger noise allowance or a looser
-    precision can only turn a failure into a pass, never the reverse, so a check
-    that passes without them needs no measurement.
+    ``supplied`` replaces autodiff: a callable returning the analytical blocks.  f's noise and the precision it
+    computes in are measured only when the first sweep finds an element outside its band: a larger noise allowance or
+    a looser precision can only turn a failure into a pass, so a check that passes without them needs no measurement.
     """
     plan = jac.plan
     if supplied is None and jac.config.autodiff == "forward" and plan.n:
@@ -82,9 +79,9 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
         if refine:
             with timed(jac.timings, "refine"):
                 status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
-        # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it
-        # moved f by a few roundings at most (a latent weight 7e-4 from sign's jump: the first step crosses it,
-        # every settling step is below it; a staircase's element whose sides differ by one rounding of f).
+        # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it moved f
+        # by a few roundings at most (a weight near sign's jump: the first step crosses it, every settling step is
+        # below it; a staircase's element whose sides differ by one rounding of f).
         mismatched = status == _compare.MISMATCH
         if mismatched.any():
             refined_rows, refined_cols = _flat.candidates(jac.plan, numerical, spans, mismatched)
@@ -104,13 +101,12 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
 
 
 def _second_step(jac: _Jacobians, analytical, first, verdicts, tolerances) -> None:
-    """Before f's noise is measured: the first sweep's failing columns at h/4 (``_compare.second_step``).
-    Where every one of them passes there, in place, they take its estimate and band, and the check needs
-    no measurement (a pass needs none); otherwise nothing changes and the check goes on as if it had not
-    run, its h/4 evaluations kept for the triage (``_Jacobians.quarter``).  It runs where it costs at most
-    the measurement's own calls of f (``NOISE_TABLES`` tables of 2 ``NOISE_SIDE`` points), 2 per column:
-    a float32-only special function whose first step was only truncation-limited at one element
-    (igamma, zeta, atan2 in TensorFlow's tests) passes in one pair of evaluations instead of ~100."""
+    """Before f's noise is measured: the first sweep's failing columns at h/4 (``_compare.second_step``).  Where
+    every one of them passes there, in place, they take its estimate and band, and the check needs no measurement;
+    otherwise nothing changes, its h/4 evaluations kept for the triage (``_Jacobians.quarter``).  It runs where it
+    costs at most the measurement's own calls of f (``NOISE_TABLES`` tables of 2 ``NOISE_SIDE`` points), 2 per
+    column: a float32-only special function whose first step was only truncation-limited at one element (igamma,
+    zeta, atan2 in TensorFlow's tests) passes in one pair of evaluations instead of ~100."""
     atol, rtol = tolerances
     failing = [np.flatnonzero(np.any(status != _compare.OK, axis=0)) for status, _ in verdicts]
     if sum(len(columns) for columns in failing) > NOISE_TABLES * NOISE_SIDE:
@@ -131,11 +127,10 @@ def _second_step(jac: _Jacobians, analytical, first, verdicts, tolerances) -> No
 
 
 def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:
-    """[m] the rows of outputs whose pair with this input passes at a resolution coarser than
-    ``RESOLUTION_RTOLS`` rtols: the tolerances (atol against a small gradient) or the numerics keep
-    it from seeing a 1% error.  A pair whose gradient and numerical derivative are 0 at every element
-    (f does not move with this input: a ReLU's second derivative, a saturated activation) has no
-    relative error for any twin to resolve: its twin could only pass it again."""
+    """[m] the rows of outputs whose pair with this input passes at a resolution coarser than ``RESOLUTION_RTOLS``
+    rtols: the tolerances (atol against a small gradient) or the numerics keep it from seeing a 1% error.  A pair
+    whose gradient and numerical derivative are 0 at every element (a ReLU's second derivative, a saturated
+    activation) has no relative error for any twin to resolve."""
     rows = np.zeros(plan.m, bool)
     for output in plan.outputs:
         part = slice(output.offset, output.offset + output.size)
@@ -150,18 +145,17 @@ def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -
 
 
 def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
-    """Pairs that pass at a resolution coarser than 1% of their gradient, judged again through the
-    gradient's float64 twin where the numerical side computes in float64 and atol is the table's.
+    """Pairs that pass at a resolution coarser than 1% of their gradient, judged again through the gradient's
+    float64 twin where the numerical side computes in float64 and atol is the table's.
 
-    The twin is the same gradient code run at the float64 point (a model's float64 copy, or f given
-    float64 values): float64's rule judges it against the same numerical derivative (refined as any
-    float64 check), and the float32 gradient's own rounding is then *measured*, |a - twin|, instead
-    of being stood in for by float32's atol.  An element whose twin verdict is a pass or a mismatch
-    gets the allowance ``float64's allowance + |a - twin|`` and is judged by it (a twin passing makes
-    a pass: the triangle inequality); kinks, jumps and unresolved twin elements keep their verdict.
-    The twin is not used where it differs from the float32 gradient by more than float32's
-    tolerance (it is not the same computation) or is not finite.  A user's atol is the user's rule:
-    then nothing is sharpened.
+    The twin is the same gradient code run at the float64 point (a model's float64 copy, or f given float64 values):
+    float64's rule judges it against the same numerical derivative (refined as any float64 check), and the float32
+    gradient's own rounding is then *measured*, |a - twin|, instead of being stood in for by float32's atol.  An
+    element whose twin verdict is a pass or a mismatch gets the allowance ``float64's allowance + |a - twin|`` and is
+    judged by it (a twin passing makes a pass: the triangle inequality); kinks, jumps and unresolved twin elements
+    keep their verdict.  The twin is not used where it differs from the float32 gradient by more than float32's
+    tolerance (it is not the same computation) or is not finite.  A user's atol is the user's rule: then nothing is
+    sharpened.
     """
     plan, config = jac.plan, jac.config
     if not config.twin_applies(plan) or config.autodiff == "forward":
@@ -208,14 +202,13 @@ def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
 def _twin_holds_above(jac: _Jacobians, position: int, a, t, n_twin, allowed, usable, verdict, tolerances) -> None:
     """A twin mismatch stands only where it holds at larger steps too; else, in place, it is not used.
 
-    The twin's allowance is float64's, a few 1e-8 on a gradient of 1e-5 .. 1e-3: there the quotient's
-    own error is f's measured noise over the step, and a float64 network's noise is not Gaussian
-    everywhere (a correct nested MobileNetV2, seed 1: 7 of ~900 elements at 1.1-1.7x that allowance,
-    a false FAIL).  The mismatched columns are re-estimated on the ladder h * 4**RESOLVE_UP ... h, where
-    the noise is 4**RESOLVE_UP times smaller; an element stays a mismatch only where that settled
-    estimate is outside its own float64 allowance plus |a - twin|, by the same rule (a 1% defect in the
-    gradient code, which the twin shares, is far outside it).  Elsewhere the twin is not used: the
-    element keeps its native verdict (a pass too coarse for 1%, undecidable).
+    The twin's allowance is float64's, a few 1e-8 on a gradient of 1e-5 .. 1e-3: there the quotient's own error is
+    f's measured noise over the step, and a float64 network's noise is not Gaussian everywhere (a correct network
+    had a few elements just past that allowance).  The mismatched columns are re-estimated on the ladder
+    h * 4**RESOLVE_UP ... h, where the noise is 4**RESOLVE_UP times smaller; an element stays a mismatch only where
+    that settled estimate is outside its own float64 allowance plus |a - twin|, by the same rule (a 1% defect in the
+    gradient code, which the twin shares, is far outside it).  Elsewhere the twin is not used: the element keeps its
+    native verdict (a pass too coarse for 1%, undecidable).
     """
     atol64, rtol64 = tolerances
     suspect = usable & (verdict == _compare.MISMATCH)
@@ -232,12 +225,11 @@ def _twin_holds_above(jac: _Jacobians, position: int, a, t, n_twin, allowed, usa
 def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, tolerances) -> None:
     """Sharpen, in place, a pair whose every element passes at a resolution ``_compare.coarse`` rejects.
 
-    Its ``RESOLVE_COLUMNS`` most resolving columns (largest |a| / allowed) are re-estimated on the
-    ladder h * 4**RESOLVE_UP ... h, where f's rounding is 4**RESOLVE_UP times smaller: an element whose
-    settled estimate there passes with a smaller allowance keeps that estimate and allowance.  None is
-    failed by it (a larger step's truncation is what the ladder judges, not a confirmed mismatch), so a
-    pair the larger steps do not resolve stays undecidable (float32 sum(x**2) over 2000 elements:
-    resolution 2.3%; the ladder's settled pair resolves it).
+    Its ``RESOLVE_COLUMNS`` most resolving columns (largest |a| / allowed) are re-estimated on the ladder
+    h * 4**RESOLVE_UP ... h, where f's rounding is 4**RESOLVE_UP times smaller: an element whose settled estimate
+    there passes with a smaller allowance keeps that estimate and allowance.  None is failed by it (a larger step's
+    truncation is what the ladder judges, not a confirmed mismatch), so a pair the larger steps do not resolve stays
+    undecidable.
     """
     atol, rtol = tolerances
     if (not status.size or (status.any() and _compare.IS_FAILING[status].any())
@@ -262,25 +254,17 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
 def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances):
     """Re-examine suspicious columns in place; returns the new (status, band, one-sided values).
 
-    Only columns with a mismatch or a non-finite difference are re-evaluated, so
-    the first pass stays one batched sweep:
+    Only columns with a mismatch or a non-finite difference are re-evaluated, so the first pass stays one batched
+    sweep:
 
-    1. triage at h/4 (``_triage``): where the estimate barely moves and the
-       one-sided derivatives agree, the numbers are conclusive and the mismatch
-       stands if it also holds at h/4 x 0.618 (``_golden_holds``) and at the finest
-       step whose rounding stays below an eighth of the mismatch (``_finest_holds``:
-       a kink within the step makes the derivative at the point another) -- a wrong
-       gradient costs three extra evaluation pairs per column, not five;
-    2. the rest go down the ladder (``_ladder``): h ... h/4**5 (``_compare.refine``),
-       where a step that crossed a kink, a domain edge or strong curvature gets a
-       better estimate and an error bound instead of a false alarm; still unsettled
-       or unconfirmed ones (features far below the step) down to h/4**12; if even
-       that does not settle, the element is UNRESOLVED (undecidable), not a wrong
-       gradient;
-    3. an element whose steps crossed a kink (``_compare._kinks``) and that no
-       resolving steps settled is NONDIFFERENTIABLE when the analytical value lies
-       between the one-sided derivatives, else UNRESOLVED_KINK (undecidable): only
-       a settled, confirmed estimate makes a mismatch (``_compare.classify``).
+    1. triage at h/4 (``_triage``): a conclusive mismatch that also holds at an independent step and at the finest
+       step its rounding allows stands -- a wrong gradient costs three extra evaluation pairs per column, not five;
+    2. the rest go down the ladder (``_ladder``): h ... h/4**5 (``_compare.refine``), where a step that crossed a
+       kink, a domain edge or strong curvature gets a better estimate and an error bound instead of a false alarm;
+       still unsettled or unconfirmed ones (features far below the step) down to h/4**12; if even that does not
+       settle, the element is UNRESOLVED (undecidable), not a wrong gradient;
+    3. an element whose steps crossed a kink that no resolving steps settled is NONDIFFERENTIABLE or UNRESOLVED_KINK
+       (``_compare.classify``): only a settled, confirmed estimate makes a mismatch.
     """
     atol, rtol = tolerances
     if isinstance(noise, _compare.RankOne):
@@ -293,8 +277,8 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
     suspicious = np.setdiff1d(suspicious, coarsened)
     if not len(suspicious):
         return status, band, {}
-    # Only the suspicious columns' noise is needed (a RankOne's, made dense there alone), and only
-    # their verdicts change below: the rule is element-wise.
+    # Only the suspicious columns' noise is needed (a RankOne's, made dense there alone), and only their verdicts
+    # change below: the rule is element-wise.
     doubtful = _triage(jac, position, suspicious, a[:, suspicious], numerical[:, suspicious], noise[:, suspicious],
                        status[:, suspicious] != _compare.OK, atol)
     suspicious = suspicious[doubtful]
@@ -308,8 +292,8 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
 
 def _ladder(jac: _Jacobians, position: int, columns: np.ndarray, a, tolerances) -> _compare.Refined:
     """The suspicious ``columns`` down the shared ladder (``descend``, ``LADDER``): its first powers, then, for a
-    column with a mismatch not settled and confirmed (``_refine.confirmation``) or a step outside f's domain, the deeper
-    ones (the edge's where every step so far left f's domain); a mismatch still unconfirmed after the deep
+    column with a mismatch not settled and confirmed (``_refine.confirmation``) or a step outside f's domain, the
+    deeper ones (the edge's where every step so far left f's domain); a mismatch still unconfirmed after the deep
     steps is unsettled."""
     atol, rtol = tolerances
 
@@ -403,20 +387,17 @@ def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[Pair
     return pairs
 
 
-# autodiff="auto" probes forward mode only on traced paths: TensorFlow's ForwardAccumulator
-# traces a helper function per op signature (10-30 ms each), so on a check small enough to
-# run eagerly the probe cost 2-40x the whole check (the corpus: layer norm 0.17 s of 0.21 s);
-# nor on traced checks of fewer first-sweep evaluations than FORWARD_MIN_EVALUATIONS (``_tables``);
-# nor through while_loops, which forward mode runs op by op, iteration by iteration
-# (TFP's special functions in the corpus: 0.25-2.5 s, as much as the rest of the check).
+# autodiff="auto" probes forward mode only on traced paths: TensorFlow's ForwardAccumulator traces a helper function
+# per op signature (10-30 ms each), so on a check small enough to run eagerly the probe cost 2-40x the whole check;
+# nor on traced checks of fewer first-sweep evaluations than FORWARD_MIN_EVALUATIONS (``_tables``); nor through
+# while_loops, which forward mode runs op by op, iteration by iteration (as much time as the rest of the check).
 
 
 def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[list[PairReport], ForwardProbe]:
     """Forward-mode pairs (autodiff="both", or "auto" after a failing probe) and a note on what was checked.
 
-    autodiff="auto" first compares a few random JVPs ``J v`` (one eager forward
-    pass each, all inputs at once) with the numerical ``N v`` under the 2-norm of
-    the element bands; only when they disagree is the full forward Jacobian
+    autodiff="auto" first compares a few random JVPs ``J v`` (one eager forward pass each, all inputs at once) with
+    the numerical ``N v`` under the 2-norm of the element bands; only when they disagree is the full forward Jacobian
     computed, to name the elements.
     """
     plan, config = jac.plan, jac.config

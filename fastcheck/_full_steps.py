@@ -86,12 +86,11 @@ class _Jacobians:
         return values
 
     def ladder(self, position: int, columns: np.ndarray) -> Evaluate:
-        """The evaluation ``descend`` drives for ``columns``: a selection of them at steps
-        h / 4**p, every power in one batch (negative powers: the steps larger than h that
-        noise-limited columns need).  Power 0 is the first sweep's step h again, with its sides: its
-        one-sided quotients are what shows a kink crossed at h and h/4 both, where the finer steps are
-        noise (float32 over a ReLU network's weights); without them such a ladder passed the settled
-        test on noise alone."""
+        """The evaluation ``descend`` drives for ``columns``: a selection of them at steps h / 4**p, every power in
+        one batch (negative powers: the steps larger than h that noise-limited columns need).  Power 0 is the first
+        sweep's step h again, with its sides: its one-sided quotients show a kink crossed at h and h/4 both, where
+        the finer steps are noise (float32 over a ReLU network's weights); without them the ladder could pass the
+        settled test on noise alone."""
         sigma = self.plan.noise.sigma if self.plan.noise is not None else None
 
         def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
@@ -123,8 +122,8 @@ class _Jacobians:
 
 
 class _Quarter(NamedTuple):
-    """The suspicious columns at step h/4 (``_triage``): the steps [k], quotients, sides, second
-    differences [m, k], spans [k], and the first sweep's mismatch |a - n| [m, k]."""
+    """The suspicious columns at step h/4 (``_triage``): the steps [k], quotients, sides, second differences
+    [m, k], spans [k], and the first sweep's mismatch |a - n| [m, k]."""
 
     delta: np.ndarray
     quotient: np.ndarray
@@ -138,9 +137,9 @@ class _Quarter(NamedTuple):
 def _triage(jac: _Jacobians, position: int, suspicious, a, first, first_noise, failing, atol: float) -> np.ndarray:
     """[k] whether each suspicious column is doubtful: not settled by the triage at h/4.
 
-    A column is settled there when, at every failing element, the h/4 quotient is ``_conclusive``,
-    it holds at h/4 x 0.618 (``_golden_holds``) and at the finest step whose rounding stays below an
-    eighth of the mismatch (``_finest_holds``); the others go down the ladder.
+    A column is settled there when, at every failing element, the h/4 quotient is ``_conclusive``, it holds at
+    h/4 x 0.618 (``_golden_holds``) and at the finest step whose rounding stays below an eighth of the mismatch
+    (``_finest_holds``); the others go down the ladder.
     """
     quotient, plus, minus, spans = jac.quarter(position, suspicious)
     delta = steps(jac.plan, jac.config, position)[suspicious] / REFINE_RATIO
@@ -148,8 +147,8 @@ def _triage(jac: _Jacobians, position: int, suspicious, a, first, first_noise, f
         mismatch = np.abs(a - first)
     quarter = _Quarter(delta, quotient, plus, minus, _curvature(plus, minus, jac.y0), spans, mismatch)
     conclusive = _conclusive(quarter, first, first_noise, atol)
-    # A conclusive mismatch must also hold at an independent step (h/4 times the golden
-    # ratio): a step near a multiple of a period of f makes quotients agree by coincidence.
+    # A conclusive mismatch must also hold at an independent step (h/4 times the golden ratio): a step near a
+    # multiple of a period of f makes quotients agree by coincidence.
     decided = np.any(failing & conclusive, axis=0)
     if decided.any():
         conclusive[:, decided] &= _golden_holds(jac, position, suspicious[decided], _at(quarter, decided))
@@ -172,12 +171,11 @@ def _curvature(plus: np.ndarray, minus: np.ndarray, y0: np.ndarray) -> np.ndarra
 
 
 def _conclusive(quarter: _Quarter, first, first_noise, atol: float) -> np.ndarray:
-    """[m, k] whether the h/4 quotient settles the first sweep's value: it barely moves (by at most
-    ``TRIAGE_MOVED`` of the mismatch and ``TRIAGE_DRIFT`` of itself, plus atol), its one-sided
-    derivatives agree (within ``TRIAGE_SIDES`` of the mismatch: no kink crossed), and the step is small
-    for f (its second-order term within ``TRIAGE_LOCAL`` of the first-order one, up to rounding:
-    otherwise, as for cos at 5e7 where the relative step spans periods, two steps can agree by
-    coincidence, and only smaller steps can tell)."""
+    """[m, k] whether the h/4 quotient settles the first sweep's value: it barely moves (by at most ``TRIAGE_MOVED``
+    of the mismatch and ``TRIAGE_DRIFT`` of itself, plus atol), its one-sided derivatives agree (within
+    ``TRIAGE_SIDES`` of the mismatch: no kink crossed), and the step is small for f (its second-order term within
+    ``TRIAGE_LOCAL`` of the first-order one, up to rounding: otherwise, as for cos at 5e7 where the relative step
+    spans periods, two steps can agree by coincidence, and only smaller steps can tell)."""
     with np.errstate(invalid="ignore", over="ignore"):
         moved = np.abs(quarter.quotient - first)
         sides = quarter.curvature / (quarter.spans[None, :] / 2)
@@ -196,10 +194,10 @@ def _golden_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter) ->
 
 
 def _agrees_at_golden(quarter: _Quarter, other, other_curvature, other_spans, slack) -> np.ndarray:
-    """[m, k] whether the quotient at the golden step agrees with the h/4 one within ``CONFIRM_AGREES`` of it
-    (plus rounding), and its second difference with the h/4 one's scaled by h^2 within ``CONFIRM_CURVATURE``
-    (plus rounding ``slack``): at a step near a period of f the second difference is far off (cos h = 1
-    there, and nowhere near at the other step)."""
+    """[m, k] whether the quotient at the golden step agrees with the h/4 one within ``CONFIRM_AGREES`` of it (plus
+    rounding), and its second difference with the h/4 one's scaled by h^2 within ``CONFIRM_CURVATURE`` (plus
+    rounding ``slack``): at a step near a period of f the second difference is far off (cos h = 1 there, and nowhere
+    near at the other step)."""
     with np.errstate(invalid="ignore"):
         expected = CONFIRM_RATIO**2 * quarter.curvature
         return ((np.abs(other - quarter.quotient) <= CONFIRM_AGREES * np.abs(quarter.quotient) + slack / other_spans)
@@ -208,12 +206,10 @@ def _agrees_at_golden(quarter: _Quarter, other, other_curvature, other_spans, sl
 
 def _finest_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter, conclusive) -> np.ndarray:
     """[m, k] whether the mismatches of ``columns`` hold at the finest step whose rounding stays below
-    1/``FINEST_ROUNDING`` of them (``_finest_powers``): a kink within that step of the point (a ReLU input
-    at 1e-8 in a fresh network) makes the derivative there differ from the one every coarser step agrees on.
-    Where no step qualifies, h/4 itself included (its rounding above 1/``FINEST_ROUNDING`` of the mismatch),
-    the triage settles nothing: its quotients agree by chance (float32's are multiples of one rounding over
-    the span: a correct ReLU MLP's h and h/4 quotients came out bit-identical, 9.2e-5 from the gradient with
-    2.8e-4 of rounding), and the ladder decides."""
+    1/``FINEST_ROUNDING`` of them (``_finest_powers``): a kink within that step of the point (a ReLU input at 1e-8
+    in a fresh network) makes the derivative there differ from the one every coarser step agrees on.  Where no step
+    qualifies, h/4 itself included, the triage settles nothing: its quotients may agree by chance (float32's are
+    multiples of one rounding over the span), and the ladder decides."""
     quarter_noise = jac.noise(quarter.spans)
     powers = _finest_powers(quarter.mismatch, conclusive, quarter_noise)
     finest, *_ = numerical_columns(jac.executor, position, columns, quarter.delta / REFINE_RATIO**powers)
@@ -223,8 +219,8 @@ def _finest_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter, co
 
 
 def _finest_powers(mismatch, conclusive, quarter_noise) -> np.ndarray:
-    """[k] how many powers of ``REFINE_RATIO`` below h/4 the finest step lies: its rounding (growing by the
-    ratio per power) at most 1/``FINEST_ROUNDING`` of the smallest conclusive mismatch, 0 ... DEEP_LEVELS."""
+    """[k] how many powers of ``REFINE_RATIO`` below h/4 the finest step lies: its rounding (growing by the ratio
+    per power) at most 1/``FINEST_ROUNDING`` of the smallest conclusive mismatch, 0 ... DEEP_LEVELS."""
     with np.errstate(divide="ignore", invalid="ignore"):
         room = np.nanmin(np.where(conclusive, mismatch, np.inf) / (FINEST_ROUNDING * quarter_noise), axis=0)
     return np.clip(np.floor(np.log(np.maximum(room, 1.0)) / np.log(REFINE_RATIO)), 0, DEEP_LEVELS)
@@ -241,17 +237,14 @@ def _agrees_finest(finest, quarter: _Quarter, powers) -> np.ndarray:
 def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:
     """Re-estimate, in place, the columns whose allowance is mostly f's measured noise; returns them.
 
-    At the default step the noise of a noisy f (a bfloat16 matmul inside, a float32
-    cast in a float64 loss) swamps the difference quotient, and a pass there would
-    say nothing.  Each such column j is sampled at x + t H_j e_j, t = -4..4, with
-    H_j large enough for the noise to fall to a third of the tolerance (at most
-    ``COARSE_MAX_STEP * max(1, |x_j|)`` for 4 H_j), and the slope of a least-squares
-    cubic through the 9 values is the derivative: the cubic term absorbs the
-    third-derivative truncation of a central difference, and 9 points average the
-    noise.  Its error is ``MEASURED_NOISE_FACTOR`` standard deviations of that slope.
-    The same fit at H_j / 4 (256x less fifth-order truncation) decides whether the
-    wide one can stand.  A column whose fit leaves residuals beyond the noise (a kink,
-    a domain edge or a period of f within 4 H_j) is left to the shrinking ladder.
+    At the default step the noise of a noisy f (a bfloat16 matmul inside, a float32 cast in a float64 loss) swamps
+    the difference quotient, and a pass there would say nothing.  Each such column j is sampled at x + t H_j e_j,
+    t = -4..4, with H_j large enough for the noise to fall to a third of the tolerance (at most
+    ``COARSE_MAX_STEP * max(1, |x_j|)`` for 4 H_j), and the slope of a least-squares cubic through the 9 values is
+    the derivative: the cubic term absorbs the third-derivative truncation of a central difference, and 9 points
+    average the noise.  Its error is ``MEASURED_NOISE_FACTOR`` standard deviations of that slope.  The same fit at
+    H_j / 4 (256x less fifth-order truncation) decides whether the wide one can stand.  A column whose fit leaves
+    residuals beyond the noise (a kink, a domain edge or a period of f within 4 H_j) is left to the shrinking ladder.
     """
     atol, rtol = tolerances
     sigma = jac.plan.noise.sigma if jac.plan.noise is not None else np.zeros(jac.plan.m)
@@ -262,9 +255,8 @@ def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, 
                              & np.all(np.isfinite(a), axis=0))
     if not len(columns):
         return columns
-    # Column by column independent: in chunks whose [m, 9, k] tables (the evaluations' quotients,
-    # both sides, the fit's values; twice) stay within memory_budget (a bfloat16 conv 32x32x8: 8192
-    # noisy columns held ~30 GB at once, and the OS killed the check).
+    # Columns are independent: in chunks whose [m, 9, k] tables (the evaluations' quotients, both sides, the fit's
+    # values; twice) stay within memory_budget (all noisy columns of a large conv at once can exhaust memory).
     chunk = max(1, int(jac.config.budget // (COARSE_TABLES * 9 * 8 * max(jac.plan.m, 1))))
     taken = [_coarsen_columns(jac, position, columns[start:start + chunk], a, numerical, noise, status, band,
                               tolerances, sigma) for start in range(0, len(columns), chunk)]
@@ -283,8 +275,7 @@ def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, nois
     width = np.clip(needed, 4 * base, COARSE_MAX_STEP * scale / 4)
     wide, wide_error, wide_residual = _cubic_slopes(jac, position, columns, width, sigma)
     narrow, narrow_error, narrow_residual = _cubic_slopes(jac, position, columns, width / 4, sigma)
-    # The wide fit has a quarter of the noise; it stands where a cubic fits it (residuals
-    # within the noise) and the narrow one (256x less quintic truncation) agrees with it.
+    # The wide fit has a quarter of the noise; it stands where a cubic fits it and the narrow one agrees.
     with np.errstate(invalid="ignore"):
         fits = 3 * sigma[:, None] + 64 * jac.eps_eval * np.abs(jac.y0)[:, None]
         agree = (np.abs(wide - narrow) <= narrow_error) & (wide_residual <= fits)
@@ -292,8 +283,6 @@ def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, nois
     error = np.where(agree, wide_error, narrow_error)
     with np.errstate(invalid="ignore"):
         smooth = np.where(agree, wide_residual, narrow_residual) <= fits
-    # Only columns where a cubic fits f within its noise are taken; the others (a kink,
-    # a domain edge or a period of f within 4 H) go on to the shrinking ladder.
     taken = np.all(smooth & np.isfinite(estimate), axis=0)
     columns, estimate, error = columns[taken], estimate[:, taken], error[:, taken]
     numerical[:, columns], noise[:, columns] = estimate, error
@@ -302,8 +291,8 @@ def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, nois
 
 
 def _cubic_slopes(jac: _Jacobians, position: int, columns, width, sigma):
-    """Slopes [m, k] of least-squares cubics through f at x + t width_j e_j (t = -4..4), their
-    error (``MEASURED_NOISE_FACTOR`` standard deviations) and the fits' residuals."""
+    """Slopes [m, k] of least-squares cubics through f at x + t width_j e_j (t = -4..4), their error
+    (``MEASURED_NOISE_FACTOR`` standard deviations) and the fits' residuals."""
     count = len(columns)
     idx = np.tile(columns, 4)
     delta = np.concatenate([k * width for k in (1.0, 2.0, 3.0, 4.0)])
@@ -312,8 +301,8 @@ def _cubic_slopes(jac: _Jacobians, position: int, columns, width, sigma):
     plus, minus = plus.reshape(-1, 4, count), minus.reshape(-1, 4, count)
     values = np.concatenate([minus[:, ::-1], np.broadcast_to(jac.y0[:, None, None], (jac.plan.m, 1, count)), plus],
                             axis=1)  # [m, 9, k]
-    # One least-squares solve for every row and column: the nodes are t = -4..4 in units
-    # of each column's step (rounding moves them by far less than the noise allows).
+    # One least-squares solve for every row and column: the nodes are t = -4..4 in units of each column's step
+    # (rounding moves them by far less than the noise allows).
     with np.errstate(invalid="ignore", over="ignore"):
         coefficients = np.einsum("ct,mtk->mck", _CUBIC_FIT, values)  # [m, 4, k]
         fitted = np.einsum("tc,mck->mtk", _NODES, coefficients)

@@ -1,10 +1,10 @@
 """Compiled kernels: cached per f, its signatures and the check's settings, and dropped when f dies.
 
 A check's kernels (the differences, the autodiff rows, fast mode's probes, coloured mode's colours) are
-``tf.function``s of f.  They are kept in one LRU cache keyed by ``plan_key`` (f by identity), so a
-repeated check of f traces nothing; they hold f through ``WeakCall``, so the cache never keeps f alive,
-and f's kernels leave the cache when f is collected (a suite checking a fresh lambda per test does not
-accumulate graphs).
+``tf.function``s of f.  They are kept in one LRU cache keyed by ``plan_key`` (f by identity), so a repeated check of
+f traces nothing; they hold f through ``WeakCall``, so the cache never keeps f alive, and f's kernels leave the
+cache when f is collected (so a later function at the same address never meets them, and a suite checking a fresh
+lambda per test does not accumulate graphs).
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 class _QuietInternalRetracing:
     """Drops TensorFlow's "triggered tf.function retracing" warning for fastcheck's own kernels.
 
-    Each new function checked compiles new kernels (a test suite checks a fresh lambda
-    per test), which TensorFlow reads as a tf.function created in a loop; the warning
-    would point users at fastcheck's internals, where nothing is wrong.
+    Each new function checked compiles new kernels (a test suite checks a fresh lambda per test), which TensorFlow
+    reads as a tf.function created in a loop; the warning would point users at fastcheck's internals.
     """
 
     def filter(self, record) -> bool:
@@ -43,12 +42,8 @@ tf.get_logger().addFilter(_QuietInternalRetracing())
 
 
 def plan_key(plan: Plan, config: CheckConfig) -> tuple:
-    """What a compiled kernel depends on: f, signatures, precision, the compile settings.
-
-    f is keyed by identity; when f is garbage-collected its kernels leave the cache
-    (so a later function at the same address never meets them, and a test suite that
-    checks a fresh lambda per test does not accumulate graphs).
-    """
+    """What a compiled kernel depends on: f (by identity, see the module docstring), signatures, precision, the
+    compile settings."""
     f = plan.f.function if isinstance(plan.f, WeakCall) else plan.f
     f_key = (id(f.__func__), id(f.__self__)) if hasattr(f, "__func__") and hasattr(f, "__self__") else id(f)
     _evict_when_collected(f, f_key)
@@ -79,8 +74,8 @@ def _evict(f_key) -> None:
 class WeakCall:
     """Calls f without keeping it alive: cached kernels hold this, not f (see ``plan_key``).
 
-    Every call of f after planning goes through it: the user's own exception leaves as
-    ``_raised.Raised``, past the fallbacks and handlers between f and the caller.
+    Every call of f after planning goes through it: the user's own exception leaves as ``_raised.Raised``, past the
+    fallbacks and handlers between f and the caller.
     """
 
     def __init__(self, f):
@@ -140,8 +135,8 @@ def peek(key: tuple, default=None):
 
 
 def count_check(key: tuple) -> int:
-    """How many checks of a problem (``plan_key``) this process has routed, this one included, while its
-    kernels' cache entries live."""
+    """How many checks of a problem (``plan_key``) this process has routed, this one included, while its kernels'
+    cache entries live."""
     count = int(_cache.get(key + ("checks",), 0)) + 1
     _put(key + ("checks",), count)
     return count

@@ -1,33 +1,27 @@
 """Turn a model and a loss into a pure function of its variables' values.
 
-The numerical side perturbs each variable element in a batch, so the loss must
-be a *function* of the variables' values, not of their state:
+The numerical side perturbs each variable element in a batch, so the loss must be a *function* of the variables'
+values, not of their state:
 
-* Keras 3 models: ``model.stateless_call(trainable_values, non_trainable_values, x)``,
-  with every non-trainable value (batch-norm moving statistics, seed-generator
-  states) held at its value before the check; the updated state it returns is
-  discarded.
-* tf_keras models and ``tf.Module``s: the variable attributes are swapped for
-  the given tensors while the loss is computed (bypassing attribute tracking),
-  and swapped back at once; a variable inside a wrapper (larq's ``QuantizedVariable``,
-  a TFP ``TransformedVariable`` such as a GPflow ``Parameter``) is swapped inside it
-  for an object that reads as the tensor and has the variable's attributes, so the
-  wrapper's read transform still applies (``_variables.swapped``).  No variable is
-  ever assigned.
-* a zero-argument loss (GPflow's ``model.training_loss``) with no data: the loss
-  itself, with the model's variables read as above.
+* Keras 3 models: ``model.stateless_call(trainable_values, non_trainable_values, x)``, with every non-trainable
+  value (batch-norm moving statistics, seed-generator states) held at its value before the check; the updated
+  state it returns is discarded.
+* tf_keras models and ``tf.Module``s: the variable attributes are swapped for the given tensors while the loss is
+  computed (bypassing attribute tracking), and swapped back at once; a variable inside a wrapper (larq's
+  ``QuantizedVariable``, a TFP ``TransformedVariable`` such as a GPflow ``Parameter``) is swapped inside it for an
+  object that reads as the tensor and has the variable's attributes, so the wrapper's read transform still
+  applies (``_variables.swapped``).  No variable is ever assigned.
+* a zero-argument loss (GPflow's ``model.training_loss``) with no data: the loss itself, with the model's
+  variables read as above.
 
-With ``training=True`` the same holds, and randomness is held fixed so that every
-evaluation, perturbed or not, batched or not, draws the same dropout mask:
-Keras 3 seed generators keep their state (it is a non-trainable value, passed
-unchanged), and tf_keras random layers (Dropout, GaussianNoise, ...) draw from a
-stateless generator with a fixed seed while the loss is computed.  The real call
-that gives the analytical side runs with the same state and the same seeds, and
-every state it updates (moving statistics, seed states) is restored bit for bit.
+With ``training=True`` randomness is held fixed so that every evaluation, perturbed or not, batched or not, draws
+the same dropout mask: Keras 3 seed generators keep their state (a non-trainable value, passed unchanged), and
+tf_keras random layers (Dropout, GaussianNoise, ...) draw from a stateless generator with a fixed seed.  The real
+call that gives the analytical side runs with the same state and seeds, and every state it updates (moving
+statistics, seed states) is restored bit for bit.
 
-Float64 numerics for a float32 model come from its float64 copy (``_float64_model``),
-built from the ``Source`` this module's loss carries.  The analytical side is always
-the real model's ``tape.gradient``.
+Float64 numerics for a float32 model come from its float64 copy (``_float64_model``), built from the ``Source``
+this module's loss carries.  The analytical side is always the real model's ``tape.gradient``.
 """
 
 from __future__ import annotations
@@ -128,13 +122,11 @@ class Source:
 
 def model_loss_function(model, loss_fn, data, variables=None, *, training: bool = False,
                         sample_weight=None, precision: str = "native") -> ModelLoss:
-    """The loss of ``model`` on ``data`` as a pure function of the chosen variables' values, natively; it carries
-    what a float64 copy is built from (``_float64_model.with_float64_copy``).
-
-    ``precision`` is the check's: a loss without data, which no float64 copy can stand in for, says so (and
-    ``"float64"`` raises).  With ``data=None`` the loss is ``loss_fn()`` (``_loss_without_data``).  Library
-    context flags an attempt leaves switched are restored (``library_state_restored``).
-    """
+    """The loss of ``model`` on ``data`` as a pure function of the chosen variables' values, natively, carrying
+    what a float64 copy is built from (``_float64_model.with_float64_copy``).  With ``data=None`` the loss is
+    ``loss_fn()`` (``_loss_without_data``), which no float64 copy can stand in for: it says so when the check's
+    ``precision`` is not native (``"float64"`` raises).  Library context flags an attempt leaves switched are
+    restored (``library_state_restored``)."""
     with library_state_restored():
         if data is None:
             return _loss_without_data(model, loss_fn, variables, training, sample_weight, precision)
@@ -330,8 +322,7 @@ def _keras3_loss(model, x, compute, every, trainable, chosen, training, runner=N
     """The loss at given values of ``chosen``; ``runner`` (a copy of ``model`` whose variables
     correspond one to one) computes it instead, with every fixed floating value cast to ``dtype``."""
     slots = {id(v): i for i, v in enumerate(every)}
-    # Fixed values, not the variables: a seed state read at each call would move with the real
-    # call's updates, and every evaluation must see the state the check started from.
+    # Fixed values, not the variables: a seed state read at each call would move with the real call's updates.
     fixed = [variable_value(v) for v in every]
     if dtype is not None:
         fixed = [tf.cast(value, dtype) if value.dtype.is_floating else value for value in fixed]
@@ -344,7 +335,6 @@ def _keras3_loss(model, x, compute, every, trainable, chosen, training, runner=N
         state = list(fixed)
         for variable, value in zip(chosen, new_values):
             state[slots[id(variable)]] = value
-        # The updated non-trainable values (moving statistics, advanced seed states) are discarded.
         outputs, _ = runner.stateless_call(state[:count], state[count:], x, **mode)
         return compute(outputs)
 
@@ -429,13 +419,9 @@ def _tf_keras_random_generators(model) -> list:
 
 @contextlib.contextmanager
 def _stateless_randomness(generators):
-    """tf_keras random layers draw from stateless ops with a fixed seed while inside.
-
-    Their default draws are stateful (a fresh mask at every call, or a
-    ``tf.random.Generator`` whose state advances): a stateless op with a fixed seed
-    draws one mask at every evaluation, in eager, ``tf.function`` and
-    ``vectorized_map`` alike.
-    """
+    """tf_keras random layers draw from stateless ops with a fixed seed while inside: their default draws are
+    stateful (a fresh mask at every call, or a ``tf.random.Generator`` whose state advances); a stateless op with a
+    fixed seed draws one mask at every evaluation, in eager, ``tf.function`` and ``vectorized_map`` alike."""
     saved = [(g, g._rng_type, g._seed, g._built) for g in generators]
     try:
         for index, generator in enumerate(generators):
@@ -450,10 +436,8 @@ def _stateless_randomness(generators):
 def _paths_to(module, wanted: set) -> list[tuple[object, object, object, str]]:
     """(owner, key, variable, path) for every place under ``module`` that holds a wanted variable.
 
-    Paths come from ``tf.Module._flatten``; only the last hop is substituted, so a
-    path through a property that builds a fresh list substitutes nothing (and is
-    caught by the reachability check below).
-    """
+    Paths come from ``tf.Module._flatten``; only the last hop is substituted, so a path through a property that
+    builds a fresh list substitutes nothing (caught by ``_assert_substitution_reaches_loss``)."""
     found: list[tuple[object, object, object, str]] = []
     flatten = getattr(module, "_flatten", None)
     if flatten is None:
@@ -488,12 +472,10 @@ def _accepts_training(model) -> bool:
 
 
 def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every, keras3: bool = False):
-    """Every variable that the real loss depends on must also reach the substituted loss.
-
-    Read off reverse mode where it can (the substituted loss's gradient is not None); a variable
-    whose substituted gradient is None -- or every one, where that gradient cannot run (a layer's
-    ``tf.custom_gradient`` taking ``variables=`` gets none in a stateless call) -- is moved by 1%
-    instead, and must move the substituted loss."""
+    """Every variable that the real loss depends on must also reach the substituted loss: read off reverse mode
+    where it can (the substituted gradient is not None); a variable whose substituted gradient is None -- or every
+    one, where that gradient cannot run (a layer's ``tf.custom_gradient`` taking ``variables=`` gets none in a
+    stateless call) -- is moved by 1% instead, and must move the substituted loss."""
     with preserved_variables(every), tf.GradientTape(persistent=True) as tape:
         tape.watch(values)
         substituted = loss(*values)
@@ -536,14 +518,11 @@ def _tf_variable(variable):
 def training_gradients(model_loss: ModelLoss) -> list:
     """``tape.gradient(loss, variables)`` on the real model, as a training step computes it.
 
-    A layer's ``tf.custom_gradient`` that takes the layer's variables
-    (``grad(dy, variables=None)``) is called only when the variables themselves
-    are on the tape, so the analytical side differentiates the real variables;
-    the numerical side evaluates the same loss statelessly, after checking that
-    both losses agree at the point.  With ``training=True`` the real call starts
-    from the same seed states (so it draws the same dropout mask), and the state it
-    updates is restored at once.
-    """
+    A layer's ``tf.custom_gradient`` that takes the layer's variables (``grad(dy, variables=None)``) is called only
+    when the variables themselves are on the tape, so the analytical side differentiates the real variables; the
+    numerical side evaluates the same loss statelessly, after checking that both losses agree at the point.  With
+    ``training=True`` the real call starts from the same seed states (so the same dropout mask), and the state it
+    updates is restored at once."""
     sources = [_tf_variable(v) for v in model_loss.chosen]
     with tf.GradientTape() as tape:
         # A tape watches trainable variables by itself; a non-trainable one named in variables= is watched
@@ -568,8 +547,7 @@ def training_gradients(model_loss: ModelLoss) -> list:
     return [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v) for g, v in zip(gradients, model_loss.values)]
 
 
-# Added to a "not deterministic" verdict of a training-mode check: the check holds every
-# source of randomness it knows fixed (seed states, tf_keras random layers).
+# Added to a "not deterministic" verdict of a training-mode check.
 RANDOM_IN_TRAINING = ("check_model(training=True) is the likely cause: fastcheck holds dropout masks fixed (Keras 3 "
                       "seed generators, tf_keras random layers), so some layer draws random numbers in training mode "
                       "that the check cannot hold fixed, e.g. tf.random.uniform without a seed or keras.random.* with "
@@ -580,13 +558,11 @@ RANDOM_IN_TRAINING = ("check_model(training=True) is the likely cause: fastcheck
 def loss_of_outputs(loss_fn, y, sample_weight, model, dtype=None) -> Callable:
     """``compute(y_pred)``: the loss of the model's outputs, per output and summed for several outputs.
 
-    ``loss_fn`` is a callable ``loss_fn(y_true, y_pred)`` (a function or a Keras
-    loss object), a Keras loss name (``"mse"``, ``"categorical_crossentropy"``), or
-    for a model with several outputs a list or dict of those (one per output; a
-    single loss applies to every output).  Names resolve with ``keras.losses.get``
-    (``tf_keras.losses.get`` for tf_keras models) into loss objects that reduce as
-    ``model.compile`` does; ``sample_weight`` goes to each loss as Keras passes it.
-    """
+    ``loss_fn`` is a callable ``loss_fn(y_true, y_pred)`` (a function or a Keras loss object), a Keras loss name
+    (``"mse"``, ``"categorical_crossentropy"``), or for a model with several outputs a list or dict of those (one
+    per output; a single loss applies to every output).  Names resolve with ``keras.losses.get``
+    (``tf_keras.losses.get`` for tf_keras models) into loss objects that reduce as ``model.compile`` does;
+    ``sample_weight`` goes to each loss as Keras passes it."""
     names = _output_names(model)
 
     def compute(outputs):
@@ -654,10 +630,9 @@ def _is_array_like(value) -> bool:
 def _apply(loss_fn, y_true, y_pred, sample_weight, model, label, dtype=None):
     loss = _resolve(loss_fn, model, sample_weight is not None, label)
     if dtype is None and loss is not loss_fn:
-        # A loss object fastcheck made (from a name or a function) computes as model.compile's does, in
-        # Keras's floatx (float32) -- for a mixed-precision model's float16 outputs too: rounding the loss
-        # to float16 would swamp the check in noise -- but in the outputs' dtype where that is wider
-        # (floatx would round a float64 model's loss to float32).
+        # A loss object fastcheck made (from a name or a function) computes as model.compile's does, in Keras's
+        # floatx (float32; for a mixed-precision model's float16 outputs too: a float16 loss would swamp the check
+        # in noise), but in the outputs' dtype where that is wider (floatx would round a float64 loss to float32).
         out = next((t.dtype for t in tf.nest.flatten(y_pred) if getattr(t, "dtype", None) is not None
                     and tf.as_dtype(t.dtype).is_floating), None)
         if out is not None and tf.as_dtype(out).size > tf.as_dtype(_keras_of(model).backend.floatx()).size:

@@ -4,12 +4,12 @@ it cannot run f (the fallback). The compiled kernels themselves are cached in ``
 Paths, from fastest per element to cheapest to start:
 
 * ``xla``   -- ``tf.function(jit_compile=True)`` around ``tf.vectorized_map``.
-* ``graph`` -- the same without XLA (XLA cannot compile some ops, e.g. the
-  TensorList ops TFP's data-dependent ``while_loop``s produce under pfor).
-* ``loop``  -- ``tf.function`` around ``tf.map_fn``: no pfor conversion, which
-  for functions with ``while_loop``s costs seconds to tens of seconds.
-* ``eager`` -- a Python loop of eager calls, for checks so small that tracing
-  (0.1-0.2 s) would cost more than the whole loop.
+* ``graph`` -- the same without XLA (XLA cannot compile some ops, e.g. the TensorList ops TFP's data-dependent
+  ``while_loop``s produce under pfor).
+* ``loop``  -- ``tf.function`` around ``tf.map_fn``: no pfor conversion, which for functions with ``while_loop``s
+  costs seconds to tens of seconds.
+* ``eager`` -- a Python loop of eager calls, for checks so small that tracing (0.1-0.2 s) would cost more than the
+  whole loop.
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ from fastcheck._tables import (
 )
 
 XLA, GRAPH, LOOP = "xla", "graph", "loop"
-# Each path falls back to the next when it cannot run f: XLA cannot compile
-# some ops, pfor cannot convert some, and a function that calls .numpy() or
-# Python-side effects cannot be traced at all but still runs eagerly.
+# Each path falls back to the next when it cannot run f: XLA cannot compile some ops, pfor cannot convert some, and
+# a function that calls .numpy() or Python-side effects cannot be traced at all but still runs eagerly.
 FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
 
 
@@ -57,8 +56,7 @@ def _is_random(op_type: str) -> bool:
 
 # Ops whose XLA CPU kernels are far slower than TF's own (betainc: 40x).
 XLA_SLOW_OPS = frozenset({"Betainc", "Igamma", "Igammac", "IgammaGradA"})
-# ... and on CPU only: XLA's CPU convolutions against TensorFlow's oneDNN ones, cold,
-# AMD EPYC: conv 3x3 of 32x32x4 2.71 s graph against 3.08 s XLA, of 16x16x4 0.46 against 0.65.
+# ... and on CPU only: XLA's CPU convolutions are slower than TensorFlow's oneDNN ones.
 XLA_SLOW_CPU_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
 
 
@@ -79,12 +77,12 @@ class Route:
     chunk_reason: ChunkReason = ChunkReason()
     autograph: bool = False  # kernels are traced with AutoGraph (f needs it)
     predicted: tuple = (0.0, 0.0)  # (eager loop, traced) seconds predicted for the check; 0: not predicted
-    # Perturbations per call of the one differences kernel shared by every checked input
-    # (``joint_chunk``); 0: one kernel per input.
+    # Perturbations per call of the one differences kernel shared by every checked input (``joint_chunk``); 0: one
+    # kernel per input.
     joint_chunk: int = 0
     traceable: bool = True  # False: tracing f failed (it runs only eagerly), so no graph of it is built
-    # f is checked again and again (``_repeated``): its kernels are compiled for the checks to come, none of
-    # its Jacobians tried eagerly first
+    # f is checked again and again (``_repeated``): its kernels are compiled for the checks to come, none of its
+    # Jacobians tried eagerly first
     repeated: bool = False
 
     @property
@@ -94,9 +92,9 @@ class Route:
 
 
 def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, checks: int = 1) -> tuple[Route, Calibration]:
-    """The route for ``plan``, predicted by ``calibration``, and the calibration after routing
-    (which traced f's probe, unless it chose the eager path for a small check); ``checks``: this
-    check's number among the process's checks of the same problem (``_kernels.count_check``)."""
+    """The route for ``plan``, predicted by ``calibration``, and the calibration after routing (which traced f's
+    probe, unless it chose the eager path for a small check); ``checks``: this check's number among the process's
+    checks of the same problem (``_kernels.count_check``)."""
     n, m = plan.n, plan.m
     predicted_eager, predicted_traced = calibration.predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
     small = config.jit_compile == "auto" and predicted_eager < predicted_traced
@@ -127,8 +125,8 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
     per_perturbation = (2 * elements + 5 * plan.n + 2 * m) * itemsize * MEMORY_SAFETY
     chunk_rows = max(1, config.budget // per_perturbation)
     chunk_reason = ChunkReason()
-    # The working set of a call: f's shared data, and per perturbation its x+ and x- rows
-    # with their intermediates (see MIN_CACHED_CHUNK).
+    # The working set of a call: f's shared data, and per perturbation its x+ and x- rows with their intermediates
+    # (see MIN_CACHED_CHUNK).
     cache = calibration.cache_size
     cache_rows = (cache - probe.shared_bytes) // (2 * (plan.n + probe.written) * itemsize)
     memory_bound = probe.flops < MEMORY_BOUND_INTENSITY * elements
@@ -144,8 +142,8 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
     work = 2 * n * elements
     random = sorted(op for op in op_types if _is_random(op))
     if random and config.jit_compile is not False and not has_loops:
-        # XLA draws different numbers than TensorFlow's kernels from the same seed: the
-        # compiled evaluations would see another dropout mask than the eager ones.
+        # XLA draws different numbers than TensorFlow's kernels from the same seed: the compiled evaluations would
+        # see another dropout mask than the eager ones.
         path, reason = GRAPH, RouteReason("random", op=random[0], overridden=config.jit_compile is True)
     elif config.jit_compile is True:
         path, reason = XLA, RouteReason("requested")
@@ -182,12 +180,11 @@ EAGER_SECONDS = "eager seconds"
 
 
 def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: int) -> int:
-    """``checks`` (this check's number among the checks of the same problem: f, signatures,
-    configuration) when it is the ``REPEAT_TRACE_CHECKS``-th or later and its eager loop is predicted,
-    or was measured by an earlier check of it (``EAGER_SECONDS``), at ``REPEAT_TRACE_SECONDS`` or more,
-    else 0: such an f is checked again and again (at several points, in a loop, in property tests), and
-    its traced kernels, paid for once, make each later check a few batched calls.  An f whose element-wise structure is known stays eager: its eager
-    check is a few calls already."""
+    """``checks`` (this check's number among the checks of the same problem: f, signatures, configuration) when it
+    is the ``REPEAT_TRACE_CHECKS``-th or later and its eager loop is predicted, or was measured by an earlier check
+    of it (``EAGER_SECONDS``), at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again (at
+    several points, in a loop, in property tests), and its traced kernels, paid for once, make each later check a
+    few batched calls.  An f whose element-wise structure is known stays eager: its eager check is a few calls."""
     key = plan_key(plan, config)
     eager = max(predicted_eager, peek(key + (EAGER_SECONDS,), 0.0))
     if (checks < config.table("REPEAT_TRACE_CHECKS") or eager < config.table("REPEAT_TRACE_SECONDS")
@@ -196,16 +193,16 @@ def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: i
     return checks
 
 
-# pfor converts these with a while_loop when their filter and their input are both batched, as
-# they are in a joint kernel past the first layer (MobileNetV2: Conv2D, DepthwiseConv2dNative);
-# the executor also hands back to per-input kernels wherever a joint kernel's trace has a loop.
+# pfor converts these with a while_loop when their filter and their input are both batched, as they are in a joint
+# kernel past the first layer; the executor also hands back to per-input kernels wherever a joint kernel's trace
+# has a loop.
 JOINT_UNVECTORISED_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
 
 
 def joint_chunk(plan: Plan, path: str, chunk_rows: int, traced_seconds: float) -> int:
-    """Perturbations per call of one differences kernel for every checked input, or 0 for a kernel
-    per input (one input, the loop or eager path, inputs evaluated in different dtypes, or an n so
-    large that carrying every input in every evaluation costs more than the traces it saves)."""
+    """Perturbations per call of one differences kernel for every checked input, or 0 for a kernel per input (one
+    input, the loop or eager path, inputs evaluated in different dtypes, or an n so large that carrying every input
+    in every evaluation costs more than the traces it saves)."""
     sizes = [s.size for s in plan.checked]
     if path not in (XLA, GRAPH) or len(sizes) < 2:
         return 0
@@ -281,14 +278,13 @@ class Probe:
 def probe_graph(plan: Plan) -> Probe:
     """Trace the flat function once and measure it: see ``Probe``.
 
-    The returned ``tf.function`` is reused by the loop path, so a function whose
-    tracing is expensive (TFP's while-loop functions: ~1 s) is traced only here.
+    The returned ``tf.function`` is reused by the loop path, so a function whose tracing is expensive (TFP's
+    while-loop functions: ~1 s) is traced only here.
     """
     values = plan.eval_values()
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in values]
-    # Without AutoGraph first: converting fastcheck's kernels and f costs most of a cold
-    # process's first trace (dense n=1024: 0.78 s -> 0.35 s).  Only an f with Python
-    # control flow on tensors needs it, and says so by failing to trace without it.
+    # Without AutoGraph first: converting fastcheck's kernels and f costs most of a cold process's first trace.
+    # Only an f with Python control flow on tensors needs it, and says so by failing to trace without it.
     autograph = False
     try:
         function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast), autograph=False)
@@ -298,8 +294,8 @@ def probe_graph(plan: Plan) -> Probe:
         function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast))
         concrete = function.get_concrete_function(*signature)
     graph = concrete.graph
-    # Per-evaluation memory: only tensors that depend on the arguments are
-    # batched by vectorized_map; captured weights and constants are shared.
+    # Per-evaluation memory: only tensors that depend on the arguments are batched by vectorized_map; captured
+    # weights and constants are shared.
     captured = {id(t) for t in concrete.captured_inputs} | {id(t) for _, t in graph.captures}
     frontier = [t for t in graph.inputs if id(t) not in captured]
     dependent, elements, flops, written = set(), 0, 0, 0
@@ -340,8 +336,8 @@ def _shared_bytes(graph) -> int:
 
 
 def compile_kernel(fn, path: str, autograph: bool = False, input_signature=None):
-    """A tf.function of a kernel on ``path``; AutoGraph only for an f that needs it (see ``probe_graph``).
-    An ``input_signature`` with unknown dimensions lets one trace serve every size."""
+    """A tf.function of a kernel on ``path``; AutoGraph only for an f that needs it (see ``probe_graph``).  An
+    ``input_signature`` with unknown dimensions lets one trace serve every size."""
     return tf.function(fn, input_signature=input_signature, jit_compile=True if path == XLA else None,
                        autograph=autograph)
 

@@ -1,9 +1,7 @@
 """A Jacobian block's sparsity pattern as a value (``Pattern``), and the user's ``sparsity=`` (``GivenSparsity``).
 
-A ``Pattern`` holds the structural nonzeros of one Jacobian block ``[m, n_k]`` (the flat outputs against
-one checked input) as shared column sets: each row names a group, each group's columns are stored once,
-so memory follows the distinct sets, never the nonzeros.  ``_sparsity`` finds patterns by tracing f's
-graph and colours them; the configuration only normalises ``sparsity=`` here, without the tracer.
+``_sparsity`` finds patterns by tracing f's graph, ``_colouring`` colours them; the configuration only normalises
+``sparsity=`` here, without the tracer.
 """
 
 from __future__ import annotations
@@ -41,18 +39,17 @@ class UnknownSparsity(ValueError):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Pattern:
-    """Structural nonzeros of one Jacobian block ``[m, n_k]`` as *shared column sets*.
+    """Structural nonzeros of one Jacobian block ``[m, n_k]`` (the flat outputs against one checked input) as
+    *shared column sets*.
 
-    Row i's columns are group ``group[i]`` of a CSR table (``gptr``/``gcols``, columns
-    sorted within each group); ``group`` None: row i is group i (an explicit CSR).  Rows
-    of a normalisation share their block's set (layer norm over rows of 64 at 10^6
-    elements: 15625 groups of 64 columns hold 6.4e7 nonzeros), and the output channels
-    of a convolution their pixel's window: memory follows the distinct sets, not the
-    nonzeros.  Nonzeros are numbered by (row, column); ``entries`` and ``at`` give the
-    (row, column) of any range or subset of them, so no nnz-sized index array need exist.
+    Row i's columns are group ``group[i]`` of a CSR table (``gptr``/``gcols``, columns sorted within each group);
+    ``group`` None: row i is group i (an explicit CSR).  Rows of a normalisation share their block's set (as in
+    ``_sparsity.Dep``), and the output channels of a convolution their pixel's window: memory follows the distinct
+    sets, not the nonzeros.  Nonzeros are numbered by (row, column); ``entries`` and ``at`` give the (row, column)
+    of any range or subset of them, so no nnz-sized index array need exist.
 
-    ``diagonal``: the identity pattern (m == n, nonzero (i, i) for every i; elementwise f),
-    which lets the coloured check read every nonzero without an index gather.
+    ``diagonal``: the identity pattern (m == n, nonzero (i, i) for every i; elementwise f), which lets the coloured
+    check read every nonzero without an index gather.
     """
 
     shape: tuple[int, int]
@@ -63,8 +60,7 @@ class Pattern:
 
     @staticmethod
     def identity(size: int) -> Pattern:
-        # Its tables are built on first use: the coloured check reads a diagonal pattern
-        # without them, and at 10^7 elements they cost 0.4 s of page faults.
+        # Tables built on first use: a diagonal pattern is read without them (at 10^7 elements: 0.4 s of page faults).
         return Pattern((size, size), None, None, None, True)
 
     @property
@@ -183,10 +179,8 @@ def index_array(values: np.ndarray, bound: int) -> np.ndarray:
 
 
 class GivenSparsity:
-    """The user's ``sparsity=``, normalised at configuration time (shapes are checked against the plan later).
-
-    Identity-hashed, so a ``CheckConfig`` holding it stays hashable.
-    """
+    """The user's ``sparsity=``, normalised at configuration time (shapes are checked against the plan later);
+    identity-hashed, so a ``CheckConfig`` holding it stays hashable."""
 
     FORMS = ("a boolean array [m, n] (m: f's flat outputs, n: the checked input's elements), "
              "index pairs (rows, cols) as a tuple of two integer arrays, an object with .tocoo() "

@@ -1,10 +1,8 @@
 """Plan a check: normalise inputs and outputs, probe ``f``, choose precision and path.
 
-Everything downstream works on one view of the problem: a function of the
-*checked* inputs (each a real tensor; complex inputs are viewed as a trailing
-axis of (real, imag)) returning one flat real vector of all differentiable
-outputs.  Both Jacobians are computed for that function, so every pair
-(output, input) comes out of one pass.
+Everything downstream works on one view of the problem: a function of the *checked* inputs (each a real tensor;
+complex inputs are viewed as a trailing axis of (real, imag)) returning one flat real vector of all differentiable
+outputs.  Both Jacobians are computed for that function, so every pair (output, input) comes out of one pass.
 """
 
 from __future__ import annotations
@@ -76,8 +74,8 @@ class OutputSpec:
 
 
 def as_float64(value: tf.Tensor) -> tf.Tensor:
-    """A real eager tensor as float64: TensorFlow's Cast op itself (what ``tf.cast`` runs for a real
-    tensor), without ``tf.cast``'s Python (~10 us of a ~18 us call; each check of a small f makes two)."""
+    """A real eager tensor as float64: TensorFlow's Cast op itself (what ``tf.cast`` runs for a real tensor),
+    without ``tf.cast``'s Python overhead."""
     return value if value.dtype == tf.float64 else gen_math_ops.cast(value, tf.float64)
 
 
@@ -140,8 +138,7 @@ def normalize_inputs(inputs, names=None) -> list[InputSpec]:
             elif isinstance(item, tf.Tensor):
                 value = item
             else:
-                # Python floats become float64, as numpy makes them: a check should not
-                # lose precision the caller never asked to lose.
+                # Python floats become float64, as numpy makes them: no precision the caller did not ask to lose.
                 value = tf.convert_to_tensor(np.asarray(item) if not hasattr(item, "dtype") else item)
         except (TypeError, ValueError) as error:
             raise TypeError(
@@ -196,8 +193,8 @@ class Plan:
         measured = self.noise.relative if self.noise is not None else 0.0
         return measured if measured > NOISY_EPSILONS * eps else eps
 
-    # A plan is never changed in place (``dataclasses.replace`` makes a new one): its sizes are read
-    # in every loop of a check, so each is computed once.
+    # A plan is never changed in place (``dataclasses.replace`` makes a new one): its sizes, read in every loop of a
+    # check, are computed once.
     @functools.cached_property
     def checked(self) -> list[InputSpec]:
         return [s for s in self.inputs if s.checked]
@@ -237,11 +234,10 @@ class Plan:
 
     @functools.cached_property
     def row_epsilon(self) -> np.ndarray:
-        """[m] the unit of rounding of each flat output row as evaluated: its output's dtype, or the checked
-        inputs' least precise one where that is coarser (f computes from them); float64 when upcast.  One
-        evaluation's rounding allowance per row (steps follow ``eval_dtype``): a float64 output beside a float32
-        one rounds at float64's epsilon (a smaller allowance can only make a first sweep fail, and a failure
-        measures f's noise)."""
+        """[m] the unit of rounding of each flat output row as evaluated: its output's dtype, or the checked inputs'
+        least precise one where that is coarser (f computes from them); float64 when upcast.  One evaluation's
+        rounding allowance per row (steps follow ``eval_dtype``): a float64 output beside a float32 one rounds at
+        float64's epsilon (a smaller allowance can only make a first sweep fail, and a failure measures f's noise)."""
         if self.eval_upcast:
             return np.full(self.m, MACHINE_EPSILON[tf.float64])
         eps = np.empty(self.m)
@@ -278,8 +274,8 @@ class Plan:
     def _call(self, values: list[tf.Tensor], untaped: bool = False):
         """f's raw result for one value per input (checked complex inputs given as real views).
 
-        ``untaped``: no tape differentiates the call, so an eager real view becomes complex through
-        numpy (the same bits, reinterpreted: ~10 us against the ops' ~70 us a call)."""
+        ``untaped``: no tape differentiates the call, so an eager real view becomes complex through numpy (the same
+        bits, reinterpreted; cheaper than the ops)."""
         args = []
         for spec, value in zip(self.inputs, values):
             if spec.checked and spec.is_complex:
@@ -300,16 +296,16 @@ class Plan:
     def call_flat(self, values: list[tf.Tensor], upcast: bool = False) -> tf.Tensor:
         """Call ``f`` with one value per input (checked ones as real views); flat real outputs.
 
-        Works eagerly and inside ``tf.function``.  With ``upcast`` the outputs are
-        cast to float64 (the values given are then the float64 evaluation values).
+        Works eagerly and inside ``tf.function``.  With ``upcast`` the outputs are cast to float64 (the values given
+        are then the float64 evaluation values).
         """
         target = tf.float64 if upcast else self.native_flat_dtype
         pieces = [tf.reshape(tf.cast(leaf, target), [-1]) for leaf in self.output_leaves(values)]
         return tf.concat(pieces, axis=0) if len(pieces) > 1 else pieces[0]
 
     def call_flat_numpy(self, values: list[tf.Tensor], upcast: bool = False) -> np.ndarray:
-        """``call_flat`` for the eager loop: the same numbers as a numpy vector, with no
-        TensorFlow op besides f's own (a reshape or cast op costs as much as a small f)."""
+        """``call_flat`` for the eager loop: the same numbers as a numpy vector, with no TensorFlow op besides f's
+        own (a reshape or cast op costs as much as a small f)."""
         target = np.float64 if upcast else self.native_flat_dtype.as_numpy_dtype
         result = self._call(values, untaped=True)
         if type(result) is EAGER_TENSOR and not result.dtype.is_complex and self.leaf_is_output == [True]:
@@ -336,8 +332,8 @@ EAGER_TENSOR = type(tf.constant(0.0))  # the type of an eager tensor (not a vari
 
 
 class Float64Refused(Exception):
-    """precision='float64' was requested and f has no float64 evaluation: ``reason`` (a ``NumericalSide``)
-    says why; the runner raises the user's ValueError, its text composed by the report."""
+    """precision='float64' was requested and f has no float64 evaluation: ``reason`` (a ``NumericalSide``) says
+    why; the runner raises the user's ValueError, its text composed by the report."""
 
     def __init__(self, reason):
         super().__init__(reason)
@@ -398,11 +394,11 @@ def view(tensor) -> np.ndarray:
 
 
 def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal bit for bit (one integer comparison: 10x faster than a NaN-aware one at 10^7 elements)."""
+    """Equal bit for bit (one integer comparison, faster than a NaN-aware one)."""
     if a.dtype != b.dtype or a.dtype.kind not in "fciub" or not (a.flags.c_contiguous and b.flags.c_contiguous):
         return False
     a, b = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
-    # Block by block: no boolean temporary of the outputs' size (10^7 float32: 40 MB of fresh pages).
+    # Block by block: no boolean temporary of the outputs' size.
     return a.size == b.size and all(np.array_equal(a[k : k + EQUAL_BLOCK], b[k : k + EQUAL_BLOCK])
                                     for k in range(0, a.size, EQUAL_BLOCK))
 
@@ -410,9 +406,8 @@ def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
 def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in: tuple | None = None) -> Plan:
     """Normalise, probe ``f`` eagerly at the point, and decide the numerical precision.
 
-    ``computes_in``: (precision, reason) when the problem knows that the analytical side
-    computes below its dtypes (a mixed-precision model judged through its float64 copy,
-    whose evaluations show no float16 noise to measure).
+    ``computes_in``: (precision, reason) when the problem knows that the analytical side computes below its dtypes
+    (a mixed-precision model judged through its float64 copy, whose evaluations show no float16 noise to measure).
     """
     if not callable(f):
         raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
@@ -441,8 +436,8 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
     again = _flatten_output(_call_user(f, native, "the inputs (second call)"), "on the second call", names)
     call_seconds = time.perf_counter() - start
     if call_seconds < CALL_TIMING_LIMIT:
-        # The second call of a fresh process still pays one-time costs (kernel lookup,
-        # allocator growth): the faster of two calls is the steady cost routing needs.
+        # The second call of a fresh process still pays one-time costs (kernel lookup, allocator growth): the faster
+        # of two calls is the steady cost routing needs.
         start = time.perf_counter()
         _call_user(f, native, "the inputs (third call)")
         call_seconds = min(call_seconds, time.perf_counter() - start)
@@ -453,10 +448,9 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
             continue
         same = False
         diff = float(np.max(np.abs(a.astype(np.complex128) - b.astype(np.complex128)))) if a.shape == b.shape else float("inf")
-        # Parallel reductions (GPU, some CPU kernels) differ between calls in the
-        # last bits: that is noise, measured and allowed for, not randomness.  A
-        # difference beyond sqrt(eps) of the output is beyond what any difference
-        # quotient could tolerate: f is random (dropout, random ops).
+        # Parallel reductions (GPU, some CPU kernels) differ between calls in the last bits: noise, measured and
+        # allowed for.  A difference beyond sqrt(eps) of the output is beyond what any difference quotient could
+        # tolerate: f is random (dropout, random ops).
         magnitude = float(np.max(np.abs(a))) if a.size and _is_differentiable(first.dtype) else 0.0
         if diff <= np.sqrt(_epsilon(first.dtype)) * magnitude:
             notes.append(CallNoise(name, diff))
@@ -470,7 +464,7 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
 
     def flat(result_leaves) -> np.ndarray:
         parts = [np.reshape(view(to_real_view(leaf)), [-1]) for leaf, keep in zip(result_leaves, leaf_is_output) if keep]
-        if len(parts) == 1:  # one copy, not three (10^7 elements: 80 MB each)
+        if len(parts) == 1:  # one copy, not three
             return parts[0].astype(np.float64)
         return np.concatenate([part.astype(np.float64) for part in parts])
 
@@ -479,8 +473,8 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
                 declared=computes_in)
     if plan.empty:  # no Jacobian entry: nothing to measure or choose (run_check and jacobians say so)
         return plan
-    # The second call's outputs, once: the precision choice and the call-to-call noise read them (the
-    # first call's values where the two are equal: no second float64 copy, 80 MB at 10^7 elements).
+    # The second call's outputs, once: the precision choice and the call-to-call noise read them (the first call's
+    # values where the two are equal: no second float64 copy).
     repeat = native_output if same else flat(again)
     upcast, eval_output, note = _choose_precision(plan, config, repeat)
     precision, reason = _declared_precision(plan)
@@ -498,8 +492,8 @@ def _declared_precision(plan: Plan) -> tuple[str, Any]:
 
 
 def measure_precision(plan: Plan, line=None) -> Plan:
-    """The plan with f's measured noise and the precision its analytical side computes in
-    (``line``: a batched evaluator of the noise tables, see ``measure_noise``)."""
+    """The plan with f's measured noise and the precision its analytical side computes in (``line``: a batched
+    evaluator of the noise tables, see ``measure_noise``)."""
     eps_eval = MACHINE_EPSILON[plan.eval_dtype]
     values = plan.eval_values()
     positions = [s.position for s in plan.checked]
@@ -509,15 +503,14 @@ def measure_precision(plan: Plan, line=None) -> Plan:
 
 
 def with_noise(plan: Plan, noise: Noise) -> Plan:
-    """The plan with a measured noise and the precision that names: when the noise is far above
-    the evaluation dtype's rounding, one trace of f names the op computing in low precision
-    (and every output's noise is floored, see ``Noise.floored``); TensorFloat-32 on a GPU."""
+    """The plan with a measured noise and the precision that names: when the noise is far above the evaluation
+    dtype's rounding, one trace of f names the op computing in low precision (and every output's noise is floored,
+    see ``Noise.floored``); TensorFloat-32 on a GPU."""
     eps_eval = MACHINE_EPSILON[plan.eval_dtype]
     precision, reason = _declared_precision(plan)
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in plan.native_values()]
     traced = None
     if noise.relative > NOISY_EPSILONS * eps_eval:
-        # f loses precision inside: one trace names the op that computes in low precision.
         traced = _traceable(plan, signature)
         found = _safely(lambda: low_precision_op(traced, signature, below=precision))
         if found is not None:
@@ -532,9 +525,9 @@ def with_noise(plan: Plan, noise: Noise) -> Plan:
 
 
 def _traceable(plan: Plan, signature: list):
-    """f as a ``tf.function`` whose ``get_concrete_function(*signature)`` works: without AutoGraph
-    when f traces without it (AutoGraph's conversion of fastcheck's wrappers and of f cost
-    0.5 s of a 0.6 s check of a 10-element f), else with it (Python control flow on tensors)."""
+    """f as a ``tf.function`` whose ``get_concrete_function(*signature)`` works: without AutoGraph when f traces
+    without it (AutoGraph's conversion can cost most of a small check), else with it (Python control flow on
+    tensors)."""
     plain = tf.function(lambda *vs: plan.call_flat(list(vs)), autograph=False)
     try:
         plain.get_concrete_function(*signature)
@@ -561,9 +554,8 @@ def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tu
         return False, native, None
     if config.precision == "auto" and plan.n > UPCAST_MAX_ELEMENTS:
         return False, native, NumericalSide(False, "elements", elements=plan.n)
-    # Evaluate the numerical side in float64 when f accepts it: the finite
-    # differences then carry ~1e-11 error, so float32 gradients are judged by
-    # float32 tolerances alone instead of by float32 finite-difference noise.
+    # Evaluate the numerical side in float64 when f accepts it: the finite differences then carry ~1e-11 error, so
+    # float32 gradients are judged by float32 tolerances alone instead of by float32 finite-difference noise.
     upcast_args = [as_float64(s.real_view) if s.checked else s.value for s in plan.inputs]
     reason: NumericalSide | None = None
     upcast = native
@@ -592,10 +584,9 @@ def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tu
 def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> NumericalSide | None:
     """Why f in float64 is not the native f (a dtype-dependent weight, layer or code path), or None.
 
-    The float64 value must reproduce the native one within the native rounding:
-    64 machine epsilons of the output's scale (of the declared precision, where f is
-    known to compute below its dtypes), or, beyond that, 8 times the native
-    evaluations' measured noise.
+    The float64 value must reproduce the native one within the native rounding: 64 machine epsilons of the output's
+    scale (of the declared precision, where f is known to compute below its dtypes), or, beyond that, 8 times the
+    native evaluations' measured noise.
     """
     native = plan.native_output
     eps = MACHINE_EPSILON[plan.analytical_dtype]

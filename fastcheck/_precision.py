@@ -1,28 +1,23 @@
 """The precision f really computes in, and the noise of its evaluations, measured.
 
-A float32 function may compute a matmul in bfloat16 inside, a Keras model under
-``mixed_float16`` computes in float16 under float32 variables, a float32 matmul on
-an Ampere/Hopper GPU runs in TensorFloat-32 by default, and a float64 function may
-go through a float32-only op.  None of this shows in the dtypes of the inputs and
-outputs, so fastcheck measures it:
+A float32 function may compute a matmul in bfloat16 inside, a Keras model under ``mixed_float16`` computes in
+float16 under float32 variables, a float32 matmul on an Ampere/Hopper GPU runs in TensorFloat-32 by default, and a
+float64 function may go through a float32-only op.  None of this shows in the input and output dtypes, so
+fastcheck measures it:
 
-* **Noise floor.**  ``f`` is evaluated at ``2 * NOISE_SIDE`` points ``x + t h p``
-  (t = +-1..8, each side on its own, p a random sign vector, ``h_j ~ 64 eps |x_j|``:
-  far below any feature of f, above its rounding; grown for outputs that do not
-  move at that scale, see ``measure_noise``).  The 4th
-  differences along t of a smooth f are ~h^4 and vanish; what is left is f's
-  rounding noise, whose standard deviation per output is
-  ``sqrt(gamma_4 * mean(diff4^2))`` with ``gamma_4 = (4!)^2 / 8!`` (Moré & Wild,
-  "Estimating computational noise", SIAM J. Sci. Comput. 2011).  Call-to-call
-  differences at the same point (nondeterministic reductions) are added.
-* **Named precision.**  When the measured noise is far above the evaluation
-  dtype's rounding, one trace of f names the low-precision op (float16/bfloat16
-  ops in the graph); TensorFloat-32 is named when a float32 MatMul/Conv runs on a
-  GPU with TF32 enabled.
+* **Noise floor.**  ``f`` is evaluated at ``2 * NOISE_SIDE`` points ``x + t h p`` (t = +-1..8, each side on its
+  own, p a random sign vector, ``h_j ~ 64 eps |x_j|``: far below any feature of f, above its rounding; grown for
+  outputs that do not move at that scale, see ``measure_noise``).  The 4th differences along t of a smooth f are
+  ~h^4 and vanish; what is left is f's rounding noise, whose standard deviation per output is
+  ``sqrt(gamma_4 * mean(diff4^2))`` with ``gamma_4 = (4!)^2 / 8!`` (Moré & Wild, "Estimating computational
+  noise", SIAM J. Sci. Comput. 2011).  Call-to-call differences at the same point (nondeterministic reductions)
+  are added.
+* **Named precision.**  When the measured noise is far above the evaluation dtype's rounding, one trace of f names
+  the low-precision op (float16/bfloat16 ops in the graph); TensorFloat-32 is named when a float32 MatMul/Conv
+  runs on a GPU with TF32 enabled.
 
-The measured noise sets the numerical side's noise term and its step
-(``noise_relative ** (1/3)`` instead of ``eps ** (1/3)``); the precision sets the
-tolerance row (``_config.DEFAULT_TOLERANCES``).
+The measured noise sets the numerical side's noise term, not its step (``_executor.steps``); the precision sets
+the tolerance row (``_config.DEFAULT_TOLERANCES``).
 """
 
 from __future__ import annotations
@@ -63,15 +58,13 @@ class Noise:
     relative: float  # ||sigma|| / ||f(x)||: the relative noise of f as a whole
 
     def floored(self, y0: np.ndarray) -> Noise:
-        """The noise with every output's at least ``relative * |f_i|`` and the outputs' RMS
-        noise: for an f known to round in a lower precision inside (an op of it found in the graph).
+        """The noise with every output's at least ``relative * |f_i|`` and the outputs' RMS noise: for an f known
+        to round in a lower precision inside (an op of it found in the graph).
 
-        Rounding to a grid along a line of equally spaced points is a sawtooth whose
-        4th differences vanish between wrap-arounds, so some outputs' tables look smooth
-        (``sin(x) + float64(float32(cos(x)))``: 4 of 16 outputs measured at 1e-17 against
-        ~1e-8), and their tiny steps, where the float32 part is frozen, would settle on
-        the derivative of the float64 part alone.  The RMS floor covers an output whose
-        value cancels (sin + cos at -0.01, its float32 part 0.7).
+        Rounding to a grid along equally spaced points is a sawtooth whose 4th differences vanish between
+        wrap-arounds, so some outputs' tables look smooth (``sin(x) + float64(float32(cos(x)))``), and their tiny
+        steps, where the float32 part is frozen, would settle on the derivative of the float64 part alone.  The
+        RMS floor covers an output whose value cancels (sin + cos at -0.01, its float32 part 0.7).
         """
         finite = np.isfinite(y0) & np.isfinite(self.sigma)
         typical = float(np.sqrt(np.mean(self.sigma[finite] ** 2))) if finite.any() else 0.0
@@ -84,23 +77,21 @@ def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, 
                   repeat: np.ndarray | None = None, seed: int = 0, line=None) -> Noise:
     """Noise of ``evaluate(values) -> flat float64 outputs`` around ``values`` (see the module docstring).
 
-    ``positions`` are the indices of the checked (real-valued) entries of ``values``;
-    ``repeat`` is a second evaluation at the point itself, if one was made.  See
-    ``_noise_along`` for the scales; an output that never moves has no noise.
-    ``line(steps, ts)``, when given, evaluates a whole table at once: f at
-    ``x +- t step`` (``steps``: {position: step} of the inputs moved, t in ``ts``) as two
-    [len(ts), m] arrays, or None where it cannot (the table is then evaluated point by point).
+    ``positions``: indices of the checked (real-valued) entries of ``values``; ``repeat``: a second evaluation at
+    the point itself, if one was made.  See ``_noise_along`` for the scales; an output that never moves has no
+    noise.  ``line(steps, ts)``, when given, evaluates a whole table at once: f at ``x +- t step`` (``steps``:
+    {position: step} of the inputs moved, t in ``ts``) as two [len(ts), m] arrays, or None where it cannot (the
+    table is then evaluated point by point).
     """
     rng = np.random.default_rng(seed + 7103)
     bases = {p: values[p].numpy() for p in positions}
-    # One direction per input when there are few: a smooth input (a bias added in
-    # float32) would otherwise hide another that f quantises (x cast to bfloat16).
+    # One direction per input when there are few: a smooth input (a bias added in float32) would otherwise hide
+    # another that f quantises (x cast to bfloat16).
     groups = [[p] for p in positions] if len(positions) <= SEPARATE_INPUTS else [list(positions)]
     sigma = np.zeros(y0.shape)
     for group in groups:
-        # Random integer weights 1..3 with random signs (integers keep the points exact):
-        # with signs alone, an output fed equally by two inputs (bilinear interpolation)
-        # cancels along half of all directions.  Two directions per group.
+        # Random integer weights 1..3 with random signs (integers keep the points exact): with signs alone, an
+        # output fed equally by two inputs (bilinear interpolation) cancels along half of all directions.
         for _ in range(NOISE_DIRECTIONS):
             signs = {p: rng.choice([-1.0, 1.0], size=bases[p].shape) * rng.integers(1, 4, size=bases[p].shape)
                      for p in group}
@@ -119,24 +110,18 @@ def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, 
 def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
     """[m] noise per output along one direction.
 
-    Scales from ``NOISE_START`` epsilons up to 1/8 of the finite-difference step
-    (the 4th differences of a smooth f, ~scale^4, far below its rounding): each table
-    that is noise-dominated counts (Moré & Wild's test: 5th and 6th differences as
-    large as the 4th, where a smooth f's fall by orders of magnitude), so a
-    quantisation coarser than the finest scale (a float32 cast inside a float64 f)
-    is seen too.  Outputs that do not move at any of them grow the scale up to
-    ``NOISE_MAX_SCALE`` (f rounds to bfloat16 inside, or does not depend on this input).
+    Scales from ``NOISE_START`` epsilons up to 1/8 of the finite-difference step (the 4th differences of a
+    smooth f, ~scale^4, far below its rounding): each noise-dominated table counts (Moré & Wild's test: 5th and 6th
+    differences as large as the 4th, where a smooth f's fall by orders of magnitude), so a quantisation coarser
+    than the finest scale (a float32 cast inside a float64 f) is seen too.  Outputs that do not move at any of
+    them grow the scale up to ``NOISE_MAX_SCALE`` (f rounds to bfloat16 inside, or does not depend on this input).
 
-    Rounding is the same at every scale; kinks are not.  A deep ReLU network moved
-    along a direction over all its weights crosses ReLU kinks within 1e-7 of the
-    point, and its table there is as rough as noise -- but only there: at a scale
-    ``CONFIRM_SCALE`` times finer it crosses ~32x fewer kinks, each bending the table
-    ~32x less (calibrated MobileNetV2 in float64: 2e-7 of the loss at 7.6e-7, 2e-15 at
-    2.4e-8).  So an output whose table at a coarser scale is far rougher than at the
-    finer ones counts only where the table at ``scale / CONFIRM_SCALE`` is about as
-    rough (a float32 cast inside a float64 f: the same quantum at both); otherwise
-    the roughness is f's own shape at that scale, for the steps to resolve, not noise
-    that a larger step would average away.
+    Rounding is the same at every scale; kinks are not.  A deep ReLU network moved along all its weights crosses
+    ReLU kinks within 1e-7 of the point, and its table there is as rough as noise -- but only there: at a scale
+    ``CONFIRM_SCALE`` times finer it crosses ~32x fewer kinks, each bending the table ~32x less.  So an output
+    whose table at a coarser scale is far rougher than at the finer ones counts only where the table at
+    ``scale / CONFIRM_SCALE`` is about as rough (a float32 cast inside a float64 f: the same quantum at both);
+    otherwise the roughness is f's own shape, for the steps to resolve, not noise a larger step would average away.
     """
     sigma = np.zeros(y0.shape)
     pending = np.isfinite(y0)
@@ -151,12 +136,10 @@ def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
             sides, estimate, moving, noisy, stepped = _table(evaluate, bases, signs, y0, scale, epsilon)
         except Exception:  # f refuses points this far out (a domain check): measure no further
             break
-        # Only noise-dominated tables count (a smooth or periodic f moved this far shows
-        # its own shape, not noise), at the fine scales.  An output that first moves
-        # at a later scale (on both sides) was constant at the finer ones: f rounds it
-        # to a quantum q, and rounding to a grid has standard deviation q / sqrt(12)
-        # even where a regular staircase makes the differences vanish.  The smallest
-        # gap between its values bounds q from above.
+        # Only noise-dominated tables at the fine scales count.  An output that first moves at a later scale (on both
+        # sides) was constant at the finer ones: f rounds it to a quantum q, and rounding to a grid has standard
+        # deviation q / sqrt(12) even where a regular staircase makes the differences vanish.  The smallest gap
+        # between its values bounds q from above.
         counted = noisy if fine else np.zeros(y0.shape, bool)
         with np.errstate(invalid="ignore"):
             rough = counted & (estimate > CONFIRM_MARGIN * calm)
@@ -169,16 +152,15 @@ def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
             with np.errstate(invalid="ignore"):
                 shape_of_f = rough & finer_moving & ~(finer_noisy & (finer >= estimate / CONFIRM_MARGIN))
             counted = counted & ~shape_of_f
-        # Rounding is scale-free: a coarser table within CONFIRM_MARGIN of the calm one counts at
-        # most CALM_SPREAD times that (the spread of two estimates from four differences each);
-        # more would be kinks crossed at that scale (a float32 ReLU MLP's noise read 3.9x its
-        # rounding, and its steps' noise allowance with it).  Rough, confirmed tables count whole.
+        # Rounding is scale-free: a coarser table within CONFIRM_MARGIN of the calm one counts at most CALM_SPREAD
+        # times that (the spread of two estimates from four differences each); more would be kinks crossed at that
+        # scale.  Rough, confirmed tables count whole.
         with np.errstate(invalid="ignore"):
             value = np.where(rough | ~np.isfinite(calm), estimate, np.minimum(estimate, CALM_SPREAD * calm))
         sigma[counted] = np.maximum(sigma[counted], value[counted])
-        # An output that moves only by a jump or two (a staircase in some input: f(x) = round(4x)/4) was
-        # not rounded to a quantum: its gaps are the jumps' sizes, not noise, and a coarser scale would
-        # only cross more of them.  It is no longer pending, and gives no quantum.
+        # An output that moves only by a jump or two (a staircase: f(x) = round(4x)/4) was not rounded to a
+        # quantum: its gaps are the jumps' sizes, and a coarser scale would only cross more.  It is no longer
+        # pending, and gives no quantum.
         thawed = pending & moving & ~stepped & (not first)
         if thawed.any():
             values_seen = np.sort(np.concatenate([sides[0], sides[1], y0[None]]), axis=0)
@@ -199,9 +181,9 @@ def _table(evaluate, bases, signs, y0, scale, epsilon):
     The estimate reads each side without the jumps the line crosses (``_without_jumps``);
     ``stepped``: outputs that some side, x itself included, moves only by a jump or two.
     """
-    # Each side on its own, without x itself: a kink or jump of f at the point (relu
-    # at 0, relu' under order=2) lies between the sides and is not noise.  The
-    # smaller side also leaves out a kink next to the point on the other.
+    # Each side on its own, without x itself: a kink or jump of f at the point (relu at 0, relu' under order=2)
+    # lies between the sides and is not noise.  The smaller side's estimate also leaves out a kink next to the
+    # point on the other side.
     sides = evaluate.sides(bases, _line_steps(bases, signs, scale))
     orders = [_differences(_without_jumps(table, epsilon)) for table in sides]
     estimate = np.minimum(orders[0][4], orders[1][4])
@@ -219,13 +201,11 @@ def _table(evaluate, bases, signs, y0, scale, epsilon):
 def _jumps(table: np.ndarray, epsilon: float) -> np.ndarray:
     """[len(table) - 1, m]: the intervals where a table's moves concentrate -- jumps of f, not noise.
 
-    An interval is a jump when its difference leaves the median difference (the line's slope)
-    by ``JUMP_RATIO`` times the median such deviation, and times the table's own rounding
-    (``epsilon * max |f|``: a staircase is exactly flat between its jumps), and by more than
-    ``JUMP_RELATIVE * max |f|`` (f's value rounded to float32 or bfloat16 moves by single
-    quanta along the line too, and that is noise to measure); an output has
-    jumps only where at most ``JUMP_MAX`` intervals are (more is noise spread over the line,
-    a quantum crossed at every few points: rounding, which this leaves alone).
+    An interval is a jump when its difference leaves the median difference (the line's slope) by ``JUMP_RATIO``
+    times the larger of the median such deviation and the table's own rounding (``epsilon * max |f|``: a staircase
+    is exactly flat between its jumps), and by more than ``JUMP_RELATIVE * max |f|`` (f's value rounded to float32
+    or bfloat16 moves by single quanta along the line too, and that is noise to measure); an output has jumps only
+    where at most ``JUMP_MAX`` intervals are (more is a quantum crossed every few points: rounding, left alone).
     """
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.diff(table, axis=0)
@@ -240,7 +220,7 @@ def _jumps(table: np.ndarray, epsilon: float) -> np.ndarray:
 def _without_jumps(table: np.ndarray, epsilon: float) -> np.ndarray:
     """The table with its jumps (``_jumps``) taken out: each jump's difference replaced by the median one.
 
-    Outputs without jumps keep their table as it is (the same noise estimate, bit for bit).
+    Outputs without jumps keep their table bit for bit.
     """
     jumps = _jumps(table, epsilon)
     found = np.asarray(jumps.any(axis=0))
@@ -269,10 +249,9 @@ def _differences(table: np.ndarray) -> dict[int, np.ndarray]:
 def _line_steps(bases, signs, scale) -> dict:
     """Per input, ``h_j p_j`` with ``h_j`` the power of two nearest ``scale * min(|x_j|, 1)``.
 
-    Relative to |x_j| near zero (log at 1e-12 moves by 1e-12 * scale), but never more
-    than ``scale`` itself: at |x| = 5e7 a relative move would span periods of cos.
-    A power of two at least 4 ulps of x_j (times a small integer weight) makes every
-    x_j + t h_j exact, so the points lie exactly on the line and the differences see
+    Relative to |x_j| near zero (log at 1e-12 moves by 1e-12 * scale), but never more than ``scale`` itself: at
+    |x| = 5e7 a relative move would span periods of cos.  A power of two at least 4 ulps of x_j (times a small
+    integer weight) makes every x_j + t h_j exact, so the points lie exactly on the line and the differences see
     f's noise alone.
     """
     steps = {}
@@ -280,8 +259,7 @@ def _line_steps(bases, signs, scale) -> dict:
         magnitude = np.abs(base.astype(np.float64))
         floor = math.sqrt(float(np.finfo(base.dtype).tiny))  # x_j = 0 still moves
         size = scale * np.clip(magnitude, floor, 1.0)
-        # At least 4 ulps of x_j (a power of two too), so that x_j itself moves: an
-        # output that stays put then does so because f rounds it.
+        # At least 4 ulps, so that x_j itself moves: an output that stays put then does so because f rounds it.
         ulps = 4 * np.abs(np.spacing(base)).astype(np.float64)
         steps[p] = np.maximum(np.exp2(np.round(np.log2(size))), ulps) * signs[p]
     return steps
@@ -318,10 +296,9 @@ class _Line:
 def low_precision_op(function, signature, below: str) -> tuple[str, str] | None:
     """(precision, op type) of the op computing in the lowest precision below ``below`` in the traced f, or None.
 
-    A float64 f may go through a float32 op (a cast, a float32-only kernel), a
-    float32 f through float16/bfloat16 ones.  Casts are named only when no
-    computing op runs in that precision, so the report names the op (e.g.
-    MatMul) rather than the cast into its precision.
+    A float64 f may go through a float32 op (a cast, a float32-only kernel), a float32 f through float16/bfloat16
+    ones.  Casts are named only when no computing op runs in that precision, so the report names the op (e.g.
+    MatMul) rather than the cast into it.
     """
     graph = function.get_concrete_function(*signature).graph
     limit = PRECISION_EPSILON[below]

@@ -1,10 +1,9 @@
 """Problem adapters: every entry point turns its arguments into one ``Problem``.
 
-A problem is a function of some inputs whose Jacobian is checked, and where the
-analytical side comes from: reverse mode of f itself (``check_gradients``), the
-user's gradients of the summed f (``verify_gradients``), the real model's
-``tape.gradient`` (``check_model``).  ``order=2`` turns f into its gradient
-function.  ``_check.run_check`` runs any of them.
+A problem is a function of some inputs whose Jacobian is checked, and where the analytical side comes from: reverse
+mode of f itself (``check_gradients``), the user's gradients of the summed f (``verify_gradients``), the real
+model's ``tape.gradient`` (``check_model``).  ``order=2`` turns f into its gradient function.  ``_check.run_check``
+runs any of them.
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ class Problem:
     # Whether f's reverse mode at the float64 point is the analytical side's code run in float64 (``_full._twin``):
     # f's own gradient, a model's loss on its float64 copy; not a user's supplied gradients.
     twin: bool = True
-    # f has no float64 evaluation (a model whose float64 copy failed; the problem's note says why): the plan
-    # does not try one (calling the float32 model with float64 values fails again, with a second note).
+    # f has no float64 evaluation (a model whose float64 copy failed; the problem's note says why): the plan does not
+    # try one (calling the float32 model with float64 values fails again, with a second note).
     native: bool = False
 
     @property
@@ -56,9 +55,7 @@ class Problem:
 
 def function_problem(f: Callable, inputs, config: CheckConfig, wrt=None) -> Problem:
     """``check_gradients``, ``numerical_jacobian``, ``autodiff_jacobian``: f's own Jacobian (or its gradient's).
-
-    Structured inputs (and ``wrt``) become a function of the checked leaves (``_structure``).
-    """
+    Structured inputs (and ``wrt``) become a function of the checked leaves (``_structure``)."""
     if not callable(f):
         raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
     names = None
@@ -72,9 +69,8 @@ def function_problem(f: Callable, inputs, config: CheckConfig, wrt=None) -> Prob
 def supplied_problem(f: Callable, inputs, grads, config: CheckConfig) -> Problem:
     """``verify_gradients``: the user's gradients of the summed f (order 2: the Jacobian of ``grads``)."""
     if config.order == 2:
-        # Gradients of the supplied gradients: the Jacobian of the user's gradient
-        # function (its autodiff, e.g. a custom gradient's own gradient) against
-        # central differences of it.
+        # Gradients of the supplied gradients: the Jacobian of the user's gradient function (its autodiff, e.g. a
+        # custom gradient's own gradient) against central differences of it.
         if not callable(grads):
             raise TypeError("verify_gradients(order=2) checks the derivatives of your gradient function: pass grads "
                             "as a callable taking the inputs, not as arrays.")
@@ -87,9 +83,8 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
                   sample_weight=None) -> Problem:
     """``check_model``: the loss as a pure function of the variables' values, against the real tape gradient.
 
-    A training-mode loss draws its dropout masks from stateless ops with fixed
-    seeds; routing keeps such an f off XLA (which draws other numbers from the
-    same seed).
+    A training-mode loss draws its dropout masks from stateless ops with fixed seeds; routing keeps such an f off
+    XLA (which draws other numbers from the same seed).
     """
     loss = with_float64_copy(model_loss_function(model, loss_fn, data, variables, training=training,
                                                  sample_weight=sample_weight, precision=config.precision),
@@ -115,9 +110,8 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
 def gradient_function(f: Callable, inputs, seed: int = 0) -> Callable:
     """``g(*inputs)`` = the gradient of ``u . f(*inputs)`` w.r.t. every floating input.
 
-    ``u`` is 1 for a scalar ``f`` (so the check of ``g`` is a check of the
-    Hessian) and a fixed seeded random cotangent otherwise.  Checking ``g``'s
-    Jacobian catches a custom gradient whose own gradient is wrong.
+    ``u`` is 1 for a scalar ``f`` (so the check of ``g`` is a check of the Hessian) and a fixed seeded random
+    cotangent otherwise.  Checking ``g``'s Jacobian catches a custom gradient whose own gradient is wrong.
     """
     if not callable(f):
         raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
@@ -142,10 +136,10 @@ def gradient_function(f: Callable, inputs, seed: int = 0) -> Callable:
 
 
 def _assert_stateless_gradient(gradient: Callable, loss) -> None:
-    """order=2 checks the Jacobian of the loss's gradient as a function of the variables' values
-    (the stateless loss): that gradient must be the training one at the point, or the Hessian
-    checked is not the one training's gradient has.  A layer's ``tf.custom_gradient`` taking
-    ``variables=`` sees no variables in a stateless call (its grad_fn gets ``variables=None``)."""
+    """order=2 checks the Jacobian of the loss's gradient as a function of the variables' values (the stateless
+    loss): that gradient must be the training one at the point, or the Hessian checked is not the one training's
+    gradient has.  A layer's ``tf.custom_gradient`` taking ``variables=`` sees no variables in a stateless call (its
+    grad_fn gets ``variables=None``)."""
     why = ("check_model(order=2) differentiates the loss as a function of the variables' values, where a layer's "
            "tf.custom_gradient taking variables= gets variables=None")
     try:

@@ -1,23 +1,18 @@
 """The user's own exceptions: out of a check as themselves, past every handler on the way.
 
-fastcheck calls f many times after planning: traced into its batched kernels (the
-probe, the differences, the autodiff kernels, on xla, graph and loop paths), and
-eagerly (the eager path, tapes, noise tables).  Its handlers there read a failure
-as "this path cannot run f" (fall back a path), "f cannot be traced" (evaluate
-eagerly), "f refuses this point" (measure no further) or "f failed in a batched
-kernel" (a ValueError naming it), and TensorFlow's AutoGraph re-raises an error
-of traced code as a ``StagingError`` when it cannot rebuild its type.
+fastcheck calls f many times after planning: traced into its batched kernels (the probe, the differences, the
+autodiff kernels, on xla, graph and loop paths), and eagerly (the eager path, tapes, noise tables).  Its handlers
+there read a failure as "this path cannot run f" (fall back a path), "f cannot be traced" (evaluate eagerly), "f
+refuses this point" (measure no further) or "f failed in a batched kernel" (a ValueError naming it), and
+TensorFlow's AutoGraph re-raises an error of traced code as a ``StagingError`` when it cannot rebuild its type.
 
-An exception f raises that is none of those -- a class of the user's own, or a
-builtin one outside what tracing raises (``RuntimeError``, ``KeyError``,
-``AssertionError``, ...) raised in f's code rather than in a library's -- is
-carried out of the check as ``Raised``, a ``BaseException``: no ``except
-Exception`` of fastcheck's or TensorFlow's takes it for one of the above.  The
-public entry points (``passes_own``) re-raise the user's exception itself: its
-type, its message, its traceback into f, with a note saying what fastcheck was
-doing.  TensorFlow's errors (out of memory, compile failures, assertions at run
-time) and the builtin errors tracing raises (``TypeError``, ``ValueError``,
-``AttributeError``, ``NotImplementedError``) keep their handling.
+An exception f raises that is none of those -- a class of the user's own, or a builtin one outside what tracing
+raises (``RuntimeError``, ``KeyError``, ``AssertionError``, ...) raised in f's code rather than in a library's -- is
+carried out of the check as ``Raised``, a ``BaseException``: no ``except Exception`` of fastcheck's or TensorFlow's
+takes it for one of the above.  The public entry points (``passes_own``) re-raise the user's exception itself: its
+type, its message, its traceback into f, with a note saying what fastcheck was doing.  TensorFlow's errors (out of
+memory, compile failures, assertions at run time) and the builtin errors tracing raises (``TypeError``,
+``ValueError``, ``AttributeError``, ``NotImplementedError``) keep their handling.
 """
 
 from __future__ import annotations
@@ -26,13 +21,13 @@ import functools
 
 import tensorflow as tf
 
-# Exceptions of these packages' own classes (and builtins raised in their code) are the
-# libraries', not the user's: tracing, pfor, XLA and their models say "cannot run f" with them.
+# Exceptions of these packages' own classes (and builtins raised in their code) are the libraries', not the user's:
+# tracing, pfor, XLA and their models say "cannot run f" with them.
 LIBRARIES = frozenset({"builtins", "tensorflow", "keras", "tf_keras", "tensorflow_probability", "numpy", "absl",
                        "fastcheck", "ml_dtypes", "tree", "optree", "wrapt"})
-# What tracing raises when a path cannot run f (``.numpy()``: AttributeError; ``np.asarray`` of a
-# symbolic tensor: NotImplementedError; Python ``if`` on a tensor: a TypeError), and what f raises
-# to refuse a point: fastcheck handles these wherever they come from.
+# What tracing raises when a path cannot run f (``.numpy()``: AttributeError; ``np.asarray`` of a symbolic tensor:
+# NotImplementedError; Python ``if`` on a tensor: a TypeError), and what f raises to refuse a point: fastcheck
+# handles these wherever they come from.
 HANDLED = (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError)
 
 
@@ -49,9 +44,9 @@ def _library(module: str | None) -> bool:
 
 
 def unwrapped(error: BaseException) -> BaseException:
-    """The exception f raised, under AutoGraph's rewrites: ``ag_error_metadata.to_exception``
-    raises a copy (or a ``StagingError``) in the original's ``except`` block, with the context
-    suppressed and the metadata attached to both (tensorflow/python/autograph/pyct/error_utils.py)."""
+    """The exception f raised, under AutoGraph's rewrites: ``ag_error_metadata.to_exception`` raises a copy (or a
+    ``StagingError``) in the original's ``except`` block, with the context suppressed and the metadata attached to
+    both (tensorflow/python/autograph/pyct/error_utils.py)."""
     seen = set()
     while id(error) not in seen:
         seen.add(id(error))
@@ -64,8 +59,8 @@ def unwrapped(error: BaseException) -> BaseException:
 
 
 def own_error(error: BaseException) -> BaseException | None:
-    """The user's own exception that ``error`` is (or wraps, see ``unwrapped``), or None for one
-    fastcheck handles (see the module docstring)."""
+    """The user's own exception that ``error`` is (or wraps, see ``unwrapped``), or None for one fastcheck handles
+    (see the module docstring)."""
     original = unwrapped(error)
     if isinstance(original, tf.errors.OpError):
         return None

@@ -1,23 +1,19 @@
 """The refinement driver: one step ladder for every mode.
 
-Every strategy refines what its first sweep failed the same way: the failing *directions*
-(full mode's columns, fast mode's probes, coloured mode's nonzeros through their colours)
-at steps h / REFINE_RATIO**p, p = 0 ... REFINE_LEVELS, judged by ``_compare.refine``; the
-directions a strategy still finds open after that (an unsettled mismatch, a step outside
-f's domain) again down to a deeper power; the deeper result replaces the first one there.
-``descend`` is that driver.  A strategy supplies only how it evaluates a selection of its
-directions at given powers (``Evaluate``: the levels, f at the point and f's noise) and what
-"open" means for it; it reads the estimates off the ``Refined`` it gets back.  It may also
-supply an ``Early`` stage: a few powers evaluated for every direction first, and a test that
-passes directions there outright (coloured mode's second step); only the others go down the
-ladder, which takes the early powers' levels over instead of evaluating them again.  And it may
-supply a ``Line`` (each direction's first step, the noise of a quotient over a span): then a
-settled mismatch stands only where ``confirmation`` finds it again at independent steps (0.618 x
-the chosen pair's, and averaged below the pair where its rounding hid a kink), in every mode alike.
+Every strategy refines what its first sweep failed the same way: the failing *directions* (full mode's columns,
+fast mode's probes, coloured mode's nonzeros through their colours) at steps h / REFINE_RATIO**p, p = 0 ...
+REFINE_LEVELS, judged by ``_compare.refine``; the directions a strategy still finds open after that (an unsettled
+mismatch, a step outside f's domain) again down to a deeper power; the deeper result replaces the first one there.
+``descend`` is that driver.  A strategy supplies only how it evaluates a selection of its directions at given
+powers (``Evaluate``: the levels, f at the point and f's noise) and what "open" means for it; it reads the
+estimates off the ``Refined`` it gets back.  It may also supply an ``Early`` stage: a few powers evaluated for every
+direction first, and a test that passes directions there outright (coloured mode's second step); only the others go
+down the ladder, which reuses the early powers' levels.  And it may supply a ``Line`` (each direction's first step,
+the noise of a quotient over a span): then a settled mismatch stands only where ``confirmation`` finds it again at
+independent steps (0.618 x the chosen pair's, and averaged below the pair where its rounding hid a kink).
 
-Why a module of its own: ``_compare`` is the rule on arrays that exist (the element verdicts,
-``refine`` over levels), pure and without callbacks; the driver calls back into the
-strategies' evaluations, which is the one place where the modes meet the rule.
+A module of its own because ``_compare`` is the rule on arrays that exist, pure and without callbacks; the driver
+calls back into the strategies' evaluations, the one place where the modes meet the rule.
 """
 
 from __future__ import annotations
@@ -48,8 +44,8 @@ from fastcheck._tables import (
 
 
 class Ladder(NamedTuple):
-    """The powers p of the steps h / REFINE_RATIO**p that each stage of refinement evaluates, coarsest first:
-    the one ladder of every mode, a named value (``LADDER``) rather than ranges at the call sites."""
+    """The powers p of the steps h / REFINE_RATIO**p that each stage of refinement evaluates, coarsest first: the
+    one ladder of every mode (``LADDER``)."""
 
     first: range  # every failing direction
     deeper: range  # the directions still open after the first ladder; its levels above these are kept
@@ -62,17 +58,17 @@ LADDER = Ladder(range(0, REFINE_LEVELS + 1), range(REFINE_LEVELS + 1, DEEP_LEVEL
 
 
 class Rungs(NamedTuple):
-    """A strategy's evaluation of some directions: ``_compare.refine``'s levels (one per power, coarsest
-    first: (derivative [m, k], noise [m, k], plus [m, k] or None, minus, span [k])), f at the point as
-    ``refine`` subtracts it, and f's measured noise (or None) for its quantum test."""
+    """A strategy's evaluation of some directions: ``_compare.refine``'s levels (one per power, coarsest first:
+    (derivative [m, k], noise [m, k], plus [m, k] or None, minus, span [k])), f at the point as ``refine``
+    subtracts it, and f's measured noise (or None) for its quantum test."""
 
     levels: list
     y0: np.ndarray
     sigma: np.ndarray | None
 
 
-# (selection: indices of the directions [k'], powers, factors) -> their rungs [m, k'] at the steps
-# h / REFINE_RATIO**p * factor (factors: one per power, or None for 1: the ladder's own steps).
+# (selection: indices of the directions [k'], powers, factors) -> their rungs [m, k'] at the steps h / REFINE_RATIO**p
+# * factor (factors: one per power, or None for 1: the ladder's own steps).
 Evaluate = Callable[..., Rungs]
 # (the Refined of all directions) -> [k] whether each direction still needs deeper steps.
 StillOpen = Callable[[_compare.Refined], np.ndarray]
@@ -100,17 +96,16 @@ def descend(evaluate: Evaluate, count: int, powers: Sequence[int], still_open: S
         count: how many directions there are (the selections index them).
         powers: the first ladder's powers, coarsest first (h / REFINE_RATIO**p each).
         still_open: which directions go down the deeper ladder after the first; None: none do.
-        deeper: the deeper ladder's powers (or a function of the first result and the open
-            directions giving them).  Powers of the first ladder coarser than all of them are
-            taken over from it, not evaluated again; the rest are evaluated.
-        confirm: a check of the settled estimates after each ladder (full mode's independent
-            step): a direction it rejects keeps its estimates, unsettled.
-        early: a first stage (``Early``): the directions it passes are settled there (their
-            estimate and error its own) and go down no ladder.
+        deeper: the deeper ladder's powers (or a function of the first result and the open directions giving
+            them).  Powers of the first ladder coarser than all of them are taken over from it, not evaluated again.
+        confirm: a check of the settled estimates after each ladder (full mode's independent step): a direction
+            it rejects keeps its estimates, unsettled.
+        early: a first stage (``Early``): the directions it passes are settled there (their estimate and error its
+            own) and go down no ladder.
 
     Returns:
-        The ``Refined`` [m, count] of every direction: the deeper ladder's where a direction went
-        down it, the first ladder's elsewhere (the early stage's where it passed them).
+        The ``Refined`` [m, count] of every direction: the deeper ladder's where a direction went down it, the
+        first ladder's elsewhere (the early stage's where it passed them).
     """
     everything = np.arange(count)
     if early is None:
@@ -148,8 +143,8 @@ def _passed(estimate: np.ndarray, error: np.ndarray) -> _compare.Refined:
 
 
 def _reusing(evaluate: Evaluate, powers: Sequence[int], first: Rungs) -> Evaluate:
-    """``evaluate`` with the levels at ``powers`` taken from ``first`` (evaluated for every direction)
-    instead of evaluated again: the same numbers, fewer evaluations of f."""
+    """``evaluate`` with the levels at ``powers`` taken from ``first`` (evaluated for every direction) instead of
+    evaluated again: the same numbers, fewer evaluations of f."""
     known = dict(zip(powers, first.levels))
 
     def reused(selection: np.ndarray, steps: Sequence[int], factors: Sequence[float] | None = None) -> Rungs:
@@ -190,9 +185,9 @@ def _settle(rungs: Rungs, selection: np.ndarray, confirm: Confirm | None) -> _co
 
 
 class Line(NamedTuple):
-    """What ``confirmation`` needs of a strategy besides its evaluation: ``steps(selection)`` [k'], each
-    direction's first step h, and ``noise(selection, spans [k'])`` [m, k'], the rounding bound of a
-    central quotient over those spans (``Rungs``' levels carry it for the steps evaluated)."""
+    """What ``confirmation`` needs of a strategy besides its evaluation: ``steps(selection)`` [k'], each direction's
+    first step h, and ``noise(selection, spans [k'])`` [m, k'], the rounding bound of a central quotient over those
+    spans (``Rungs``' levels carry it for the steps evaluated)."""
 
     steps: Callable[[np.ndarray], np.ndarray]
     noise: Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -201,14 +196,13 @@ class Line(NamedTuple):
 def confirmation(evaluate: Evaluate, line: Line, analytical: np.ndarray,
                  mismatch: Callable[[np.ndarray, _compare.Refined], np.ndarray]) -> Confirm:
     """The ``Confirm`` of ``descend`` for a strategy: per direction, whether its settled mismatches
-    (``mismatch(selection, found)`` [m, k'], settled ones kept) hold at independent steps;
-    ``analytical`` [m, count] is what the directions' estimates are judged against.
+    (``mismatch(selection, found)`` [m, k'], settled ones kept) hold at independent steps; ``analytical`` [m, count]
+    is what the directions' estimates are judged against.
 
-    A geometric ladder of steps can fool the h^2 test: when a step h_k of cos at 5e7 lies near a
-    multiple of pi, so do all the coarser ones (4x, 16x, ...), and their quotients agree like
-    converging ones.  A confident mismatch is therefore re-estimated at the chosen pair's steps
-    times ``CONFIRM_RATIO`` (0.618, the golden ratio, which no power of 4 approaches): a real one
-    reappears there, a coincidence does not.  Then ``_holds_below``."""
+    A geometric ladder of steps can fool the h^2 test: when a step h_k of cos at 5e7 lies near a multiple of pi, so
+    do all the coarser ones (4x, 16x, ...), and their quotients agree like converging ones.  A confident mismatch is
+    therefore re-estimated at the chosen pair's steps times ``CONFIRM_RATIO`` (0.618, the golden ratio, which no
+    power of 4 approaches): a real one reappears there, a coincidence does not.  Then ``_holds_below``."""
 
     def confirm(selection: np.ndarray, found: _compare.Refined) -> np.ndarray:
         wrong = mismatch(selection, found) & found.settled
@@ -245,13 +239,12 @@ def _holds_below(evaluate: Evaluate, line: Line, selection: np.ndarray, a: np.nd
                  level: np.ndarray, check: np.ndarray, wrong: np.ndarray) -> np.ndarray:
     """Per direction: whether its mismatches hold at the step below the pair, averaged where needed.
 
-    A kink between the pair's fine step and the next one (a ReLU input at 0.5 h/4) moves both of
-    the pair's quotients alike, and only the next step shows the derivative at the point.  Where
-    that step's rounding bound exceeds ``BELOW_NOISY`` of the mismatch (float32), the ladder could
-    not tell, so ``BELOW_POINTS`` steps in [BELOW_LOW, 1] x that step are averaged: the mismatch
-    holds unless their mean departs from the estimate by more than ``BELOW_HOLDS`` of it plus
-    ``BELOW_DEVIATIONS`` of its standard deviations (see ``_tables``), and only where the mean sides
-    with the estimate."""
+    A kink between the pair's fine step and the next one (a ReLU input at 0.5 h/4) moves both of the pair's
+    quotients alike, and only the next step shows the derivative at the point.  Where that step's rounding bound
+    exceeds ``BELOW_NOISY`` of the mismatch (float32), the ladder could not tell, so ``BELOW_POINTS`` steps in
+    [BELOW_LOW, 1] x that step are averaged: the mismatch holds unless their mean departs from the estimate by more
+    than ``BELOW_HOLDS`` of it plus ``BELOW_DEVIATIONS`` of its standard deviations (see ``_tables``), and only where
+    the mean sides with the estimate."""
     result = np.ones(len(selection), bool)
     # The pair is (level, level + 1); the step below it, level + 2.
     below = line.steps(selection[check]) / REFINE_RATIO ** (level + 2)
@@ -268,8 +261,8 @@ def _holds_below(evaluate: Evaluate, line: Line, selection: np.ndarray, a: np.nd
             BOUND_DEVIATIONS * np.sqrt(BELOW_POINTS))
         with np.errstate(invalid="ignore"):
             departs = np.abs(mean - estimate[:, group])
-            # ... nearer the estimate than the analytical value (the deviations are slack for the estimate,
-            # never a reason to side against the gradient).
+            # ... nearer the estimate than the analytical value (the deviations are slack for the estimate, never a
+            # reason to side against the gradient).
             holds = ((departs <= BELOW_HOLDS * np.abs(a[:, group] - estimate[:, group]) + BELOW_DEVIATIONS * deviation)
                      & (departs <= np.abs(mean - a[:, group])))
         result[group] = np.all(holds | ~wrong[:, group] | ~np.isfinite(mean), axis=0)

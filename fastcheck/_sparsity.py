@@ -1,30 +1,17 @@
-"""Finding the Jacobian's sparsity pattern from f's graph, and colourings of it (for ``mode="coloured"``).
+"""Finding the Jacobian's sparsity pattern from f's graph (for ``mode="coloured"``; its colourings: ``_colouring``).
 
 A pattern (``_pattern.Pattern``: shared column sets per row group) comes from one of two sources:
 
-* the user's ``sparsity=`` option (``_pattern.GivenSparsity``): a boolean array
-  ``[m, n_k]``, index pairs ``(rows, cols)``, or anything with ``.tocoo()``
-  (scipy.sparse-like; scipy itself is not needed), or a list of those, one per
-  checked input;
-* a **dependency trace** of f's traced graph (``trace``): op by op, each tensor
-  gets, per element, the set of input elements it depends on (``Dep``: elements
-  pointing at shared groups of a CSR table; broadcasting and data movement only
-  re-index the groups, unions of sets that contain one another keep the containing
-  group).  Structured ops are index arithmetic on numpy index arrays, never
-  a Python loop per element; data-movement ops (slices, concatenations, pads,
-  gathers with constant indices ...) are *replayed*: TensorFlow runs the op
-  itself on a float64 tensor of element codes, so each output element names the
-  input element it copies.  An op without a rule, or a pattern beyond
-  ``NONZERO_BUDGET``, raises ``UnknownSparsity``: the coloured check refuses.
-
-Colourings: columns sharing a row must get different colours (Curtis-Powell-Reid)
-so that one difference per colour recovers every nonzero; rows sharing a column
-likewise for one VJP per row colour.  ``colour`` takes the better of a *lattice*
-colouring (colour = each coordinate of the element modulo the widest extent of a
-row along that axis: O(nonzeros), optimal for elementwise f -- one colour -- and
-for stencils -- kernel size times channels) and a greedy colouring (Jones-Plassmann
-rounds in numpy, random priorities, smallest free colour), run only when its
-work (sum of squared row lengths) is affordable.
+* the user's ``sparsity=`` option (``_pattern.GivenSparsity``): a boolean array ``[m, n_k]``, index pairs
+  ``(rows, cols)``, or anything with ``.tocoo()`` (scipy.sparse-like; scipy itself is not needed), or a list of
+  those, one per checked input;
+* a **dependency trace** of f's traced graph (``trace``): op by op, each tensor gets, per element, the set of input
+  elements it depends on (``Dep``: elements pointing at shared groups of a CSR table; unions of sets that contain
+  one another keep the containing group).  Structured ops are index arithmetic on numpy index arrays, never a
+  Python loop per element; data-movement ops (slices, concatenations, pads, gathers with constant indices ...) are
+  *replayed*: TensorFlow runs the op itself on a float64 tensor of element codes, so each output element names the
+  input element it copies.  An op without a rule, or a pattern beyond ``NONZERO_BUDGET``, raises
+  ``UnknownSparsity``: the coloured check refuses.
 """
 
 from __future__ import annotations
@@ -46,20 +33,17 @@ from fastcheck._tables import FOLD_DEPTH, NONZERO_BUDGET
 
 
 class Dep:
-    """Per element of a tensor, the input elements (global columns) it depends on, as shared sets:
-    element e's set is group ``group[e]`` of a CSR table ``indptr``/``cols``; ``group`` None:
-    element e is group e (an explicit CSR).
+    """Per element of a tensor, the input elements (global columns) it depends on, as shared sets: element e's set
+    is group ``group[e]`` of a CSR table ``indptr``/``cols``; ``group`` None: element e is group e (an explicit CSR).
 
-    Why groups: a reduction over an axis gives one set per reduced row, and everything
-    broadcast from it, or combined element-wise with something whose sets it contains
-    (x - mean(x): each element's own column is in its row's set), shares that set.
-    Layer norm over rows of 64 at 10^6 elements is 15625 sets of 64 columns, where per-element
-    lists would be 6.4e7 pairs for every intermediate.  Broadcasting and data movement only
-    re-index ``group``; no column list is copied.
+    Why groups: a reduction over an axis gives one set per reduced row, and everything broadcast from it, or
+    combined element-wise with something whose sets it contains (x - mean(x): each element's own column is in its
+    row's set), shares that set (layer norm over rows of 64 at 10^6 elements: 15625 sets of 64 columns, where
+    per-element lists would be 6.4e7 pairs for every intermediate).  Broadcasting and data movement only re-index
+    ``group``; no column list is copied.
 
-    ``injective``: every element depends on at most one column, and no two on the same
-    one (the checked input itself, and any pure rearrangement of it); composing with
-    such a Dep needs no deduplication.
+    ``injective``: every element depends on at most one column, and no two on the same one (the checked input
+    itself, and any pure rearrangement of it); composing with such a Dep needs no deduplication.
     """
 
     __slots__ = ("_indptr", "_cols", "group", "injective", "offset", "_keys", "_identity")
@@ -520,10 +504,9 @@ class Tracer:
     def stencil(self, op, ins: list, what: str) -> Dep | None:
         """Conv2D, DepthwiseConv2dNative, AvgPool, MaxPool: each output reads a window of the input.
 
-        The input's part is one set per output pixel (Conv2D: every output channel reads the
-        same window) or per pixel and input channel (depthwise, pooling); the filter's part
-        one set per output channel: the output elements share them (a 256x256x8 -> 8 3x3
-        convolution: 65536 windows of 72 columns, not 3.8e7 pairs).
+        The input's part is one set per output pixel (Conv2D: every output channel reads the same window) or per
+        pixel and input channel (depthwise, pooling); the filter's part one set per output channel: the output
+        elements share them (a 256x256x8 -> 8 3x3 convolution: 65536 windows of 72 columns, not 3.8e7 pairs).
         """
         fmt = _data_format(op)
         shape, out_shape = _shape(op.inputs[0]), _shape(op.outputs[0])
@@ -639,12 +622,9 @@ REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "EuclideanNorm", "A
 
 
 def trace(graph, checked: list[tuple[int, int]], budget: int = NONZERO_BUDGET) -> tuple[int, Dep | None]:
-    """(m, Dep of the flat output) of the graph of a one-output ``tf.function`` of every input
-    (its concrete function's ``graph``: the caller traces f, this module only reads ops).
-
-    ``checked``: (argument position, size) of each checked input, in order; their
-    elements are the global columns, one input after another.
-    """
+    """(m, Dep of the flat output) of the graph of a one-output ``tf.function`` of every input (its concrete
+    function's ``graph``: the caller traces f, this module only reads ops).  ``checked``: (argument position, size)
+    of each checked input, in order; their elements are the global columns, one input after another."""
     n = sum(size for _, size in checked)
     tracer = Tracer(n, budget, {internal.ref(): external for external, internal in graph.captures})
     inputs: list = [None] * len(graph.inputs)
@@ -689,8 +669,3 @@ def traced_patterns(m: int, dep: Dep | None, sizes: list[int]) -> list[Pattern]:
         np.cumsum(np.bincount(owner[mine], minlength=len(indptr) - 1), out=gptr[1:])
         result.append(Pattern((m, size), gptr, index_array(cols[mine] - bounds[k], size), group))
     return result
-
-
-# -- colourings -------------------------------------------------------------------------------
-
-

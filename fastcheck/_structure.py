@@ -1,17 +1,15 @@
 """Structured inputs: any ``tf.nest`` structure of arguments, flattened for the engine.
 
-The engine checks a function of positional tensors.  ``flatten`` turns
-``f(*args)`` whose arguments are dicts, nested lists/tuples, namedtuples,
-``tf.SparseTensor`` or ``tf.RaggedTensor`` into ``flat_f(*leaves)`` over the
+The engine checks a function of positional tensors.  ``flatten`` turns ``f(*args)`` whose arguments are dicts,
+nested lists/tuples, namedtuples, ``tf.SparseTensor`` or ``tf.RaggedTensor`` into ``flat_f(*leaves)`` over the
 *checked* leaves only, named by their path (``input 0['dense']['kernel']``):
 
-* structures are kept as structures, never stacked into one tensor (a list of
-  Python numbers alone is an array, as numpy reads it);
-* a ``tf.SparseTensor`` is checked through its values (indices fixed), a
-  ``tf.RaggedTensor`` through its flat values (row partitions fixed); as
-  outputs they are flattened the same way;
-* ``wrt`` selects the checked leaves; every other leaf reaches f unchanged, and
-  Python ints and bools always stay Python numbers (``x ** n`` with ``n=3``).
+* structures are kept as structures, never stacked into one tensor (a list of Python numbers alone is an array, as
+  numpy reads it);
+* a ``tf.SparseTensor`` is checked through its values (indices fixed), a ``tf.RaggedTensor`` through its flat
+  values (row partitions fixed); as outputs they are flattened the same way;
+* ``wrt`` selects the checked leaves; every other leaf reaches f unchanged, and Python ints and bools always stay
+  Python numbers (``x ** n`` with ``n=3``).
 """
 
 from __future__ import annotations

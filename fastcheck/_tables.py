@@ -1,20 +1,19 @@
-"""The package's tunables, as data: every threshold of the rule, the step ladders, the noise
-measurement and the modes' search, and every number of routing (path choice and its time
-model), the memory model, mode choice, execution blocks and the report, each with one line
-of where its value comes from.
+"""The package's tunables, as data: every threshold of the rule, the step ladders, the noise measurement and the
+modes' search, and every number of routing (path choice and its time model), the memory model, mode choice,
+execution blocks and the report, each with where its value comes from.
 
-The rule (``_compare``), the strategies (``_full``, ``_fast``, ``_coloured``), the flat test
-(``_flat``), the noise measurement (``_precision``), routing (``_paths``, ``_check``) and the
-rest read them from here; no other module defines a numeric tunable (only names, enums,
-texts, seeds and cache sizes).  Measurements behind the values are in ``docs/measurements.md``.
+The rule (``_compare``), the strategies (``_full``, ``_fast``, ``_coloured``), the flat test (``_flat``), the noise
+measurement (``_precision``), routing (``_paths``, ``_check``) and the rest read them from here; no other module
+defines a numeric tunable (only names, enums, texts, seeds and cache sizes).  Measurements behind the values are in
+``docs/measurements.md``.
 """
 
 from __future__ import annotations
 
 # -- tolerances ------------------------------------------------------------------------------
-# By the precision the analytical side computes in (its dtype, or what fastcheck found inside f);
-# the rule is |a - n| <= atol + rtol |n| + noise, never scaled by the tensor's size.  float32's and
-# float64's are jax check_grads' orders of magnitude; float16's and TF32's keep a 10-bit mantissa.
+# By the precision the analytical side computes in (its dtype, or what fastcheck found inside f); the rule is
+# |a - n| <= atol + rtol |n| + noise, never scaled by the tensor's size.  float32's and float64's are jax
+# check_grads' orders of magnitude; float16's and TF32's keep a 10-bit mantissa.
 DEFAULT_TOLERANCES = {
     "float64": {"atol": 1e-8, "rtol": 1e-6},
     "float32": {"atol": 1e-5, "rtol": 1e-4},
@@ -38,11 +37,10 @@ CONFIRM_AGREES = 0.1  # ... whose estimate a confirmed one is within this share 
 CONFIRM_CURVATURE = 0.5  # ... and whose second difference the h^2-scaled one within this share (cos h = 1 near a period)
 CONFIRM_ERRORS = 2.0  # a settled mismatch's confirmation: the two estimates agree within this many times their errors
 CONFIRM_SHRINK = 4.0  # ... and the finer step's second difference is at most 1/this of the coarser's (h^2 predicts 16)
-# Full mode's triage at h/4 (``_full_steps._conclusive``): a mismatch is settled there without the ladder where the h/4
-# quotient moves by at most TRIAGE_MOVED of the mismatch and TRIAGE_DRIFT of itself, its one-sided quotients differ
-# by at most TRIAGE_SIDES of the mismatch (no kink crossed), and its second-order term is at most TRIAGE_LOCAL of the
-# first-order one (a step small for f); then it must hold at the finest step whose rounding is 1/FINEST_ROUNDING of
-# the mismatch, within FINEST_HOLDS of it (a ReLU input at 1e-8 of a fresh network: every coarser step agrees).
+# Full mode's triage at h/4 (``_full_steps._conclusive``, ``_finest_holds``): the h/4 quotient settles a mismatch
+# without the ladder where it moves by at most TRIAGE_MOVED of the mismatch and TRIAGE_DRIFT of itself, its sides
+# differ by at most TRIAGE_SIDES of the mismatch, and its second-order term is at most TRIAGE_LOCAL of the first-order
+# one; then it must hold, within FINEST_HOLDS of it, at the finest step whose rounding is 1/FINEST_ROUNDING of it.
 TRIAGE_MOVED = 0.01
 TRIAGE_DRIFT = 0.1
 TRIAGE_SIDES = 0.1
@@ -53,20 +51,17 @@ FINEST_HOLDS = 0.25
 # a noise bound is about BOUND_DEVIATIONS standard deviations of a central quotient (MEASURED_NOISE_FACTOR / sqrt 2).
 BELOW_POINTS = 8
 BELOW_LOW = 0.6
-# Averaged only where the next step's rounding bound exceeds BELOW_NOISY of the mismatch (the ladder could not
-# tell there); the mismatch holds unless their mean departs from the estimate by more than BELOW_HOLDS of it plus
-# BELOW_DEVIATIONS of its standard deviations (a correct float32 ReLU MLP: the mean lies on the analytical value,
-# 4 of its standard deviations from the pair's estimate).
+# Averaged only where the next step's rounding bound exceeds BELOW_NOISY of the mismatch; the mismatch holds unless
+# their mean departs from the estimate by more than BELOW_HOLDS of it plus BELOW_DEVIATIONS of its deviations.
 BELOW_NOISY = 0.25
 BELOW_HOLDS = 0.5
 BELOW_DEVIATIONS = 2.0
 BOUND_DEVIATIONS = 7.0
 
 # -- kinks, jumps and quantised f -----------------------------------------------------------------
-# One-sided quotients differ "visibly" beyond this many of the level's noise bounds (~4 deviations of their
-# gap): at 8, float32 ReLU networks' kinks crossed at h and h/4 (gaps of 6-16 deviations) went unseen and
-# settled false mismatches.  Sides that move between steps need UNSTEADY_VISIBLE; a jump of f, compared at the
-# two finest steps only, JUMP_VISIBLE.
+# One-sided quotients differ "visibly" beyond this many of the level's noise bounds (~4 deviations of their gap):
+# at 8, float32 ReLU networks' kinks crossed at h and h/4 went unseen and settled false mismatches.  Sides that move
+# between steps need UNSTEADY_VISIBLE; a jump of f, compared at the two finest steps only, JUMP_VISIBLE.
 KINK_VISIBLE = 2.0
 UNSTEADY_VISIBLE = 4.0
 JUMP_VISIBLE = 20.0
@@ -81,9 +76,9 @@ NOISE_IS_F = 0.1  # measured noise this share of |f_i| or more: f keeps < ~3 bit
 
 # -- resolution ----------------------------------------------------------------------------------
 # A pass is decisive while its resolution (the smallest relative error of the gradient it flags) is within
-# RESOLUTION_RTOLS of rtol (float32: 1%, no 1% defect passes for a wide allowance) or within
-# RESOLUTION_NOISE_SHARE of the tolerances' own (atol sets it for small gradients): a fast-mode probe allowed
-# 43% of its value once passed a 1% defect.
+# RESOLUTION_RTOLS of rtol (float32: 1%, no 1% defect passes for a wide allowance) or within RESOLUTION_NOISE_SHARE
+# of the tolerances' own (atol sets it for small gradients): a fast-mode probe allowed 43% of its value once passed
+# a 1% defect.
 RESOLUTION_RTOLS = 100.0
 RESOLUTION_NOISE_SHARE = 2.0
 RESOLVE_COLUMNS = 8  # a coarse full-mode pass re-estimates this many of its most resolving columns ...
@@ -108,8 +103,8 @@ CONFIRM_MARGIN = 8.0
 CALM_SPREAD = 2.0
 # A jump of a piecewise-constant f (a straight-through quantizer's staircase) crossed by the line is not noise: an
 # interval whose difference leaves the median one by JUMP_RATIO times the others' median deviation (and the table's
-# rounding) is a jump while at most JUMP_MAX of a side's intervals are (round(4x)/4 over 64 elements: 1-2 of 7-8;
-# Gaussian noise's 7 deviations reach 32 medians ~never); those tables are read without their jumps (issue #27).
+# rounding) is a jump while at most JUMP_MAX of a side's intervals are (round(4x)/4: 1-2 of 7-8; Gaussian noise's 7
+# deviations reach 32 medians ~never); those tables are read without their jumps (issue #27).
 JUMP_RATIO = 32.0
 JUMP_MAX = 2
 JUMP_RELATIVE = 2.0 ** -7  # and beyond bfloat16's epsilon of |f|: no rounding of f's value to a float dtype jumps so far
@@ -133,13 +128,12 @@ PATTERN_PROBES = 1  # random dense probes of the pattern (each confirmed at a qu
 PATTERN_MARGIN = 3.0  # J d may leave the pattern's prediction by this factor before a quarter step confirms it
 VJP_PROBE_WEIGHTS = (-4.0, -2.0, -1.0, 1.0, 2.0, 4.0)  # the dense cotangent's values: powers of two keep u exact
 VJP_PROBE_ROUNDING = 64.0  # unit roundoffs of the native dtype per unit of sum_i |u_i a_ij|
-# From this many nonzeros a diagonal pattern's judgement is screened beside the evaluations (``_coloured_judge._screen``):
-# one fused XLA pass over the sweep, the VJP and the pattern probe clears every element whose error is below
-# SCREEN_MARGIN of its band (10^7 float32: ~30 ms against ~250 ms of numpy passes); numpy's rule judges the rest.
+# From this many nonzeros a diagonal pattern's judgement is screened beside the evaluations
+# (``_coloured_judge._screen``): one fused XLA pass over the sweep, the VJP and the pattern probe clears every
+# element whose error is below SCREEN_MARGIN of its band (faster than numpy's passes); numpy's rule judges the rest.
 SCREEN_ELEMENTS = 1 << 18
 # A cleared element's error is below this fraction of its band: numpy's rule passes it too, however XLA's fused
-# float64 arithmetic rounds (a contracted multiply-add moves a band by ~1e-16 relative).  10^7 float32 sin(x) x:
-# 1.7% of the elements are left to numpy at 0.9.
+# float64 arithmetic rounds (a contracted multiply-add moves a band by ~1e-16 relative).
 SCREEN_MARGIN = 0.9
 NOISE_SAMPLE = 512  # rows whose noise is measured besides the failing nonzeros' (f's relative noise as a whole)
 NOISE_ALL = 1 << 17  # up to this many outputs the noise is measured on all (the other modes' sigma, their verdicts)
@@ -147,52 +141,41 @@ NOISE_ALL = 1 << 17  # up to this many outputs the noise is measured on all (the
 # -- routing: path choice and its time model (``_paths``, ``_autodiff``, ``_executor``, ``_full``) ------
 # Tracing, pfor conversion and the first run of a batched kernel cost about TRACE_SECONDS + TRACE_CALLS eager
 # calls of f, and the first traced check in a process pays TensorFlow's own warm-up, FIRST_TRACE_SECONDS more --
-# on the machine where they were measured (AMD EPYC, TF 2.21 CPU, kernels traced without AutoGraph; routing and
-# both Jacobians of dense n=256: 0.108 s traced as the first check in a process, 0.09 s after, 0.10 s eager),
-# whose eager dispatch of one small op takes REFERENCE_DISPATCH seconds.  An eager reverse-mode row costs about
-# VJP_CALLS calls of f (tape walk, cotangent).  Both are Python-side work, so on another machine they start
-# scaled by its measured dispatch time; then the check's ``Calibration`` corrects them by what checks took.
+# on the machine where they were measured (AMD EPYC, TF 2.21 CPU, kernels traced without AutoGraph), whose eager
+# dispatch of one small op takes REFERENCE_DISPATCH seconds.  An eager reverse-mode row costs about VJP_CALLS calls
+# of f (tape walk, cotangent).  Both are Python-side work, so on another machine they start scaled by its measured
+# dispatch time; then the check's ``Calibration`` corrects them by what checks took.
 TRACE_SECONDS = 0.08
 TRACE_CALLS = 40
 FIRST_TRACE_SECONDS = 0.05
 VJP_CALLS = 4
 REFERENCE_DISPATCH = 7.5e-6
 CLOSE_CALL = 4.0  # a traced check teaches the calibration only where eager and traced were predicted this close
-# The same problem (f, signatures, configuration) checked again and again -- at several points, in a loop,
-# in property tests -- is routed to its traced kernels from its REPEAT_TRACE_CHECKS-th check on, where its
-# eager loop is predicted, or was measured in an earlier check of it, at REPEAT_TRACE_SECONDS or more (the
-# prediction alone moves with what the process learnt: TF's broadcast pow test, 20-35 ms eager, was predicted
-# under 5 ms in one run and stayed eager): that check pays the trace (~0.1 s), each later one
-# runs a few batched calls (TF's pool3d gradient test, 48 inputs: 28 ms eager, ~3 ms traced and cached).
-# From the third check: one repeat is common (a test checking f twice) and would pay a trace for nothing.
+# A problem checked again and again is routed to its traced kernels from its REPEAT_TRACE_CHECKS-th check on, where
+# its eager loop is predicted or measured at REPEAT_TRACE_SECONDS or more (``_paths._repeated``): that check pays the
+# trace (~0.1 s), each later one runs a few batched calls.  From the third: one repeat is common (a test checking f
+# twice) and would pay a trace for nothing.
 REPEAT_TRACE_CHECKS = 3
 REPEAT_TRACE_SECONDS = 0.005
 EAGER_LEARN_SECONDS = 0.02  # an eager check teaches it only where its predicted loop takes this long
 EQUAL_BLOCK = 1 << 18  # bytes per block of ``_plan``'s bitwise comparison of two calls: in cache, no output-sized temporary
-CALL_TIMING_LIMIT = 0.01  # seconds: a third call times f when one call is cheaper than this (``_plan``; 0.05 before 2026-12-02: sin(x) x at 10^7, 30 ms a call, paid a third call for a timing its second gives)
+CALL_TIMING_LIMIT = 0.01  # seconds: a third call times f when one call is cheaper than this (``_plan``)
 # Where XLA does not pay: three rules, one per kind of work, in different units (not one number).
 # Routing (``_paths.choose_route``): below XLA_MIN_WORK element-evaluations of batched work XLA's compile time
 # (0.2-0.4 s on CPU) does not pay off.  Measured cold on TF 2.21 CPU: graph mode wins on dense tanh(W x) up to
-# n = 2048 (work 1e7) and on the 3x3 convolution of 16x16x4 (8e6); XLA wins from dense n = 4096 (3.6e7: its
-# sweep runs at 3x graph mode's FLOP rate, since pfor's transposes fuse into the dot) and on the 5,000-parameter
-# MLP (2.3e8).
+# n = 2048 (work 1e7); XLA wins from dense n = 4096 (3.6e7).
 XLA_MIN_WORK = 20_000_000
-# Coloured kernels (``_colours._kernel_path``) run few evaluations (2 per colour): XLA's compilation (0.4 s
-# for an elementwise f at 10^7 elements, whose graph kernel also runs faster) pays only from this many.
+# Coloured kernels (``_colours._kernel_path``) run few evaluations (2 per colour): XLA's compilation (0.4 s for an
+# elementwise f at 10^7 elements, whose graph kernel also runs faster) pays only from this many.
 XLA_MIN_EVALUATIONS = 512
 # (Fast mode's probes, ``_directions.Joint._evaluate``, never pay it -- a few dozen evaluations: graph mode unless
 # jit_compile=True; no number.)
-# Full mode's differences run through one kernel for all checked inputs instead of one per input when that saves
-# more tracing than it costs (``_paths.joint_chunk``): each of its evaluations carries every checked input as a
-# batched row (x+ and x- written, read back by f's batched ops: about JOINT_EXTRA_ELEMENTS elements per element
-# of the n, at JOINT_ELEMENTS_PER_SECOND), where a per-input kernel carries one input and shares the rest.  Each
-# per-input kernel costs a trace and, on the XLA path, a compile.  Measured on a 2-core Xeon (TF 2.21), the
-# float64 copy of a 2-layer keras-hub BertBackbone (39 variables, n = 21,984, XLA): per input 0.35-0.5 s of
-# tracing and pfor plus 0.9-1.8 s of XLA compilation, at 60 us per evaluation -- a 30-37 s sweep at load ~2,
-# 61-65 s at load ~6; the joint kernel ~1 s + ~1-2 s once, at 60-100 us per evaluation, a 4.4-4.9 s sweep at
-# load ~2.  The joint kernel's calls are padded to its chunk per input (the executor's calls are per input): the
-# chunk (at least JOINT_MIN_CHUNK) minimises the padded perturbations plus JOINT_CALL_PERTURBATIONS per call
-# (the ~0.5 ms a call costs).
+# Full mode's differences run through one kernel for all checked inputs when that saves more tracing than it costs
+# (``_paths.joint_chunk``): each of its evaluations carries every checked input as a batched row (about
+# JOINT_EXTRA_ELEMENTS elements per element of the n, at JOINT_ELEMENTS_PER_SECOND), where each per-input kernel
+# costs a trace and, on the XLA path, a compile (a 39-variable BertBackbone: a 30-37 s sweep with per-input kernels,
+# 4.4-4.9 s joint).  Its calls are padded to its chunk per input: the chunk (at least JOINT_MIN_CHUNK) minimises the
+# padded perturbations plus JOINT_CALL_PERTURBATIONS per call (the ~0.5 ms a call costs).
 JOINT_EXTRA_ELEMENTS = 3
 JOINT_ELEMENTS_PER_SECOND = 2e9
 JOINT_CALL_PERTURBATIONS = 4
@@ -201,24 +184,20 @@ JOINT_MIN_CHUNK = 8
 EAGER_SECONDS = 0.25
 EAGER_LOOP_SECONDS = 30.0
 VJP_LOOP_SECONDS = 0.05  # row colours x one eager call of f up to which coloured VJPs run one colour per call
-# On the eager path the line kernel (``_executor``) is traced only where the calls it saves are predicted to
-# cost this many times its tracing: the routing's trace estimate is a whole check's, and some f trace far
-# slower than it (TFP's lbeta, vectorised: 0.5 s against 0.16 s predicted).
+# On the eager path the line kernel (``_executor``) is traced only where the calls it saves are predicted to cost
+# this many times its tracing: the routing's trace estimate is a whole check's, and some f trace far slower.
 LINE_MARGIN = 2.0
 MIN_ELEMENTS = 2  # ``_diagonal``: below this many elements the loops are as cheap as the structure's graph
-# ``_diagonal``'s structure walk (f and its VJP built as graphs and read op by op) took 3.5 ms for a one-op f
-# (tf.math.reciprocal over 6 elements, AMD EPYC, idle), where the eager loops it spares (m VJPs at ~0.1 ms, 2n
-# calls of f) cost ~1 ms: on the first check of an f it runs only from WALK_ELEMENTS elements (about where the
-# spared loops cost more; by size, not by a timing, so a check makes the same calls of f on every run); a
-# later check of the same f walks (once; the answer is cached with f's kernels).  A suite's fresh small f per
-# test pays no walk.  An f whose one call takes WALK_CALL_SECONDS or more (a TFP special function: milliseconds;
-# one TF op: ~20 us) is walked at any size: its 2n + m calls cost more than the walk.
+# ``_diagonal``'s structure walk (f and its VJP built as graphs and read op by op) took 3.5 ms for a one-op f over
+# 6 elements, where the eager loops it spares cost ~1 ms: on the first check of an f it runs only from WALK_ELEMENTS
+# elements (about where the spared loops cost more; by size, not by a timing, so a check makes the same calls of f
+# on every run); a later check of the same f walks (once; the answer is cached with f's kernels).  An f whose one
+# call takes WALK_CALL_SECONDS or more (a TFP special function) is walked at any size: its 2n + m calls cost more.
 WALK_ELEMENTS = 32
 WALK_CALL_SECONDS = 1e-3
 # autodiff="auto" probes forward mode (``_full``) only on traced checks of at least this many first-sweep
-# evaluations: below, the ForwardAccumulator's helper traces cost a third of the check or more (dense n=1024, a
-# new function in a warm process: 0.05-0.07 s of 0.2 s; TFP's betainc at 300 elements: 1.1 s of 1.5 s), for a
-# side training does not use and that cannot see custom gradients.
+# evaluations: below, the ForwardAccumulator's helper traces cost a third of the check or more, for a side training
+# does not use and that cannot see custom gradients.
 FORWARD_MIN_EVALUATIONS = 4096
 FORWARD_PROBES = 1  # random sign vectors of that JVP check: one over every column catches a wrong column w.p. ~1
 
@@ -226,18 +205,15 @@ FORWARD_PROBES = 1  # random sign vectors of that JVP check: one over every colu
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes: memory_budget=None, which sizes the batched evaluations
 # Each call's working set -- f's shared constants and variables, the chunk's x+ and x- rows and their
 # intermediates -- is kept within the CPU's last-level cache (``_calibration.cache_bytes``) where that still leaves
-# MIN_CACHED_CHUNK perturbations per call (to amortise the ~0.5 ms per call).  Measured on an AMD EPYC with a
-# 32 MiB L3, XLA sweeps of tanh(W x), float64: n=16384, m=64 3.2-3.4 s at 94-112 perturbations per call (the
-# cache's size) against 4.9-5.2 s at 581 (memory_budget's); n=4096 m=64 0.23 s against 0.33 s; n=4096 m=256
-# 0.51 against 0.66; n=8192 m=128 1.29 against 1.9 (the largest calls are never fastest).  A memory-bound f
-# (fewer FLOPs than MEMORY_BOUND_INTENSITY per intermediate element) gets cache-sized calls even when its shared
-# data leave less than that: the 20,000-parameter MLP (15 FLOPs per element) ran 8.1-8.6 s at 24-32
-# perturbations per call and 14.4-14.9 s at 40-96 (a cliff where its working set passes the 32 MiB); the
-# 32x32x4 convolution (19) 0.79 s at 268 against 1.26 s at 1092.  CACHE_BYTES where the OS does not say.
+# MIN_CACHED_CHUNK perturbations per call (to amortise the ~0.5 ms per call): on an AMD EPYC with a 32 MiB L3,
+# cache-sized calls ran tanh(W x) sweeps 1.3-1.6x faster than memory_budget's (the largest calls are never
+# fastest).  A memory-bound f (fewer FLOPs than MEMORY_BOUND_INTENSITY per intermediate element) gets cache-sized
+# calls even when its shared data leave less than that (a 20,000-parameter MLP: 8.1-8.6 s at 24-32 perturbations
+# per call, 14.4-14.9 s at 40-96).  CACHE_BYTES where the OS does not say.
 MEMORY_BOUND_INTENSITY = 32
 CACHE_BYTES = 64 << 20
-# Entries of the compiled-kernel cache (LRU; a function's kernels also leave it when f is collected): the
-# value _paths always had, not tuned by a measurement.
+# Entries of the compiled-kernel cache (LRU; a function's kernels also leave it when f is collected): not tuned by
+# a measurement.
 KERNEL_CACHE_ENTRIES = 64
 MIN_CACHED_CHUNK = 32
 # Working memory of one perturbed evaluation, relative to its traced tensors (pfor keeps some intermediates of
@@ -249,37 +225,35 @@ MEMORY_SAFETY = 2
 BYTES_PER_NONZERO = 1
 
 # -- the memory a check may hold (``_check``) --------------------------------------------------------
-# Full mode's peak host memory per Jacobian entry: numerical, analytical, noise and band (float64),
-# f(x+h) and f(x-h) of the sweep (float64), the status (int8).
+# Full mode's peak host memory per Jacobian entry: numerical, analytical, noise and band (float64), f(x+h) and
+# f(x-h) of the sweep (float64), the status (int8).
 FULL_BYTES_PER_ENTRY = 49
-# The arrays a check holds (full Jacobians, coloured mode's per-nonzero arrays) may use the larger of
-# memory_budget (which sizes the batched evaluations) and this, never more than the free memory.
+# The arrays a check holds (full Jacobians, coloured mode's per-nonzero arrays) may use the larger of memory_budget
+# (which sizes the batched evaluations) and this, never more than the free memory.
 HELD_MEMORY_FLOOR = 4 << 30
 
 # -- mode choice (``_check``, ``_config``, ``_plan``, ``_model``, ``_sparsity``) -----------------------
 DEFAULT_PROBES = 4  # fast mode's random probes per check (probes=)
 DEFAULT_TIME_BUDGET = 60.0  # seconds: mode="auto" runs full Jacobians only when predicted to take at most this long
-# mode="auto" runs full Jacobians up to these sizes (elements of one Jacobian block per GiB of memory_budget,
-# and elements of one input), and within config.seconds (time_budget) of predicted time; projections beyond.
+# mode="auto" runs full Jacobians up to these sizes (elements of one Jacobian block per GiB of memory_budget, and
+# elements of one input), and within config.seconds (time_budget) of predicted time; projections beyond.
 FULL_MAX_ENTRIES_PER_GIB = 25_000_000
 FULL_MAX_INPUT = 200_000
 # One batched evaluation of a full sweep (vectorized_map chunks) costs about max(BATCHED_PER_CALL single calls of
 # f's traced function, flops / BATCHED_FLOPS + elements / BATCHED_ELEMENTS), with f's FLOPs and intermediate
-# elements as the route's probe counted them.  Measured on an AMD EPYC x 2 with TF 2.21, per evaluation,
-# predicted / measured: dense 4096 0.08 / 0.05 ms, dense 16384 0.13 / 0.09, MLP 20,000 0.12 / 0.14, MLP
-# 100,000 0.44 / 0.46, conv 32x32x4 0.1 / 0.13, MobileNetV2 in float64 0.85 / 0.45.  (The call alone misses
-# memory-bound f, whose batches gain little -- MLP 100,000: 0.45 of a 1.07 ms call; the FLOPs and elements
-# alone miss small convolutions -- 4 channels run 17x slower per element than MobileNetV2's.)
+# elements as the route's probe counted them (fitted on an AMD EPYC x 2, TF 2.21: within 2x from dense layers to
+# MobileNetV2).  The call alone misses memory-bound f, whose batches gain little; the FLOPs and elements alone miss
+# small convolutions (4 channels run 17x slower per element than MobileNetV2's).
 BATCHED_PER_CALL = 1 / 8
 BATCHED_FLOPS = 3e10
 BATCHED_ELEMENTS = 2e9
-# The time rule applies only to checks this large: a small one is cheap in full whatever a momentary load makes
-# its measured costs look like (one slow call must not turn a 16-element check into projections).
+# The time rule applies only to checks this large: a small one is cheap in full whatever a momentary load makes its
+# measured costs look like (one slow call must not turn a 16-element check into projections).
 TIME_RULE_MIN_INPUTS = 16
 TIME_RULE_MIN_ELEMENTS = 20_000
 # Coloured mode in auto: at most this share of the columns as colours (beyond it the Jacobian is too dense for
-# compression to pay), and this much host time per structural nonzero on top of f's evaluations (measured, AMD
-# EPYC x 2: 0.35 us at 10^7 elementwise nonzeros, 0.5-0.7 us for a 3x3 convolution's 3.75e7).
+# compression to pay), and this much host time per structural nonzero on top of f's evaluations (measured: 0.35-0.7
+# us).
 COLOURED_MAX_COLUMN_SHARE = 1 / 16
 COLOURED_SECONDS_PER_NONZERO = 1e-6
 # Coloured mode's full rerun (element verdicts for a reverse-mode gradient off the pattern) up to this many
@@ -292,29 +266,23 @@ NONZERO_BUDGET = 50_000_000
 GREEDY_WORK = 20_000_000  # the greedy colouring runs when the sum of squared row lengths is at most this
 FOLD_DEPTH = 32  # constant folding (``_sparsity.Tracer.constant``): how deep a chain of ops it follows
 UPCAST_MAX_ELEMENTS = 1_000_000  # precision="auto" upcasts the numerical side to float64 up to this many input elements
-# The float64 copy of a model (``_model``) stands in for it on the numerical side when its loss equals the
-# model's within this many float32 roundings (machine epsilons) of the loss's magnitude.  A float32 forward pass
-# rounds every op's result (relative error eps / 2 each); those errors reach the loss scaled by the network's
-# conditioning and mostly cancel.  Measured: MobileNetV2 (alpha 0.35) at random init 0.1 eps, with its batch-norm
-# statistics calibrated on 256 images 9 eps; a small ReLU6 CNN or a Transformer encoder block 0.1 to 2 eps.
-# 256 eps (3e-5 relative), the allowance of the real-vs-stateless comparison in ``training_gradients``, leaves a
-# wide margin.  Beyond it the copy computes another function (a dtype-dependent layer), or the model's float32
-# evaluation is so ill-conditioned (MobileNetV2 with statistics of 4 images: 4000 eps, and float32 gradients 1%
-# from exact) that exact derivatives would judge its float32 rounding, not its gradient code, at float32
-# tolerances.
+# The float64 copy of a model (``_model``) stands in for it on the numerical side when its loss equals the model's
+# within this many float32 roundings (machine epsilons) of the loss's magnitude: correct models measured 0.1 to 9 eps
+# (the roundings mostly cancel), and 256 eps (3e-5 relative) is the allowance of ``training_gradients``'s
+# real-vs-stateless comparison.  Beyond it the copy computes another function (a dtype-dependent layer), or the
+# model's float32 evaluation is so ill-conditioned that exact derivatives would judge its float32 rounding.
 FLOAT64_COPY_ROUNDINGS = 256
 
 # -- execution blocks ------------------------------------------------------------------------------
-# Fast mode evaluates at most this many rows per call: one compiled kernel then serves probes, bisection blocks
-# and element columns alike (``_directions.Joint``).
+# Fast mode evaluates at most this many rows per call: one compiled kernel then serves probes, bisection blocks and
+# element columns alike (``_directions.Joint``).
 FAST_ROWS = 16
 VERDICT_BLOCK = 1 << 14  # ``_compare``: elements per block of the element-wise rule (a few arrays of it stay in cache)
 ROW_BLOCK = 256  # ``_compare``: rows per block when a pass over an [m, n] Jacobian is memory-bound
 # ``_coloured``: nonzeros handled per block: every per-nonzero quantity but the status (values, noise, bands,
 # indices) exists one block at a time -- float64 temporaries per block, not per nonzero, and they stay in cache.
 VERDICT_CHUNK = 1 << 16
-# ``_results``: values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each (a dense
-# 16384 x 16384 pair is 2 GB an array).
+# ``_results``: values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each.
 SUMMARY_CHUNK = 1 << 20
 PROGRESS_SECONDS = 2.0  # ``_executor.Progress``: a sweep shows progress (on a terminal) when predicted to take longer
 # ``_distribute``: a collective waits this long for the other workers (a worker computing a long chunk keeps the
@@ -328,9 +296,9 @@ UNDECIDED_DETAILS = 4  # past this many undecidable fast-mode pairs, their detai
 FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis needs
 
 # -- overridable per check ---------------------------------------------------------------------------
-# The tunables a check reads from its options (``CheckConfig.table``), so ``tables={name: value}``
-# overrides them for that check: for experiments with a threshold, and for tests that reach a branch
-# (coloured mode's sampled noise, its sparse report, a check too large to hold) on a small problem.
+# The tunables a check reads from its options (``CheckConfig.table``), so ``tables={name: value}`` overrides them
+# for that check: for experiments with a threshold, and for tests that reach a branch (coloured mode's sampled
+# noise, its sparse report, a check too large to hold) on a small problem.
 CONFIGURABLE = frozenset({"NOISE_ALL", "SCREEN_ELEMENTS", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "WALK_ELEMENTS",
                           "REPEAT_TRACE_CHECKS", "REPEAT_TRACE_SECONDS"})
 

@@ -1,23 +1,19 @@
 """Variables as libraries define them: substitution inside wrappers, attribute-path names, library flags.
 
-The numerical side evaluates the loss at given values of the variables.  Swapping a
-module's attribute for a tensor skips whatever a library does when a variable is
-*read*: larq's ``QuantizedVariable`` quantizes its latent variable, a TFP
-``TransformedVariable`` (a GPflow ``Parameter``) applies its bijector and carries
-``.trainable`` and ``.prior``, a tf_keras ``AutoCastVariable`` casts.  So a wrapper
-stays where the model keeps it, and the variable *inside* it (its storage, found by
-following the wrappers' attributes) is swapped for a ``VariableReading``: an object
-that reads as the given value and has the variable's attributes.  Every wrapper still
-applies its read transform, nothing is assigned, and the value may be a symbolic
-tensor (``tf.function``, ``vectorized_map`` with batched values).  A variable held
-directly by a layer or module is swapped for the value itself.
+The numerical side evaluates the loss at given values of the variables.  Swapping a module's attribute for a tensor
+skips whatever a library does when a variable is *read*: larq's ``QuantizedVariable`` quantizes its latent
+variable, a TFP ``TransformedVariable`` (a GPflow ``Parameter``) applies its bijector and carries ``.trainable``
+and ``.prior``, a tf_keras ``AutoCastVariable`` casts.  So a wrapper stays where the model keeps it, and the
+variable *inside* it (its storage, found by following the wrappers' attributes) is swapped for a
+``VariableReading``: an object that reads as the given value and has the variable's attributes.  Every wrapper
+still applies its read transform, nothing is assigned, and the value may be a symbolic tensor (``tf.function``,
+``vectorized_map`` with batched values).  A variable held directly by a layer or module is swapped for the value.
 
-A check must also leave the process as it found it: some libraries keep global context
-flags that a context manager sets without ``try``/``finally``, so an error raised inside
-a layer leaves them switched (larq's ``quantized_scope``: afterwards every quantized
-variable reads quantized, ``get_weights()`` included).  ``library_state_restored``
-restores the known ones (``LIBRARY_FLAGS``, and the contents of ``LIBRARY_STACKS``) whatever
-happens inside.
+A check must also leave the process as it found it: some libraries keep global context flags that a context
+manager sets without ``try``/``finally``, so an error raised inside a layer leaves them switched (larq's
+``quantized_scope``: afterwards every quantized variable reads quantized, ``get_weights()`` included).
+``library_state_restored`` restores the known ones (``LIBRARY_FLAGS``, and the contents of ``LIBRARY_STACKS``)
+whatever happens inside.
 """
 
 from __future__ import annotations
@@ -33,19 +29,17 @@ import tensorflow as tf
 # AutoCastVariable, TFP DeferredTensor / TransformedVariable (GPflow Parameter).
 WRAPPED_VARIABLE_ATTRIBUTES = ("latent_variable", "_variable", "_pretransformed_input")
 
-# Library context state that a context manager sets without try/finally, so that an error
-# raised inside leaves it switched for the process: (module, attribute path).  Read before a check
-# and restored after it when the module is loaded (it is never imported for this).
+# (module, attribute path) of library context flags set without try/finally (module docstring): read before a
+# check and restored after it when the module is loaded (it is never imported for this).
 LIBRARY_FLAGS = (
     # larq's quantized_scope(True), entered by every quantized layer's call: larq >= 0.12 keeps it
     # on a thread-local (restored in the calling thread, where the check runs), earlier larq as a global.
     ("larq.context", "_quantized_scope.should_quantize"),
     ("larq.quantized_scope", "_SHOULD_QUANTIZE"),
 )
-# Library stacks (lists kept per thread) whose contents an exception can leave changed: restored to
-# their entries of before.  Keras 3's name-scope stack keeps a layer's scope when the layer's call
-# raises inside a traced stateless call (a custom gradient that iterates ``variables``, None there):
-# every later layer and variable of the process was then named under it.
+# Library stacks (lists kept per thread) whose contents an exception can leave changed: restored to their entries
+# of before.  Keras 3's name-scope stack keeps a layer's scope when the layer's call raises inside a traced stateless
+# call (a custom gradient that iterates ``variables``, None there): every later layer and variable is named under it.
 LIBRARY_STACKS = (("keras.src.backend.common.global_state", "GLOBAL_STATE_TRACKER.name_scope_stack"),)
 
 _MISSING = object()
@@ -91,18 +85,13 @@ def is_wrapper_slot(owner, key) -> bool:
 
 @contextlib.contextmanager
 def swapped(places, substitutes: dict):
-    """While inside, the model reads each variable of ``places`` as its substitute value.
+    """While inside, the model reads each variable of ``places`` (``(owner, key, variable, path)``, from
+    ``_model._paths_to``) as its substitute (``substitutes`` maps ``id(variable)`` to its value).
 
-    ``places`` are ``(owner, key, variable, path)`` (``_model._paths_to``), ``substitutes``
-    maps ``id(variable)`` to its value.  A variable held by a layer or module is replaced
-    there by the value (a tensor: raw ops in eager mode read a variable's handle, not its
-    Python methods).  A wrapper (a larq ``QuantizedVariable``, a tf_keras ``AutoCastVariable``)
-    stays where it is, and the variable *inside* it is replaced by a ``VariableReading``, as
-    is the input of a TFP ``DeferredTensor`` (a GPflow ``Parameter``): the wrapper's read
-    transform applies to the value, and what it asks of its variable (``.trainable``,
-    ``.name``, ``.constraint``) is the variable's.  Everything is swapped back at once;
-    nothing is assigned.
-    """
+    A variable held by a layer or module is replaced there by the value (a tensor: raw ops in eager mode read a
+    variable's handle, not its Python methods).  A wrapper stays where it is, and the variable *inside* it is
+    replaced by a ``VariableReading``, as is the input of a TFP ``DeferredTensor`` (a GPflow ``Parameter``), so the
+    wrapper's read transform applies to the value.  Everything is swapped back at once; nothing is assigned."""
     done = []  # (owner, key, original)
     readings: dict = {}
 
@@ -147,12 +136,10 @@ def _set(owner, key, value) -> None:
 class VariableReading:
     """A variable as a wrapper sees it while the loss is computed: every read gives ``value``.
 
-    Reads (tensor conversion, ``value()``, ``read_value()``, ``numpy()``, operators,
-    slicing, ``sparse_read``, ``gather_nd``) give the substitute value, whose dtype and shape
-    are this object's; every other attribute (``trainable``, ``name``, ``constraint``,
-    a GPflow ``Parameter``'s checks on its unconstrained variable) is the variable's.  It is
-    not a ``tf.Variable``: eager raw ops would read a variable's handle directly.
-    """
+    Reads (tensor conversion, ``value()``, ``read_value()``, ``numpy()``, operators, slicing, ``sparse_read``,
+    ``gather_nd``) give the substitute value, whose dtype and shape are this object's; every other attribute
+    (``trainable``, ``name``, ``constraint``, a GPflow ``Parameter``'s checks on its unconstrained variable) is the
+    variable's.  It is not a ``tf.Variable``: eager raw ops would read a variable's handle directly."""
 
     def __init__(self, variable, value):
         object.__setattr__(self, "_fastcheck_variable", variable)
@@ -224,11 +211,9 @@ tf.register_tensor_conversion_function(
 def attribute_paths(module, variables) -> dict:
     """``{id(variable): "kernel.lengthscales"}``: where ``module`` keeps each variable, as Python spells it.
 
-    Attributes join with dots, list items and dict entries index (``layers[0].kernel``,
-    ``blocks['a'].w``); the hop into a variable wrapper (``_pretransformed_input`` of a
-    GPflow ``Parameter``) is left out, so the variable is named as its parameter.  Of
-    several places, the one with the fewest private hops, then the shortest, names it.
-    """
+    Attributes join with dots, list items and dict entries index (``layers[0].kernel``, ``blocks['a'].w``); the hop
+    into a variable wrapper (``_pretransformed_input`` of a GPflow ``Parameter``) is left out, so the variable is
+    named as its parameter.  Of several places, the one with the fewest private hops, then the shortest, names it."""
     flatten = getattr(module, "_flatten", None)
     if flatten is None:
         return {}

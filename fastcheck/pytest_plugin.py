@@ -1,22 +1,19 @@
 """pytest plugin: the ``gradcheck`` fixture, ``--fastcheck-*`` options and a JSON record of every check.
 
-Installing fastcheck enables it (entry point ``fastcheck`` in the ``pytest11`` group;
-``-p no:fastcheck`` turns it off). TensorFlow is imported only when a test uses the fixture.
+Installing fastcheck enables it (entry point ``fastcheck`` in the ``pytest11`` group; ``-p no:fastcheck`` turns it
+off). TensorFlow is imported only when a test uses the fixture.
 
-* ``gradcheck``: a ``fastcheck.GradientChecker`` whose defaults come from
-  ``--fastcheck-device``, ``--fastcheck-precision`` and ``--fastcheck-mode`` (or the ini
-  keys ``fastcheck_device``, ``fastcheck_precision``, ``fastcheck_mode``; the command line
-  wins).
-* Every check a test makes -- through ``gradcheck`` (recorded under its method's name:
-  ``check``, ``assert_close``, ``verify_gradients``, ``check_model``), ``GradientTestCase``
-  or the plain API (``api``) -- is recorded: test id, verdict, errors, seconds and
-  ``report.to_dict()``.
-* ``--fastcheck-report=PATH`` (ini ``fastcheck_report``): one JSON document with every
-  recorded check of the run, pytest-xdist workers included.
-* A failing test shows, in a "fastcheck report" section, the full text of every failing
-  report it made with ``gradcheck`` or holds in the frame that failed: ``assert report``
-  itself prints only the one-line ``repr`` (pytest's assertion rewriting explains
-  comparisons, not the truth value of an object).
+* ``gradcheck``: a ``fastcheck.GradientChecker`` whose defaults come from ``--fastcheck-device``,
+  ``--fastcheck-precision`` and ``--fastcheck-mode`` (or the ini keys ``fastcheck_device``, ``fastcheck_precision``,
+  ``fastcheck_mode``; the command line wins).
+* Every check a test makes -- through ``gradcheck`` (recorded under its method's name: ``check``, ``assert_close``,
+  ``verify_gradients``, ``check_model``), ``GradientTestCase`` or the plain API (``api``) -- is recorded: test id,
+  verdict, errors, seconds and ``report.to_dict()``.
+* ``--fastcheck-report=PATH`` (ini ``fastcheck_report``): one JSON document with every recorded check of the run,
+  pytest-xdist workers included.
+* A failing test shows, in a "fastcheck report" section, the full text of every failing report it made with
+  ``gradcheck`` or holds in the frame that failed: ``assert report`` itself prints only the one-line ``repr``
+  (pytest's assertion rewriting explains comparisons, not the truth value of an object).
 """
 
 from __future__ import annotations

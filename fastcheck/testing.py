@@ -10,17 +10,17 @@ Example (a test module)::
         def test_gradient(self):
             self.assertGradientsClose(my_op, np.random.default_rng(0).normal(size=(3, 4)))
 
-Routing (eager or traced path, and ``mode="auto"``'s time prediction) learns from the checks
-a process ran (``Calibration``).  A test suite whose tests must route alike whichever ran
-before gives each test a fresh calibration, e.g. with pytest::
+Routing (eager or traced path, and ``mode="auto"``'s time prediction) learns from the checks a process ran
+(``Calibration``).  A test suite whose tests must route alike whichever ran before gives each test a fresh
+calibration, e.g. with pytest::
 
     @pytest.fixture(autouse=True)
     def fresh_routing_calibration():
         with fastcheck.testing.routing_calibration(fastcheck.testing.Calibration(traced=True)):
             yield
 
-and a single check takes its own with ``calibration=`` (``Calibration(dispatch=7.5e-6)``: a
-machine with the reference dispatch time; ``Calibration(cache=8 << 20)``: an 8 MiB cache).
+and a single check takes its own with ``calibration=`` (``Calibration(dispatch=7.5e-6)``: a machine with the
+reference dispatch time; ``Calibration(cache=8 << 20)``: an 8 MiB cache).
 """
 
 from __future__ import annotations
@@ -46,13 +46,11 @@ _GRAPH_NOTE = (
 class GradientTestCase:
     """Mixin for ``tf.test.TestCase`` with fastcheck's gradient assertions.
 
-    Both assertions fail the test with the full report (``str(report)``) unless its
-    verdict is ``pass``, and return the report otherwise. In graph mode (a test
-    body inside ``with tf.Graph().as_default():``, ``run_in_graph_and_eager_modes``
-    or TensorFlow Probability's ``test_graph_and_eager_modes``) the check runs
-    eagerly on the side, in a thread of its own where no graph is the default:
-    graph tensors and variables among ``inputs`` and ``data`` are first turned
-    into values with ``self.evaluate``.
+    Both assertions fail the test with the full report (``str(report)``) unless its verdict is ``pass``, and return
+    the report otherwise. In graph mode (a test body inside ``with tf.Graph().as_default():``,
+    ``run_in_graph_and_eager_modes`` or TensorFlow Probability's ``test_graph_and_eager_modes``) the check runs
+    eagerly on the side, in a thread of its own where no graph is the default: graph tensors and variables among
+    ``inputs`` and ``data`` are first turned into values with ``self.evaluate``.
     """
 
     # Provided by tf.test.TestCase, which this class is mixed into.
@@ -112,8 +110,8 @@ def _in_graph(value) -> bool:
 
 
 def _run_eagerly(check: Callable):
-    # A graph is the default only in the thread that entered it, and tf.init_scope does not
-    # leave a tf.Graph: a fresh thread is the public way back to eager execution.
+    # A graph is the default only in the thread that entered it, and tf.init_scope does not leave a tf.Graph: a
+    # fresh thread is the public way back to eager execution.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(_eager_call, check).result()
 

@@ -2,12 +2,11 @@
 
     from fastcheck.tfp import check_bijector, check_distribution
 
-``check_bijector`` checks a bijector's forward Jacobian, its
-``forward_log_det_jacobian`` against the log-determinant of the *numerical*
-Jacobian of ``forward`` (in TFP's own coordinates where the input or output is a
-constrained set: a Cholesky factor's lower triangle, a simplex without its last
-element), the inverse identities, and the gradient of the log-det-Jacobian.  ``check_distribution`` checks the gradients of ``log_prob``
-and, for a reparameterized distribution, of ``sample`` at a fixed stateless seed.
+``check_bijector`` checks a bijector's forward Jacobian, its ``forward_log_det_jacobian`` against the
+log-determinant of the *numerical* Jacobian of ``forward`` (in TFP's own coordinates where the input or output is
+a constrained set: a Cholesky factor's lower triangle, a simplex without its last element), the inverse
+identities, and the gradient of the log-det-Jacobian.  ``check_distribution`` checks the gradients of
+``log_prob`` and, for a reparameterized distribution, of ``sample`` at a fixed stateless seed.
 
 TensorFlow Probability is imported when a check runs, not when this module is.
 """
@@ -45,9 +44,8 @@ _IMPLICIT_SAMPLER_OPS = ("Gamma", "ParameterizedTruncatedNormal", "Poisson", "Bi
 class IdentityCheck:
     """One identity a bijector must satisfy, checked element by element (or per batch member).
 
-    ``verdict`` is "pass", "fail" (the bijector's side is wrong), or "undecidable"
-    (the reference side is not finite).  The worst element is the one with the
-    largest ``|actual - expected| / allowed``.
+    ``verdict`` is "pass", "fail" (the bijector's side is wrong), or "undecidable" (the reference side is not
+    finite).  The worst element is the one with the largest ``|actual - expected| / allowed``.
     """
 
     name: str  # the identity, e.g. "forward_log_det_jacobian(x) = log|det J|"
@@ -90,20 +88,16 @@ class IdentityCheck:
 class BijectorReport:
     """What ``check_bijector`` found: two gradient checks and three identities.
 
-    ``forward`` checks the Jacobian of ``forward``; ``log_det_gradient`` the gradient
-    of ``forward_log_det_jacobian``; ``identities`` the log-det-Jacobian against the
-    numerical Jacobian's, ``inverse(forward(x)) = x`` and
-    ``inverse_log_det_jacobian(y) = -forward_log_det_jacobian(x)``.
+    ``forward`` checks the Jacobian of ``forward``; ``log_det_gradient`` the gradient of
+    ``forward_log_det_jacobian``; ``identities`` the log-det-Jacobian against the numerical Jacobian's,
+    ``inverse(forward(x)) = x`` and ``inverse_log_det_jacobian(y) = -forward_log_det_jacobian(x)``.
     ``bool(report)`` is ``report.ok``.
 
-    ``convention`` says how the log-det-Jacobian was judged: ``"square"``
-    (``forward``'s own Jacobian is square), ``"chart"`` (TFP's coordinates of a
-    constrained input or output, named in ``chart``), or ``"volume"`` (an
-    event-size-changing bijector with no known chart: ``0.5 log det(J^T J)``).
-    ``mode`` is the checked side of the gradient checks (``GradientReport.mode``);
-    ``timings`` the seconds per stage summed over both gradient checks, plus
-    ``jacobian`` (the numerical Jacobian behind the log-det identity) and
-    ``identities``.
+    ``convention`` says how the log-det-Jacobian was judged: ``"square"`` (``forward``'s own Jacobian is square),
+    ``"chart"`` (TFP's coordinates of a constrained input or output, named in ``chart``), or ``"volume"`` (an
+    event-size-changing bijector with no known chart: ``0.5 log det(J^T J)``).  ``mode`` is the checked side of the
+    gradient checks (``GradientReport.mode``); ``timings`` the seconds per stage summed over both gradient checks,
+    plus ``jacobian`` (the numerical Jacobian behind the log-det identity) and ``identities``.
     """
 
     title: str
@@ -187,24 +181,19 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
     Four checks:
 
     1. the Jacobian of ``forward`` (``fastcheck.check_gradients``);
-    2. ``forward_log_det_jacobian(x, event_ndims)`` against ``log|det J|`` of the
-       numerical Jacobian of ``forward`` over each batch member's event (for
-       ``event_ndims=0`` the elementwise ``log|dy/dx|``), allowed
-       ``atol + rtol * |log|det J|| + ||J^-1||_F ||atol + rtol |J|||_F`` per member
-       (the log-determinant of any Jacobian inside the element-wise tolerance band).
-       Where TFP defines the log-det in coordinates of a constrained input or
-       output (``report.convention == "chart"``), ``J`` is the square block of those
-       coordinates, as TFP's own ``get_fldj_theoretical`` tests compute it:
-       ``CorrelationCholesky`` the output's strictly lower triangle,
-       ``IteratedSigmoidCentered`` / ``SoftmaxCentered`` the output without its last
-       element, ``FillTriangular`` / ``FillScaleTriL`` the output's lower triangle,
-       ``CholeskyOuterProduct`` / ``CholeskyToInvCholesky`` / ``MatrixInverseTriL``
-       the lower triangles of both (subclasses, ``Invert`` and the ends of a
-       ``Chain`` inherit them).  Another bijector that changes the event size is
-       judged by the volume ``0.5 log det(J^T J)`` (``"volume"``), with a note;
-    3. ``inverse(forward(x)) = x`` and ``inverse_log_det_jacobian(forward(x)) =
-       -forward_log_det_jacobian(x)``, allowing ``atol + rtol * |value|`` plus the
-       rounding of ``y`` carried through the inverse;
+    2. ``forward_log_det_jacobian(x, event_ndims)`` against ``log|det J|`` of the numerical Jacobian of ``forward``
+       over each batch member's event (for ``event_ndims=0`` the elementwise ``log|dy/dx|``), allowed
+       ``atol + rtol * |log|det J|| + ||J^-1||_F ||atol + rtol |J|||_F`` per member (the log-determinant of any
+       Jacobian inside the element-wise tolerance band).  Where TFP defines the log-det in coordinates of a
+       constrained input or output (``report.convention == "chart"``), ``J`` is the square block of those
+       coordinates, as TFP's own ``get_fldj_theoretical`` tests compute it: ``CorrelationCholesky`` the output's
+       strictly lower triangle, ``IteratedSigmoidCentered`` / ``SoftmaxCentered`` the output without its last
+       element, ``FillTriangular`` / ``FillScaleTriL`` the output's lower triangle, ``CholeskyOuterProduct`` /
+       ``CholeskyToInvCholesky`` / ``MatrixInverseTriL`` the lower triangles of both (subclasses, ``Invert`` and
+       the ends of a ``Chain`` inherit them).  Another bijector that changes the event size is judged by the
+       volume ``0.5 log det(J^T J)`` (``"volume"``), with a note;
+    3. ``inverse(forward(x)) = x`` and ``inverse_log_det_jacobian(forward(x)) = -forward_log_det_jacobian(x)``,
+       allowing ``atol + rtol * |value|`` plus the rounding of ``y`` carried through the inverse;
     4. the gradient of ``forward_log_det_jacobian`` with respect to ``x``.
 
     Every call gets fresh tensors (TFP caches results per tensor object, which
@@ -224,9 +213,8 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
 
     Raises:
       TypeError: ``x`` not floating, ``event_ndims`` not an integer.
-      ValueError: ``event_ndims`` larger than ``x``'s rank or smaller than the
-        bijector's minimum, ``x`` not of the bijector's dtype, ``forward``
-        failing on ``x``, or ``x`` not lower-triangular for a bijector of
+      ValueError: ``event_ndims`` larger than ``x``'s rank or smaller than the bijector's minimum, ``x`` not of
+        the bijector's dtype, ``forward`` failing on ``x``, or ``x`` not lower-triangular for a bijector of
         lower-triangular matrices.
 
     Example:
@@ -317,14 +305,11 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
 def check_distribution(make_distribution: Callable, params, x=None, *, seed: int = 0, **options) -> GradientReport:
     """Check the gradients of a distribution's ``log_prob`` (and ``sample``) w.r.t. its parameters.
 
-    ``make_distribution(*params)`` builds the distribution.  Checked outputs:
-    ``log_prob(x)`` with respect to every floating parameter and, when given and
-    floating, ``x``; and, for a ``FULLY_REPARAMETERIZED`` distribution, ``sample``
-    drawn with the stateless seed ``(seed, 0)``, so that every evaluation uses the
-    same noise.  Samplers whose gradient is implicit (Gamma, Beta, Dirichlet,
-    StudentT, TruncatedNormal: it holds the CDF fixed, not the noise) or custom
-    are not differentiable at a fixed seed; their ``sample`` is left out, with a
-    note.
+    ``make_distribution(*params)`` builds the distribution.  Checked outputs: ``log_prob(x)`` with respect to every
+    floating parameter and, when given and floating, ``x``; and, for a ``FULLY_REPARAMETERIZED`` distribution,
+    ``sample`` drawn with the stateless seed ``(seed, 0)``, so that every evaluation uses the same noise.  Samplers
+    whose gradient is implicit (Gamma, Beta, Dirichlet, StudentT, TruncatedNormal: it holds the CDF fixed, not the
+    noise) or custom are not differentiable at a fixed seed; their ``sample`` is left out, with a note.
 
     Args:
       make_distribution: a callable taking the parameters positionally, e.g.
@@ -426,12 +411,10 @@ def _event_ndims(bijector, x: tf.Tensor, event_ndims) -> tuple[int, int]:
 def _member_jacobians(bijector, x: tf.Tensor, batch_shape: tuple, options: dict) -> np.ndarray:
     """The numerical Jacobian of ``forward`` of each batch member over its event: [B, event_out, event_in].
 
-    A member's output depends on its own event only, so one perturbation of an
-    event element moves that element of every member at once: the Jacobian of
-    ``d -> forward(x + max(1, |x|) d)`` at ``d = 0`` (2 * event_in evaluations,
-    whatever the batch size) stacks every member's block, with its columns scaled
-    by ``max(1, |x|)`` (the step fastcheck takes for x itself).
-    """
+    A member's output depends on its own event only, so one perturbation of an event element moves that element of
+    every member at once: the Jacobian of ``d -> forward(x + max(1, |x|) d)`` at ``d = 0`` (2 * event_in
+    evaluations, whatever the batch size) stacks every member's block, with its columns scaled by ``max(1, |x|)``
+    (the step fastcheck takes for x itself)."""
     scale = tf.maximum(tf.ones_like(x), tf.abs(x))
     event_shape = tuple(x.shape[len(batch_shape):])
 
@@ -446,11 +429,10 @@ def _member_jacobians(bijector, x: tf.Tensor, batch_shape: tuple, options: dict)
     return stacked / scale.numpy().astype(np.float64).reshape(members, 1, event_in)
 
 
-# TFP's coordinates for bijectors whose input or output is a constrained set of lower dimension than
-# its array (TFP's tests compute the theoretical log-det-Jacobian, get_fldj_theoretical, through the
-# same selections: correlation_cholesky_test's OutputToUnconstrained, matrix_inverse_tril_test's and
+# (class name, input chart, output chart); "all" is every element.  TFP's coordinates for bijectors whose input or
+# output is a constrained set of lower dimension than its array: the selections through which TFP's tests compute
+# get_fldj_theoretical (correlation_cholesky_test's OutputToUnconstrained, matrix_inverse_tril_test's and
 # cholesky_outer_product's Invert(FillTriangular), iterated_sigmoid_centered_test's dropped last element).
-# (class name, input chart, output chart); "all" is every element.
 _CHARTS = (
     ("CorrelationCholesky", "all", "strictly lower"),
     ("IteratedSigmoidCentered", "all", "all but the last"),
@@ -534,11 +516,9 @@ def _chart_mask(chart: str, event_shape: tuple) -> np.ndarray | None:
 def _embedding(chart: str, x_events: np.ndarray, event_shape: tuple) -> np.ndarray:
     """[B, event size, chart size]: d x / d u of the map from a chart's coordinates u back to x.
 
-    "all" and "lower" (the upper triangle ignored, held at zero) select coordinates;
-    "strictly lower" is a correlation matrix's Cholesky factor (each diagonal entry
-    ``sqrt(1 - sum of its row's others squared)``), "all but the last" a simplex point
-    (the last element ``1 - sum of the others``): those determined elements move with u.
-    """
+    "all" and "lower" (the upper triangle ignored, held at zero) select coordinates; "strictly lower" is a
+    correlation matrix's Cholesky factor (each diagonal entry ``sqrt(1 - sum of its row's others squared)``),
+    "all but the last" a simplex point (the last element ``1 - sum of the others``): determined elements move with u."""
     kept = _chart_mask(chart, event_shape)
     assert kept is not None, chart  # callers pass a chart that applies to the event
     members, size = x_events.shape[0], kept.size
@@ -562,10 +542,9 @@ def _embedding(chart: str, x_events: np.ndarray, event_shape: tuple) -> np.ndarr
 
 def _in_chart(bijector, jacobians: np.ndarray, x: tf.Tensor, event_in: tuple,
               event_out: tuple) -> tuple[str, str, np.ndarray]:
-    """(convention, chart description, the Jacobians the log-det identity uses): forward's own Jacobians
-    ("square"), in TFP's coordinates ("chart": the rows of the output's chart, times the embedding of
-    the input's chart), or, for an event-size-changing bijector with no known chart, the full
-    rectangular Jacobians ("volume")."""
+    """(convention, chart description, the Jacobians the log-det identity uses): forward's own Jacobians ("square"),
+    in TFP's coordinates ("chart": the rows of the output's chart, times the embedding of the input's chart), or, for
+    an event-size-changing bijector with no known chart, the full rectangular Jacobians ("volume")."""
     chart_in, chart_out = _charts(bijector)
     rows, cols = _chart_mask(chart_out, event_out), _chart_mask(chart_in, event_in)
     if (chart_in, chart_out) != ("all", "all") and rows is not None and cols is not None and rows.sum() == cols.sum():
