@@ -47,8 +47,7 @@ from fastcheck._variables import (
     takes_no_arguments,
 )
 
-# tf_keras random layers draw from stateless ops seeded from this while the loss is computed
-# (a layer's own integer seed is used when it has one).
+# Seed of the stateless ops tf_keras random layers without an integer seed draw from (``_stateless_randomness``).
 _FIXED_SEED = 1234
 
 

@@ -35,8 +35,7 @@ __all__ = ["BijectorReport", "IdentityCheck", "check_bijector", "check_distribut
 # Options that shape the numerical Jacobian behind the log-det identity (the others are the checks').
 _JACOBIAN_OPTIONS = ("eps", "jit_compile", "memory_budget", "device", "precision")
 
-# Samplers whose gradient is implicit (it holds the CDF fixed, not the noise: Gamma, Beta, Dirichlet,
-# StudentT, TruncatedNormal), or a custom gradient: a fixed-seed difference quotient is not their derivative.
+# Ops of samplers whose gradient is implicit (see check_distribution): a fixed-seed quotient is not their derivative.
 _IMPLICIT_SAMPLER_OPS = ("Gamma", "ParameterizedTruncatedNormal", "Poisson", "Binomial")
 
 
