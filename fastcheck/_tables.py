@@ -282,7 +282,7 @@ ROW_BLOCK = 256  # ``_compare``: rows per block when a pass over an [m, n] Jacob
 # ``_coloured``: nonzeros handled per block: every per-nonzero quantity but the status (values, noise, bands,
 # indices) exists one block at a time -- float64 temporaries per block, not per nonzero, and they stay in cache.
 VERDICT_CHUNK = 1 << 16
-# ``_results``: values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each.
+# ``_storage``: values of a dense pair summarised at a time: the summary's temporaries stay ~8 MB each.
 SUMMARY_CHUNK = 1 << 20
 PROGRESS_SECONDS = 2.0  # ``_executor.Progress``: a sweep shows progress (on a terminal) when predicted to take longer
 # ``_distribute``: a collective waits this long for the other workers (a worker computing a long chunk keeps the
