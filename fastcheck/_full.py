@@ -200,25 +200,35 @@ def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
 
 
 def _twin_holds_above(jac: _Jacobians, position: int, a, t, n_twin, allowed, usable, verdict, tolerances) -> None:
-    """A twin mismatch stands only where it holds at larger steps too; else, in place, it is not used.
+    """A twin mismatch stands only where it holds at larger steps too, confirmed; else, in place, it is not used.
 
     The twin's allowance is float64's, a few 1e-8 on a gradient of 1e-5 .. 1e-3: there the quotient's own error is
     f's measured noise over the step, and a float64 network's noise is not Gaussian everywhere (a correct network
     had a few elements just past that allowance).  The mismatched columns are re-estimated on the ladder
     h * 4**RESOLVE_UP ... h, where the noise is 4**RESOLVE_UP times smaller; an element stays a mismatch only where
     that settled estimate is outside its own float64 allowance plus |a - twin|, by the same rule (a 1% defect in the
-    gradient code, which the twin shares, is far outside it).  Elsewhere the twin is not used: the element keeps its
-    native verdict (a pass too coarse for 1%, undecidable).
+    gradient code, which the twin shares, is far outside it), and where ``confirmation`` finds it again at
+    independent steps and below the pair: a ReLU6 kink a few h away moves the larger steps' quotients by 3e-4 of the
+    gradient, and the smaller steps show the derivative at the point (a correct nested MobileNetV2).  Elsewhere the
+    twin is not used: the element keeps its native verdict (a pass too coarse for 1%, undecidable).
     """
     atol64, rtol64 = tolerances
     suspect = usable & (verdict == _compare.MISMATCH)
     if not suspect.any():
         return
     columns = np.flatnonzero(suspect.any(axis=0))
-    estimate, error, settled, *_ = descend(jac.ladder(position, columns), len(columns), LADDER.larger)
-    with np.errstate(invalid="ignore"):
-        holds = settled & (np.abs(a[:, columns] - estimate) > _compare.allowance(estimate, atol64, rtol64, error)
-                           + np.abs(a[:, columns] - t[:, columns]))
+    a_columns, slack = a[:, columns], np.abs(a - t)[:, columns]
+
+    def mismatch(selection, found: _compare.Refined) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return np.abs(a_columns[:, selection] - found.estimate) > (
+                _compare.allowance(found.estimate, atol64, rtol64, found.error) + slack[:, selection])
+
+    evaluate = jac.ladder(position, columns)
+    found = descend(evaluate, len(columns), LADDER.larger,
+                    confirm=confirmation(evaluate, jac.line(position, columns), a_columns, mismatch,
+                                         first=LADDER.larger.start))
+    holds = found.settled & mismatch(np.arange(len(columns)), found)
     usable[:, columns] &= ~suspect[:, columns] | holds
 
 

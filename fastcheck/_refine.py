@@ -194,10 +194,11 @@ class Line(NamedTuple):
 
 
 def confirmation(evaluate: Evaluate, line: Line, analytical: np.ndarray,
-                 mismatch: Callable[[np.ndarray, _compare.Refined], np.ndarray]) -> Confirm:
+                 mismatch: Callable[[np.ndarray, _compare.Refined], np.ndarray], first: int = 0) -> Confirm:
     """The ``Confirm`` of ``descend`` for a strategy: per direction, whether its settled mismatches
     (``mismatch(selection, found)`` [m, k'], settled ones kept) hold at independent steps; ``analytical`` [m, count]
-    is what the directions' estimates are judged against.
+    is what the directions' estimates are judged against, ``first`` the power of the ladder's coarsest step
+    (``LADDER.larger`` starts above h).
 
     A geometric ladder of steps can fool the h^2 test: when a step h_k of cos at 5e7 lies near a multiple of pi, so
     do all the coarser ones (4x, 16x, ...), and their quotients agree like converging ones.  A confident mismatch is
@@ -211,7 +212,7 @@ def confirmation(evaluate: Evaluate, line: Line, analytical: np.ndarray,
         if not len(check):
             return result
         # The coarsest pair chosen in each direction decides its confirmation steps.
-        level = np.array([found.chosen[wrong[:, c], c].min() for c in check]).clip(0)
+        level = np.array([found.chosen[wrong[:, c], c].min() for c in check]).clip(0) + first
         for power in np.unique(level):
             group = check[level == power]
             rungs = evaluate(selection[group], [power, power + 1], [CONFIRM_RATIO, CONFIRM_RATIO])
