@@ -213,6 +213,26 @@ class Progress:
             self.bar.close()
 
 
+# Items per batched call above which the call raises ResourceExhaustedError before it runs (None: no limit), set by
+# ``fastcheck.testing.out_of_memory``: a device with less memory than the chunk's footprint estimate.
+_memory_items: int | None = None
+
+
+@contextlib.contextmanager
+def out_of_memory(above: int):
+    """Within the block, every batched call of f over more than ``above`` items raises ``ResourceExhaustedError``
+    before it runs; the limit before the block is back after it."""
+    if isinstance(above, bool) or not isinstance(above, int) or above < 1:
+        raise ValueError(f"out_of_memory(above=...) takes the items (perturbations, probes, rows) a call may hold, an "
+                         f"integer >= 1; got {above!r}.")
+    global _memory_items
+    before, _memory_items = _memory_items, above
+    try:
+        yield
+    finally:
+        _memory_items = before
+
+
 @dataclasses.dataclass(frozen=True)
 class Batch:
     """What a batched evaluation tells ``Executor.chunked``: where its chunk is kept, where it starts, and the
@@ -353,6 +373,9 @@ class Executor:
             chunk = self.chunks[batch.key]
             count = min(chunk, total - start)
             try:
+                if _memory_items is not None and chunk > _memory_items:
+                    raise tf.errors.ResourceExhaustedError(None, None, f"a call of {chunk} {batch.unit} (simulated: "
+                                                           f"fastcheck.testing.out_of_memory(above={_memory_items}))")
                 if self.share is not None and batch.local:  # the chunk's items over the local replicas
                     count = self.share.local_wave(batch.what, call, chunk, start, total)
                 elif self.share is None or not batch.spread:

@@ -21,6 +21,10 @@ calibration, e.g. with pytest::
 
 and a single check takes its own with ``calibration=`` (``Calibration(dispatch=7.5e-6)``: a machine with the
 reference dispatch time; ``Calibration(cache=8 << 20)``: an 8 MiB cache).
+
+A device that runs out of memory is simulated with ``out_of_memory(above=N)``: within the block every batched call
+of f over more than N items raises TensorFlow's ``ResourceExhaustedError`` before it runs, and a check halves its
+chunks and retries (``OutOfMemory`` events in its report) to the same result.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ import tensorflow as tf
 
 import fastcheck
 from fastcheck._calibration import Calibration, routing_calibration
+from fastcheck._executor import out_of_memory
 
-__all__ = ["Calibration", "GradientTestCase", "routing_calibration"]
+__all__ = ["Calibration", "GradientTestCase", "out_of_memory", "routing_calibration"]
 
 _GRAPH_NOTE = (
     "fastcheck checked this eagerly beside the test's graph (in its own thread): f, the model and the data must not use "

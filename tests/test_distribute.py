@@ -230,29 +230,16 @@ def test_strategy_and_devices_together_are_refused_and_other_entry_points_take_t
     np.testing.assert_allclose(jacobian, np.diag(np.cos(x.numpy())))
 
 
-def test_out_of_memory_halves_the_chunk_and_each_share_runs_on_its_replica():
-    from fastcheck._check import _executor
-    from fastcheck._config import CheckConfig
-    from fastcheck._executor import Batch
-    from fastcheck._kernels import kernel_plan
-    from fastcheck._plan import build_plan
-
-    config = CheckConfig(jit_compile=False, devices=["/CPU:0"])
+def test_out_of_memory_halves_the_chunk_and_the_shares_give_the_one_device_numbers():
     x = tf.constant(np.linspace(0, 1, 50))
-    executor = _executor(kernel_plan(build_plan(tf.sin, [x], config)), config, {})
-    seen, starts = np.zeros(50, int), []
-
-    def call(chunk, part, count):
-        if chunk > 8:
-            raise tf.errors.ResourceExhaustedError(None, None, "out of memory (test)")
-        assert count == part.stop - part.start <= chunk
-        assert tf.constant(0.0).device.endswith("CPU:0")  # under the replica's device scope
-        seen[part] += 1
-        starts.append(part.start)
-
-    assert executor.chunked(Batch("numerical differences", "test", 16, subject="x"), 50, call, lambda: None) is None
-    assert starts == [0, 8, 16, 24, 32, 40, 48] and np.all(seen == 1) and executor.chunk("test") == 8
-    retry = next(e for e in executor.events if type(e).__name__ == "OutOfMemory")
-    assert (retry.subject, retry.chunk, retry.retried, retry.unit) == ("x", 16, 8, "evaluations")
-    (spread,) = [e for e in executor.events if type(e).__name__ == "Distributed"]
-    assert spread.where == "1 replica (MirroredStrategy on CPU:0)" and spread.work[0] == ("perturbations", (50,), False)
+    f = lambda x: tf.sin(x) * tf.reduce_sum(x)  # noqa: E731
+    plain = fastcheck.check_gradients(f, x, mode="full", jit_compile=False)
+    with fastcheck.testing.out_of_memory(above=8):
+        spread = fastcheck.check_gradients(f, x, mode="full", jit_compile=False, devices=["/CPU:0"])
+    assert plain.ok and spread.ok, str(spread)
+    retries = events_of(spread, "OutOfMemory")
+    assert retries and all(e.retried == e.chunk // 2 for e in retries), spread.notes
+    assert min(e.retried for e in retries) <= 8 < max(e.chunk for e in retries)
+    np.testing.assert_array_equal(plain.pairs[0].numerical, spread.pairs[0].numerical)
+    (event,) = events_of(spread, "Distributed")
+    assert event.where == "1 replica (MirroredStrategy on CPU:0)", spread.notes

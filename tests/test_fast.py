@@ -8,7 +8,6 @@ import tensorflow as tf
 from conftest import events_of
 
 import fastcheck
-from fastcheck import _executor
 
 RNG = np.random.default_rng(3)
 
@@ -102,30 +101,24 @@ def test_auto_mode_switches_and_says_why(f, beyond):
     assert chosen.mode == beyond and type(chosen.why[0]).__name__ == "FullTooLarge", big.notes
 
 
-def test_out_of_memory_halves_the_chunk_and_retries(monkeypatch):
-    original = _executor.Executor.kernel
-    failures = []
-
-    def flaky(self, key, make):
-        kernel = original(self, key, make)
-        chunk = key[2]
-
-        def run(*args):
-            if key[0] in ("differences", "quotients") and chunk > 50:
-                failures.append(chunk)
-                raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
-            return kernel(*args)
-
-        return run
-
-    monkeypatch.setattr(_executor.Executor, "kernel", flaky)
+@pytest.mark.parametrize(("mode", "above", "subject"), [("full", 50, "input"), ("fast", 2, "fast mode")])
+def test_out_of_memory_halves_the_chunk_and_retries(mode, above, subject):
     x = tf.constant(RNG.normal(size=400))
-    report = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, jit_compile=False, mode="full")
-    assert report.ok and failures
+    reference = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, mode=mode, seed=0)
+    with fastcheck.testing.out_of_memory(above=above):
+        report = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, jit_compile=False, mode=mode, seed=0)
+    assert report.ok and reference.ok, str(report)
     retries = events_of(report, "OutOfMemory")
-    assert retries and all(e.retried == e.chunk // 2 and e.subject == "input" for e in retries), report.notes
-    reference = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, mode="full")
+    assert retries and all(e.retried == e.chunk // 2 and e.subject == subject for e in retries), report.notes
+    assert min(e.retried for e in retries) <= above < max(e.chunk for e in retries)
     np.testing.assert_allclose(report.pairs[0].numerical, reference.pairs[0].numerical, atol=1e-9)
+
+
+def test_out_of_memory_is_refused_without_a_positive_item_count():
+    for above in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match=r"out_of_memory\(above=\.\.\.\) takes the items"):
+            with fastcheck.testing.out_of_memory(above=above):
+                pass
 
 
 @pytest.mark.parametrize("mode", ["full", "fast"])
