@@ -1,162 +1,125 @@
-"""The refinement driver (``_refine.descend``) and its confirmation (``_refine.confirmation``) through their
-functions, on closed-form f in numpy, and full mode's triage steps (``_full_steps``) each on its own."""
+"""Refinement through ``check_gradients``: what the triage at h/4 decides, how far down the step ladder a failing
+column goes, and what a settled mismatch needs to stand.
+
+Full mode, float64 unless a case says otherwise.  f = 1 + sum_j g_j(x_j), one output: the checks are small and run
+on the eager path, where every evaluation of f is one call of it, so that f itself counts what refinement costs.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from fastcheck import _compare, _full_steps
-from fastcheck._refine import Line, Rungs, confirmation, descend
-from fastcheck._tables import DEEP_LEVELS, REFINE_LEVELS, REFINE_RATIO
+import fastcheck
 
-H = 1e-3
-Y0 = 1.0
+K = 4000.0  # sin(K x) / K at 0: f''' = -K**2 puts the h**2 truncation past the tolerance at h and at h/4
+D = 1e-9  # kinks at D (and -D): the steps down to h/4**6 cross them, h/4**7 and below do not
 
-
-def _directions(functions, noise=1e-15):
-    """An ``Evaluate`` of f(x + t d_j) = Y0 + functions[j](t) (one output), and the calls it got."""
-    calls = []
-
-    def evaluate(selection, powers, factors=None):
-        calls.append((np.array(selection), list(powers)) if factors is None else (np.array(selection), list(powers),
-                                                                                   list(factors)))
-        levels = []
-        for p, factor in zip(powers, factors or [1.0] * len(powers)):
-            h = H / REFINE_RATIO**p * factor
-            plus = np.array([[Y0 + functions[j](h) for j in selection]])
-            minus = np.array([[Y0 + functions[j](-h) for j in selection]])
-            span = np.full(len(selection), 2 * h)
-            levels.append(((plus - minus) / span, np.full(plus.shape, noise / (2 * h)), plus, minus, span))
-        return Rungs(levels, np.array([Y0]), None)
-
-    return evaluate, calls
+PARTS = {  # name: (g, g', x_j)
+    "smooth": (tf.sin, tf.cos, 0.3),
+    "truncated": (lambda x: tf.sin(K * x) / K, lambda x: tf.cos(K * x), 0.0),
+    # Slope 1.5 between the kinks, 0.5 outside: a step past both has the quotient 0.5 + D / h, and one-sided
+    # derivatives that agree (the two kinks' second differences cancel), so only a step below D shows 1.5.
+    "kink pair": (lambda x: 0.5 * x + tf.nn.relu(x + D) - tf.nn.relu(x - D),
+                  lambda x: 0.5 + tf.cast(tf.abs(x) < D, x.dtype), 0.0),
+    # One kink, on a slope of 20: a step past it has one-sided derivatives 20 and 21, and second differences
+    # small beside its first (a step local to f, as the triage tests), though not beside the mismatch.
+    "kink": (lambda x: 20 * x + tf.nn.relu(x - D), lambda x: 20 + tf.cast(x > D, x.dtype), 0.0),
+}
+TRUE = {"smooth": np.cos(0.3), "truncated": 1.0, "kink pair": 1.5, "kink": 20.0}  # g'(x_j)
 
 
-SMOOTH = [lambda t: 3.0 * t + t**2, lambda t: np.sin(2.0 * t), lambda t: -np.expm1(t)]
+def _separable(names, factors, moved: list, dtype=tf.float64):
+    """(f, x): f(x) = 1 + sum_j g_j(x_j) for the ``PARTS`` ``names``, its custom gradient g_j' times ``factors[j]``
+    (1.0: correct); each eager call of f appends to ``moved`` the indices of the elements it moved from x."""
+    parts = [PARTS[name] for name in names]
+    x0 = np.array([x for *_, x in parts], dtype.as_numpy_dtype)
+
+    @tf.custom_gradient
+    def f(x):
+        if tf.executing_eagerly():
+            moved.append(tuple(np.flatnonzero(x.numpy() != x0)))
+
+        def grad(dy):
+            return dy * tf.stack([factor * derivative(x[j]) for j, ((_, derivative, _), factor)
+                                  in enumerate(zip(parts, factors))])
+
+        return 1 + tf.add_n([g(x[j]) for j, (g, _, _) in enumerate(parts)]), grad
+
+    return f, tf.constant(x0)
 
 
-def test_smooth_directions_settle_on_the_first_ladder():
-    evaluate, calls = _directions(SMOOTH)
-    found = descend(evaluate, 3, range(0, REFINE_LEVELS + 1), lambda found: ~found.settled.all(axis=0),
-                    range(REFINE_LEVELS + 1, DEEP_LEVELS + 1))
-    assert [powers for _, powers in calls] == [list(range(0, REFINE_LEVELS + 1))]
-    assert found.settled.all()
-    np.testing.assert_allclose(found.estimate[0], [3.0, 2.0, -1.0], rtol=1e-9)
+def _check(names, factors, dtype=tf.float64, **options):
+    """The report of a full check of ``_separable`` and, per column, how many evaluations of f moved it alone
+    (the first sweep's, the triage's and the ladders'; f's noise is measured along directions that move every
+    column)."""
+    moved: list = []
+    f, x = _separable(names, factors, moved, dtype)
+    report = fastcheck.check_gradients(f, x, mode="full", **options)
+    assert report.path == "eager", str(report)  # the premise: every evaluation of f is a call of it
+    return report, [moved.count((j,)) for j in range(len(names))]
 
 
-@pytest.mark.parametrize("deeper", [range(REFINE_LEVELS + 1, DEEP_LEVELS + 1), range(0, DEEP_LEVELS + 1)])
-def test_open_directions_go_deeper_and_replace_the_first_result(deeper):
-    """Only the open direction is evaluated again, at the deeper powers; powers above them are the first
-    ladder's; the merged result is ``_compare.refine`` of the whole ladder of that direction alone."""
-    evaluate, calls = _directions(SMOOTH)
-    first = descend(evaluate, 3, range(0, REFINE_LEVELS + 1))
-    found = descend(evaluate, 3, range(0, REFINE_LEVELS + 1), lambda found: np.array([False, True, False]), deeper)
-    selection, powers = calls[-1]
-    assert selection.tolist() == [1] and powers == list(deeper)
-    alone, _ = _directions([SMOOTH[1]])
-    whole = _compare.refine(alone(np.array([0]), range(0, DEEP_LEVELS + 1)).levels, np.array([Y0]), REFINE_RATIO)
-    for merged, before, expected in zip(found, first, whole):
-        np.testing.assert_array_equal(merged[:, [0, 2]], before[:, [0, 2]])
-        np.testing.assert_array_equal(merged[:, 1], expected[:, 0])
+COLUMNS = ("smooth", "truncated", "kink pair", "kink")
 
 
-def test_deeper_powers_may_depend_on_the_first_result():
-    evaluate, calls = _directions(SMOOTH)
-    asked = []
-
-    def deeper(found, selection):
-        asked.append((found.estimate.shape, selection.tolist()))
-        return range(0, 3)
-
-    descend(evaluate, 3, range(0, 2), lambda found: np.array([True, False, True]), deeper)
-    assert asked == [((1, 3), [0, 2])]
-    assert [(s.tolist(), p) for s, p in calls] == [([0, 1, 2], [0, 1]), ([0, 2], [0, 1, 2])]
-
-
-def test_a_rejected_confirmation_unsettles_and_is_asked_after_each_ladder():
-    evaluate, _ = _directions(SMOOTH)
-    asked = []
-
-    def confirm(selection, found):
-        asked.append(selection.tolist())
-        return selection != 0
-
-    found = descend(evaluate, 3, range(0, REFINE_LEVELS + 1), lambda found: ~found.settled.all(axis=0),
-                    range(0, DEEP_LEVELS + 1), confirm)
-    assert asked == [[0, 1, 2], [0]]  # direction 0, unconfirmed, went deeper and was asked again
-    assert found.settled.tolist() == [[False, True, True]]
-
-
-def _confirmed_descent(functions, analytical):
-    evaluate, calls = _directions(functions)
-    a = np.array([analytical])
-    line = Line(lambda selection: np.full(len(selection), H), lambda selection, spans: 1e-15 / spans[None, :])
-
-    def mismatch(selection, found):
-        return np.abs(a[:, selection] - found.estimate) > 1e-6
-
-    found = descend(evaluate, len(functions), range(0, REFINE_LEVELS + 1),
-                    confirm=confirmation(evaluate, line, a, mismatch))
-    return found, calls
+@pytest.mark.parametrize("factors, statuses, evaluations", [
+    # The smooth column passes the first sweep.  The truncated one fails at h and at h/4, where its quotient moves by
+    # 15/16 of the mismatch, and settles on the first ladder h ... h/4**5 (2 + 2 + 12 evaluations).  The kink pair's
+    # quotients agree at h/4 and at h/4 x 0.618, not at the finest step below the kinks (the triage's three steps:
+    # 2 + 6); it goes down the first ladder (12: unsettled) and the deeper one, h/4**6 ... h/4**12 (14), which
+    # settles 1.5.  The kink's one-sided derivatives differ at h/4: it goes down both ladders from there (2 + 2 + 12
+    # + 14), without the golden and finest steps.
+    ((1.0, 1.0, 1.0, 1.0), ["ok", "ok", "ok", "ok"], [2, 16, 34, 30]),
+    # The triage fails a wrong gradient of a smooth f: the first sweep's pair and three more (h/4, h/4 x 0.618,
+    # the finest step); no ladder.
+    ((1.01, 1.0, 1.0, 1.0), ["mismatch", "ok", "ok", "ok"], [8, 16, 34, 30]),
+    # Inside the truncation at h/4: a mismatch the first ladder settles, which the confirmation at 0.618 x the
+    # chosen pair's steps (2 more pairs) finds again.
+    ((1.0, 1.0001, 1.0, 1.0), ["ok", "mismatch", "ok", "ok"], [2, 20, 34, 30]),
+    # ... and mismatches the deeper ladder settles, below the kinks.
+    ((1.0, 1.0, 1.01, 1.0), ["ok", "ok", "mismatch", "ok"], [2, 16, 38, 30]),
+    ((1.0, 1.0, 1.0, 1.01), ["ok", "ok", "ok", "mismatch"], [2, 16, 34, 34]),
+], ids=["correct", "wrong_smooth", "wrong_truncated", "wrong_kink_pair", "wrong_kink"])
+def test_each_column_is_refined_as_far_as_its_true_verdict_needs(factors, statuses, evaluations):
+    """One check, four columns: each gets its own verdict, the derivative at the point as its estimate (not a
+    crossing step's quotient), and at most the evaluations of f its verdict needs today."""
+    report, per_column = _check(COLUMNS, factors)
+    (pair,) = report.pairs
+    assert pair.statuses.ravel().tolist() == statuses, str(report)
+    assert report.verdict == ("pass" if set(factors) == {1.0} else "fail"), str(report)
+    np.testing.assert_allclose(pair.numerical.ravel(), [TRUE[name] for name in COLUMNS], rtol=0, atol=1e-5)
+    # Ceilings, not counts: a refinement may get cheaper, never dearer.
+    assert all(count <= ceiling for count, ceiling in zip(per_column, evaluations)), per_column
 
 
-def test_confirmation_keeps_a_real_mismatch_and_rejects_a_ladder_that_agrees_by_coincidence():
-    # On every step H / 4**p the second f is exactly 3.5 t (its sine vanishes there), so its ladder settles at 3.5
-    # like the first's; at 0.618 x the steps it is 3.5 t (1 + sin(...)), far from 3.5: a coincidence, unsettled.
-    wrong = 3.5
-    coincidence = lambda t: wrong * t * (1 + np.sin(np.pi * np.log(abs(t) / H) / np.log(REFINE_RATIO)))  # noqa: E731
-    found, calls = _confirmed_descent([lambda t: wrong * t, coincidence, lambda t: 3.0 * t], [3.0, 3.0, 3.0])
-    assert found.settled.tolist() == [[True, False, True]]
-    assert found.estimate[0, 0] == pytest.approx(wrong) and found.estimate[0, 2] == pytest.approx(3.0)
-    # Only the settled mismatches were evaluated again, at the chosen pair's steps times the golden ratio.
-    (selection, powers, factors), = [call for call in calls if len(call) == 3]
-    assert selection.tolist() == [0, 1] and factors == [pytest.approx(0.618034)] * 2 and powers[1] == powers[0] + 1
+def test_float32_rounding_keeps_the_triages_finest_step_within_reach():
+    """The triage's finest step is the finest whose rounding stays below an eighth of the mismatch: for float32
+    at x = 0.3, h/4 itself (far finer steps leave x where it is).  A wrong gradient is failed as cheaply as in
+    float64: 8 evaluations a column."""
+    report, per_column = _check(["smooth"] * 4, [1.01] * 4, tf.float32, precision="native")
+    assert report.verdict == "fail" and report.pairs[0].count("mismatch") == 4, str(report)
+    assert max(per_column) <= 8, per_column
 
 
-def test_a_kink_within_every_step_stays_unsettled():
-    """|t| + t: one-sided derivatives 2 and 0 at every step; the driver's deeper ladder does not settle it."""
-    evaluate, _ = _directions([lambda t: abs(t) + t])
-    found = descend(evaluate, 1, range(0, REFINE_LEVELS + 1), lambda found: ~found.settled.all(axis=0),
-                    range(REFINE_LEVELS + 1, DEEP_LEVELS + 1))
-    assert not found.settled.any() and found.kink.all()
-    assert sorted([found.left[0, 0], found.right[0, 0]]) == pytest.approx([0.0, 2.0])
+# 4**13 (2 pi + 1e-10), a multiple of 2**-24: x +- h/4**p is exact for every p <= 13, and each such step is within
+# 4**(13 - p) 1e-10 of a multiple of cos's period.
+PERIODIC_STEP = round((2 * np.pi + 1e-10) * 2**50) * 2.0**-24
 
 
-# -- full mode's triage at h/4, step by step ----------------------------------------------------------
+@pytest.mark.parametrize("factor", [1.0, -1.0])
+def test_steps_at_multiples_of_a_period_are_no_evidence(factor):
+    """cos at 0.5 with eps = ``PERIODIC_STEP``: every step h_p down to h/4**13 lies near a multiple of 2 pi, e_p
+    away, and its quotient -sin(x) sin(e_p) / h_p, with e_p / h_p the same at every p, agrees with the others like
+    converging ones: at h/4, at the finest step and on both ladders.  Only steps 0.618 x theirs (the triage's golden
+    step, each ladder's confirmation) show the coincidence: the derivative stays unresolved, neither a false FAIL
+    nor a pass (a real mismatch the ladder settles is still a FAIL: ``wrong_truncated`` above)."""
 
+    @tf.custom_gradient
+    def cos(x):
+        return tf.cos(x), lambda dy: -factor * dy * tf.sin(x)
 
-def _quarter(quotient, plus, minus, mismatch, spans=(2 * H / 4,), y0=(Y0,)):
-    plus, minus = np.array([plus]), np.array([minus])
-    return _full_steps._Quarter(np.array(spans) / 2, np.array([quotient]), plus, minus,
-                          _full_steps._curvature(plus, minus, np.array(y0)), np.array(spans), np.array([mismatch]))
-
-
-def test_triage_is_conclusive_where_the_quarter_step_barely_moves():
-    h = H / 4
-    smooth = _quarter([3.0], [Y0 + 3 * h], [Y0 - 3 * h], [1.0])
-    assert _full_steps._conclusive(smooth, np.array([[3.0]]), np.array([[1e-12]]), 1e-5).all()
-    moved = _quarter([3.05], [Y0 + 3.05 * h], [Y0 - 3.05 * h], [1.0])  # moved 5% of the mismatch
-    assert not _full_steps._conclusive(moved, np.array([[3.0]]), np.array([[1e-12]]), 1e-5).any()
-    kink = _quarter([3.0], [Y0 + 3.5 * h], [Y0 - 2.5 * h], [1.0])  # one-sided 3.5 and 2.5
-    assert not _full_steps._conclusive(kink, np.array([[3.0]]), np.array([[1e-12]]), 1e-5).any()
-
-
-def test_golden_step_agrees_only_with_h_squared_curvature():
-    h = H / 4
-    quarter = _quarter([3.0], [Y0 + 3 * h + h**2], [Y0 - 3 * h + h**2], [1.0])
-    golden = h * _full_steps.CONFIRM_RATIO
-    curvature = np.array([[2 * golden**2]])
-    spans = np.array([2 * golden])
-    assert _full_steps._agrees_at_golden(quarter, np.array([[3.0]]), curvature, spans, np.zeros((1, 1))).all()
-    assert not _full_steps._agrees_at_golden(quarter, np.array([[3.0]]), 10 * curvature, spans, np.zeros((1, 1))).any()
-    assert not _full_steps._agrees_at_golden(quarter, np.array([[3.5]]), curvature, spans, np.zeros((1, 1))).any()
-
-
-def test_finest_step_is_the_one_whose_rounding_stays_below_an_eighth_of_the_mismatch():
-    mismatch, conclusive = np.array([[1.0, 1.0, 1.0]]), np.ones((1, 3), bool)
-    noise = np.array([[1e-3, 1.0, 1e-30]])  # room 125 (4**3.5), none, far beyond the deepest
-    assert _full_steps._finest_powers(mismatch, conclusive, noise).tolist() == [3, 0, DEEP_LEVELS]
-    quarter = _quarter([3.0, 3.0, 3.0], [0.0] * 3, [0.0] * 3, [1.0, 1.0, 1.0], spans=(1.0, 1.0, 1.0), y0=(0.0,))
-    held = _full_steps._agrees_finest(np.array([[3.2, 5.0, 5.0]]), quarter, np.array([3, 0, 3]))
-    assert held.tolist() == [[True, True, False]]  # within a quarter of the mismatch; h/4 itself; departed
+    report = fastcheck.check_gradients(cos, tf.constant([0.5], tf.float64), eps=PERIODIC_STEP, mode="full")
+    assert report.verdict == "undecidable", str(report)
+    assert report.pairs[0].count("numerical derivative unresolved") == 1, str(report)

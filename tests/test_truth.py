@@ -568,11 +568,10 @@ def test_forward_side_of_a_scalar_function_is_forward_mode():
     assert forward.ok and forward.mode == "forward" and {p.side for p in forward.pairs} == {"forward"}
 
 
-def test_noisy_columns_are_refitted_in_chunks_with_the_same_verdicts(monkeypatch):
-    # _coarsen's [m, 9, k] tables for every noise-limited column at once held ~30 GB on a bfloat16
-    # conv 32x32x8 (the OS killed the check); they go in chunks within memory_budget, same results.
-    from fastcheck import _full_steps
-
+def test_a_memory_budget_that_splits_the_noisy_columns_refit_changes_no_result():
+    # The cubic fits' [m, 9, k] tables for every noise-limited column at once held ~30 GB on a bfloat16 conv
+    # 32x32x8 (the OS killed the check); they go in chunks within memory_budget, with the same results.  (How many
+    # chunks ran is not in the report: only the results are checked.)
     rng = np.random.default_rng(2)
     w, b = tf.constant(rng.normal(size=(6, 3))), tf.constant(rng.normal(size=3))
 
@@ -581,13 +580,10 @@ def test_noisy_columns_are_refitted_in_chunks_with_the_same_verdicts(monkeypatch
 
     x = tf.constant(rng.normal(size=(4, 6)))
     whole = fastcheck.check_gradients(f, x, mode="full")
-    calls = []
-    original = _full_steps._coarsen_columns
-    monkeypatch.setattr(_full_steps, "_coarsen_columns", lambda *args: calls.append(len(args[2])) or original(*args))
-    # 3 columns a chunk: memory_budget holds 3 columns' COARSE_TABLES [12, 9] float64 tables.
-    chunked = fastcheck.check_gradients(f, x, mode="full", memory_budget=_full_steps.COARSE_TABLES * 9 * 8 * 12 * 3)
+    # 3 columns a chunk: 8 float64 tables [12, 9] per column, 3 columns (fastcheck/_tables.py: COARSE_TABLES).
+    chunked = fastcheck.check_gradients(f, x, mode="full", memory_budget=8 * 9 * 8 * 12 * 3)
     assert whole.ok and chunked.ok, str(chunked)
-    assert len(calls) > 1 and max(calls) <= 3, calls
+    assert events_of(chunked, "NoiseMeasured"), str(chunked)  # the premise: f's noise limits its columns
     np.testing.assert_array_equal(whole.pairs[0].status, chunked.pairs[0].status)
     np.testing.assert_allclose(whole.pairs[0].numerical, chunked.pairs[0].numerical, rtol=0, atol=0)
 
