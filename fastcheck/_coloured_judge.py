@@ -275,8 +275,9 @@ class _Block:
             for plus, minus, spans in self.columns.sides(chosen, cols[selection], list(powers), factors):
                 with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                     derivative = (plus - minus) / spans
+                    moved = (plus - y0)[None, :], (minus - y0)[None, :]
                 noise = _noise(plan, chosen, spans)
-                stack.append((derivative[None, :], noise[None, :], (plus - y0)[None, :], (minus - y0)[None, :], spans))
+                stack.append((derivative[None, :], noise[None, :], *moved, spans))
             return Rungs(stack, np.zeros(1), self.grid(plan, chosen)[None, :])
 
         return evaluate
@@ -298,7 +299,8 @@ class _Block:
         """sum_j |a_ij x_j| over each row's nonzeros (f_i's terms were it linear), per entry of ``rows``."""
         x = self.columns.x
         if self.pattern.diagonal:
-            return np.abs(np.asarray(self.analytical.at(rows, rows), np.float64) * x[rows])
+            with np.errstate(invalid="ignore", over="ignore"):
+                return np.abs(np.asarray(self.analytical.at(rows, rows), np.float64) * x[rows])
         unique, inverse = np.unique(np.asarray(rows, np.int64), return_inverse=True)
         indptr = self.pattern.indptr
         counts = indptr[unique + 1] - indptr[unique]

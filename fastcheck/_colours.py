@@ -81,7 +81,8 @@ def _blocked(function, size: int, dtype=np.float64) -> np.ndarray:
 
 
 def _span(x: np.ndarray, d: np.ndarray) -> np.ndarray:
-    return ((x + d) - (x - d)).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # a non-finite x: its span is judged non-finite
+        return ((x + d) - (x - d)).astype(np.float64)
 
 
 def _steps(plan: Plan, config, x: np.ndarray, dtype=np.float64) -> np.ndarray:
@@ -200,7 +201,8 @@ class _Differences:
         (``rows`` may then be a slice)."""
         if self.sides is not None:  # one colour
             plus, minus = self.sides
-            return np.subtract(plus[0][rows], minus[0][rows], dtype=np.float64)
+            with np.errstate(invalid="ignore", over="ignore"):
+                return np.subtract(plus[0][rows], minus[0][rows], dtype=np.float64)
         if colours is None:
             result = self.values[0][rows].astype(np.float64)
         else:

@@ -190,8 +190,8 @@ def _block_verdicts(analytical, numerical, noise, atol, rtol):
 def richardson(coarse: np.ndarray, fine: np.ndarray, ratio: float) -> tuple[np.ndarray, np.ndarray]:
     """Extrapolate two central differences (steps h and h/ratio) and estimate the error left."""
     factor = ratio**2
-    extrapolated = (factor * fine - coarse) / (factor - 1)
-    return extrapolated, np.abs(fine - coarse) / (factor - 1)
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite quotients stay non-finite, judged as such
+        return (factor * fine - coarse) / (factor - 1), np.abs(fine - coarse) / (factor - 1)
 
 
 def second_step(analytical, first, first_noise, second, second_noise, atol: float, rtol: float,
@@ -456,7 +456,8 @@ def _below_quantum(levels: list, y0: np.ndarray, sigma: np.ndarray) -> list:
         frozen = (plus == y0[:, None]) & (minus == y0[:, None])
         if (frozen & few).any():
             derivative = np.where(frozen & few, np.nan, derivative)
-        moved = np.maximum(np.abs(plus - y0[:, None]), np.abs(minus - y0[:, None]))
+        with np.errstate(invalid="ignore", over="ignore"):
+            moved = np.maximum(np.abs(plus - y0[:, None]), np.abs(minus - y0[:, None]))
         few = np.where(frozen, few, (moved > 0) & (moved <= QUANTA * quantum))
         result.append((derivative, noise, plus, minus, span))
     return result
