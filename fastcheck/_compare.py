@@ -172,6 +172,13 @@ def allowance(reference, atol, rtol, noise=0.0, norms=1.0):
     return abs(reference) * rtol + atol * norms + noise
 
 
+def same_computation(analytical, twin, atol, rtol) -> np.ndarray:
+    """Where the float64 twin is the gradient's own computation (every mode's twin gate): finite, and within the
+    gradient's own tolerance of it."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(twin) & (np.abs(analytical - twin) <= allowance(twin, atol, rtol))
+
+
 def _block_verdicts(analytical, numerical, noise, atol, rtol):
     with np.errstate(invalid="ignore", over="ignore"):
         band = allowance(numerical, atol, rtol, np.where(np.isfinite(noise), noise, 0.0))

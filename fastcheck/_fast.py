@@ -155,27 +155,33 @@ def _judge_arrays(estimate: np.ndarray, noise: np.ndarray, forward, realised, u,
 
 
 def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tensor, atol, rtol,
-            forward_side=True, refine=True, confirm=False) -> Comparison:
+            forward_side=True, refine=True, confirm=False, slack=None) -> Comparison:
     """Numerical vs element-wise J d and projection for the given joint probes, a call's worth at a time.
 
     ``forward_side=False`` skips the element-wise J d (that comparison then passes trivially); ``refine=False``
     skips the smaller-step re-evaluation of failing probes (``_refine``), whose ratios > 1 then all count as
     mismatches; ``confirm`` (directions along single elements) confirms a settled mismatch as every mode does.
+    ``slack`` (the gradient less its float64 twin) adds |slack . d| to every probe's band: the twin's rule,
+    float64's allowance plus the gradient's measured difference from its twin, as full mode's twin allows.
     """
     parts = []
     group = joint.rows_per_call
     for start in range(0, int(directions.shape[0]), group):
         d = directions[start : start + group]
         estimate, realised, plus, minus, noise = joint.numerical(d)
+        extra = 0.0 if slack is None else tf.abs(tf.linalg.matvec(realised, slack))[:, None]
         forward = joint.jvp(realised, gradient, u) if forward_side else estimate
-        result = _judge(estimate, forward, realised, noise, u, gradient, atol, rtol)
+        result = _judge(estimate, forward, realised, noise + extra, u, gradient, atol, rtol)
         failing = np.flatnonzero(result.score > 1)
         if refine and len(failing):
             # Curvature along a long direction, or kinks the step crosses, are not a gradient bug: refine the
             # failing probes with smaller steps, an error estimate and a kink test.
             first = tuple(t.numpy() for t in (estimate, noise, plus, minus, realised, forward))
-            estimate, noise, kind = _refine(joint, d, failing, first, u, gradient, atol, rtol, forward_side, confirm)
-            result = _judge_arrays(estimate, noise, forward if forward_side else None, realised, u, gradient, atol, rtol)
+            extra = np.broadcast_to(np.asarray(extra, np.float64), tuple(estimate.shape))
+            estimate, noise, kind = _refine(joint, d, failing, first, u, gradient, atol, rtol, forward_side, confirm,
+                                            extra[failing].T)
+            result = _judge_arrays(estimate, noise + extra, forward if forward_side else None, realised, u, gradient,
+                                   atol, rtol)
             result.kind = kind
         result.shares = joint.shares(realised, gradient)
         parts.append(result)
@@ -183,7 +189,7 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
 
 
 def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tuple, u, gradient, atol, rtol,
-            forward_side: bool, confirm: bool = False):
+            forward_side: bool, confirm: bool = False, extra=0.0):
     """Refined estimates, their error and a status per probe for the ``failing`` probes.
 
     The same ladder and rule as full mode's (``_compare.refine``), along each probe's line t -> f(x + t d) instead
@@ -201,7 +207,8 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
     h/4**12 by 1e-4 of each element in float64): each level is shifted to the first level's direction by
     J (r_0 - r_level), from the analytical side (an error in it changes that tiny correction by as little).
 
-    ``first`` holds the first evaluation's (estimate, noise, plus, minus, realised, forward) [k, .] arrays.  Returns
+    ``first`` holds the first evaluation's (estimate, noise, plus, minus, realised, forward) [k, .] arrays, ``extra``
+    [m, failing] what every band adds beyond the noise (``compare``'s slack).  Returns
     (estimate, noise) [k, m] with the failing probes' rows replaced, and the kind [k] of every probe (MISMATCH for
     the others).
     """
@@ -212,20 +219,21 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
     rows = np.arange(joint.plan.m)
     if forward_side:
         with np.errstate(invalid="ignore"):
-            band0 = _compare.allowance(estimate[failing].T, atol, rtol, noise[failing].T, norms[None, :])
+            band0 = _compare.allowance(estimate[failing].T, atol, rtol, noise[failing].T + extra, norms[None, :])
             outside = ~(np.abs(forward[failing].T - estimate[failing].T) <= band0)
         if outside.any():
             rows = np.flatnonzero(outside.any(axis=1))
     head = (estimate[failing][:, rows].T, noise[failing][:, rows].T, plus[failing][:, rows].T,
             minus[failing][:, rows].T, np.full(len(failing), 2 * joint.eps))
     analytical = forward[failing][:, rows].T if forward_side else None
+    extra = np.broadcast_to(extra, (joint.plan.m, len(failing)))
     whole_estimate, whole_noise = estimate[failing].T.copy(), noise[failing].T.copy()  # [m, k]: every output
     weights = u.numpy()
 
     def beyond(best, error, selection=slice(None)):
         """The refined rows' elements outside their band (of the probes ``selection``), and the band."""
         with np.errstate(invalid="ignore"):
-            band = _compare.allowance(best, atol, rtol, error, norms[None, selection])
+            band = _compare.allowance(best, atol, rtol, error + extra[rows][:, selection], norms[None, selection])
             return ~(np.abs(analytical[:, selection] - best) <= band), band
 
     def mismatched(best, error):
@@ -234,9 +242,10 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
         if analytical is not None:
             elements, band = beyond(best, error)
         else:
-            elements, band = np.zeros(best.shape, bool), _compare.allowance(best, atol, rtol, error, norms[None, :])
+            elements, band = np.zeros(best.shape, bool), _compare.allowance(best, atol, rtol, error + extra[rows],
+                                                                            norms[None, :])
         with np.errstate(invalid="ignore"):
-            whole_band = _compare.allowance(whole_estimate, atol, rtol, whole_noise, norms[None, :])
+            whole_band = _compare.allowance(whole_estimate, atol, rtol, whole_noise + extra, norms[None, :])
             projection = ~(np.abs(weights @ whole_estimate - _projected(realised[failing], gradient))
                            <= np.linalg.norm(weights[:, None] * whole_band, axis=0))
         return elements, projection, band
@@ -440,12 +449,13 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
 
 
 def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict, Plan]:
-    """Inputs whose probes pass at a resolution coarser than 1% of their gradient, probed again through the
-    gradient's float64 twin (``_full._twin``): ``{input: (probes, hint, region, worst, side)}`` and the plan
-    (with f's measured noise).  Only for a scalar f (a loss: its J d is the gradient's dot product, so the
-    element-wise side uses the twin too), a float64 numerical side, float32 or lower analytical precision
-    and the table's atol; an input whose twin differs from the gradient by more than its own tolerance, or
-    is not finite, keeps its verdict.  Each input gets its own k probes, localised where they fail."""
+    """Inputs whose probes pass at a resolution coarser than 1% of their gradient, probed again under the rule of
+    the gradient's float64 twin (``_full._twin``): each probe's band is float64's allowance plus |(g - twin) . d|,
+    the gradient's own rounding measured: ``{input: (probes, hint, region, worst, side)}`` and the plan (with f's
+    measured noise).  Only for a scalar f (a loss: its J d is the gradient's dot product), a float64 numerical side,
+    float32 or lower analytical precision and the table's atol; an input whose twin differs from the gradient by
+    more than its own tolerance, or is not finite, keeps its verdict.  Each input gets its own k probes, localised
+    where they fail."""
     executor, plan, config = joint.executor, joint.plan, joint.config
     if plan.m != 1 or not config.twin_applies(plan):
         return {}, plan
@@ -454,9 +464,7 @@ def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict,
         twin = _vjp(executor.plan, executor.values, u)
     except Exception:  # no float64 gradient: the verdicts stand
         return {}, plan
-    g, t = gradient.numpy(), twin.numpy()
-    with np.errstate(invalid="ignore"):
-        same = np.isfinite(t) & (np.abs(g - t) <= _compare.allowance(t, atol, rtol))
+    same = _compare.same_computation(gradient.numpy(), twin.numpy(), atol, rtol)
     inputs = [i for i in inputs if np.all(same[joint.offsets[i] : joint.offsets[i + 1]])]
     if not inputs:
         return {}, plan
@@ -467,11 +475,15 @@ def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict,
     k = config.probes
     directions = tf.concat([joint.restricted([joint.ranges([i])] * k, config.seed, SEEDS["twin"] + 64 * i)
                             for i in inputs], 0)
-    found = compare(joint, directions, u, twin, atol64, rtol64)
+    # The gradient judged by the twin's rule (float64's allowance plus its measured difference from the twin),
+    # as full mode's twin judges each element.
+    slack = gradient - twin
+    found = compare(joint, directions, u, gradient, atol64, rtol64, slack=slack)
     decided = {}
     for j, index in enumerate(inputs):
         mine = found.select(np.arange(j * k, (j + 1) * k))
-        hint, region, worst, side = _localise_within(joint, index, config.seed, u, twin, mine, atol64, rtol64)
+        hint, region, worst, side = _localise_within(joint, index, config.seed, u, gradient, mine, atol64, rtol64,
+                                                     slack)
         if mine.wrong and (worst is None or worst.status != _compare.STATUS_NAMES[_compare.MISMATCH]):
             # A twin's disagreement FAILs only at an element shown wrong on its own (full mode's twin is
             # element-wise): probes through a float64 ReLU network sit at its rule's edge (ratios 1.02-1.06).
@@ -596,9 +608,10 @@ def _forward_failed(probes: Comparison) -> bool:
     return bool(np.any((probes.forward_ratio > 1) & (probes.kind == _compare.MISMATCH)))
 
 
-def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: Comparison, atol, rtol) -> tuple:
+def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: Comparison, atol, rtol,
+                     slack=None) -> tuple:
     """(hint, region, worst element, side) of one input: bisect its flattened elements into blocks,
-    follow the worst, then check the region's elements one by one."""
+    follow the worst, then check the region's elements one by one (``slack``: ``compare``'s)."""
     if not result.wrong:
         return None, None, None, "forward"
     spec = joint.specs[index]
@@ -618,7 +631,7 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
             # BLOCK_REFINE_OUTPUTS outputs: past them each level's refinement costs seconds, and the block only
             # has to show the defect more than its siblings.
             found = compare(joint, directions, u, gradient, atol, rtol, forward_side=forward_side,
-                            refine=joint.plan.m <= BLOCK_REFINE_OUTPUTS)
+                            refine=joint.plan.m <= BLOCK_REFINE_OUTPUTS, slack=slack)
             if found.wrong:
                 break
         level += 1
@@ -641,7 +654,7 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
             part = chosen[start : start + chunk]
             unit = tf.one_hot(offset + part, joint.n, dtype=F64) * tf.constant(scale[part], F64)[:, None]
             parts.append(compare(joint, unit, u, gradient, atol, rtol, forward_side=forward_side, refine=refine,
-                                 confirm=refine))
+                                 confirm=refine, slack=slack))
         return Comparison.join(parts)
 
     # Every column at the step h, then the worst few refined (h/4 ... h/64): the worst element is picked among

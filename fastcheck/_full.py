@@ -174,9 +174,7 @@ def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
         atol64, rtol64 = config.twin_tolerances()
         sharpened: list[tuple] = []
         for (spec, a, numerical, status, band, one_sided, _), rows, t, spans in zip(results, targets, twin, sweeps):
-            with np.errstate(invalid="ignore"):
-                same = np.all(np.isfinite(t[rows])) and np.all(np.abs(a[rows] - t[rows]) <= _compare.allowance(t[rows], atol, rtol))
-            if not rows.any() or not same:
+            if not rows.any() or not _compare.same_computation(a[rows], t[rows], atol, rtol).all():
                 sharpened.append((spec, a, numerical, status, band, one_sided, None))
                 continue
             # Every row is judged (the evaluations give them all), only the coarse pairs' rows are used.

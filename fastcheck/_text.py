@@ -273,9 +273,9 @@ TWIN_RULE = ("the same gradient code run at the float64 point (on the model's fl
              "of float32's atol (pass atol= to judge by your tolerances alone)")
 TWIN_LINE = ("judged through the float64 twin of the gradient: its allowance is float64's rule plus the measured "
              "|gradient - float64 gradient|, as float32's atol could not resolve a 1% error here")
-TWIN_PROBES_LINE = ("probes compared through the float64 twin of the gradient (the same gradient code at the float64 "
-                    "point, within float32's tolerance of the gradient) under float64's rule, as float32's atol could "
-                    "not resolve a 1% error here")
+TWIN_PROBES_LINE = ("probes judged through the float64 twin of the gradient (the same gradient code at the float64 "
+                    "point, within float32's tolerance of the gradient): each probe d is allowed float64's rule plus "
+                    "|(gradient - twin) . d|, as float32's atol could not resolve a 1% error here")
 UNDECIDED_PROBES_HINT = (
     "an undecidable probe crosses kinks of f (ReLU-like activations) closer to the point than any step resolves, "
     "as in a freshly initialised deep network whose activations have shrunk to ~1e-11; no gradient was found wrong "
