@@ -246,7 +246,8 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
                                                                             norms[None, :])
         with np.errstate(invalid="ignore"):
             whole_band = _compare.allowance(whole_estimate, atol, rtol, whole_noise + extra, norms[None, :])
-            projection = ~(np.abs(weights @ whole_estimate - _projected(realised[failing], gradient))
+            # Against the reverse-mode projections (J^T u) . r of the realised directions r.
+            projection = ~(np.abs(weights @ whole_estimate - realised[failing] @ np.asarray(gradient, np.float64))
                            <= np.linalg.norm(weights[:, None] * whole_band, axis=0))
         return elements, projection, band
 
@@ -277,11 +278,6 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
                                    found.jump[:, j])
     estimate[failing], noise[failing] = whole_estimate.T, whole_noise.T
     return estimate, noise, kinds
-
-
-def _projected(realised: np.ndarray, gradient) -> np.ndarray:
-    """(J^T u) . r for each realised direction r [k, n]: the reverse-mode projections."""
-    return realised @ np.asarray(gradient, np.float64)
 
 
 def _probe_kind(status, elements, projection, settled, kink, jump) -> int:
@@ -318,30 +314,23 @@ def _ladder(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: n
         if head is not None and powers[0] == 0 and factors is None:
             levels.append(tuple(array[..., selection] for array in head))
             powers = powers[1:]
-        if powers:
-            levels += _levels(joint, directions, probes[selection], realised, u, gradient, powers, outputs, factors)
+        if not powers:
+            return Rungs(levels, y0, sigma)
+        # The rest at steps h / 4**p (times ``factors``, where given), in one batched evaluation.
+        count = len(selection)
+        divides = np.array([REFINE_RATIO**p for p in powers], np.float64) / np.asarray(factors or 1.0, np.float64)
+        rows = np.repeat(probes[selection], len(powers))
+        e, r, p, mi, nz = joint.numerical(tf.gather(directions, rows), np.tile(divides, count))
+        shift = joint.jvp(tf.constant(realised[rows]) - r, gradient, u).numpy()[:, outputs]  # [rows, outputs]
+        step = joint.eps / np.tile(divides, count)[:, None]
+        e, p, mi = e.numpy()[:, outputs] + shift, p.numpy()[:, outputs] + step * shift, mi.numpy()[:, outputs] - step * shift
+        nz = nz.numpy()[:, outputs]
+        for j in range(len(powers)):
+            pick = np.arange(count) * len(powers) + j
+            levels.append((e[pick].T, nz[pick].T, p[pick].T, mi[pick].T, np.full(count, 2 * joint.eps / divides[j])))
         return Rungs(levels, y0, sigma)
 
     return evaluate
-
-
-def _levels(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: np.ndarray, u, gradient, powers,
-            outputs: np.ndarray, factors=None) -> list:
-    """``_ladder``'s evaluation of ``probes`` at the ``powers`` (steps h / 4**p times ``factors``, where given)."""
-    count = len(probes)
-    divides = np.array([REFINE_RATIO**p for p in powers], np.float64) / np.asarray(factors or 1.0, np.float64)
-    rows = np.repeat(probes, len(powers))
-    e, r, p, mi, nz = joint.numerical(tf.gather(directions, rows), np.tile(divides, count))
-    shift = joint.jvp(tf.constant(realised[rows]) - r, gradient, u).numpy()  # [rows, m]
-    step = joint.eps / np.tile(divides, count)[:, None]
-    shift = shift[:, outputs]
-    e, p, mi = e.numpy()[:, outputs] + shift, p.numpy()[:, outputs] + step * shift, mi.numpy()[:, outputs] - step * shift
-    nz = nz.numpy()[:, outputs]
-    levels = []
-    for j in range(len(powers)):
-        pick = np.arange(count) * len(powers) + j
-        levels.append((e[pick].T, nz[pick].T, p[pick].T, mi[pick].T, np.full(count, 2 * joint.eps / divides[j])))
-    return levels
 
 
 # -- the strategy ----------------------------------------------------------------------
@@ -418,9 +407,8 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
                 mine = found.select(np.arange(j * k, (j + 1) * k))
                 decided[index] = (mine, *_localise_within(joint, index, config.seed, u, gradient, mine, atol, rtol))
     group_of = {index: g for g, group in enumerate(groups) for index in group}
-    coarse = [i for i in range(len(joint.specs))
-              if (decided[i][0] if i in decided else results[group_of[i]]).ok
-              and (decided[i][0] if i in decided else results[group_of[i]]).resolution(i)[0] > RESOLUTION_RTOLS * rtol]
+    probes_of = {i: decided[i][0] if i in decided else results[group_of[i]] for i in range(len(joint.specs))}
+    coarse = [i for i, p in probes_of.items() if p.ok and p.resolution(i)[0] > RESOLUTION_RTOLS * rtol]
     twinned: dict = {}
     if twin and coarse:
         with timed(timings, "twin"):
@@ -430,13 +418,11 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     for index, spec in enumerate(joint.specs):
         probes, hint, region, worst, side = decided.get(index, (results[group_of[index]], None, None, None, "forward"))
         if hint is FLAT_HINT:  # f does not move at the element the probes' disagreement leads to: undecidable
-            probes = dataclasses.replace(probes, kind=np.where((probes.kind == _compare.MISMATCH) & (probes.score > 1),
-                                                               _compare.FLAT, probes.kind))
+            probes = probes.not_shown(_compare.FLAT)
         if hint is REGION_PASSES_HINT:
             # The probes' disagreement, followed into a region, shows in none of its elements: no wrong
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
-            probes = dataclasses.replace(probes, kind=np.where((probes.kind == _compare.MISMATCH) & (probes.score > 1),
-                                                               _compare.UNRESOLVED, probes.kind))
+            probes = probes.not_shown(_compare.UNRESOLVED)
         storage = Projections(probes, probes.resolution(index), region=region, found=worst, found_by=side)
         pairs.append(PairReport("u.J.d", spec.name, (), tuple(spec.real_view.shape), storage, atol, rtol, hint=hint,
                                 side="reverse" if supplied is None else "supplied", float64_gradient=index in twinned))
@@ -487,9 +473,7 @@ def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict,
         if mine.wrong and (worst is None or worst.status != _compare.STATUS_NAMES[_compare.MISMATCH]):
             # A twin's disagreement FAILs only at an element shown wrong on its own (full mode's twin is
             # element-wise): probes through a float64 ReLU network sit at its rule's edge (ratios 1.02-1.06).
-            mine = dataclasses.replace(mine, kind=np.where((mine.kind == _compare.MISMATCH) & (mine.score > 1),
-                                                           _compare.UNRESOLVED, mine.kind))
-            hint = REGION_PASSES_HINT
+            hint = REGION_PASSES_HINT  # check_fast judges its probes undecidable
         decided[index] = (mine, hint, region, worst, side)
     return decided, plan
 
@@ -582,7 +566,7 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
             within = within and bool(np.all(found.score <= 1))
         if not found.wrong:
             hint = WITHIN_PARTS_HINT if within else NOT_SHOWN_HINT
-            flagged = dataclasses.replace(flagged, kind=np.where(flagged.defect > 1, _compare.UNRESOLVED, flagged.kind))
+            flagged = flagged.not_shown(_compare.UNRESOLVED)
             for index in group:
                 decided[index] = (flagged, hint, None, None, "forward")
             continue

@@ -32,7 +32,6 @@ from fastcheck._model import (
     _keras_of,
     _paths_to,
     _stateless_randomness,
-    _swapped,
     _tf_keras_random_generators,
     _total,
     loss_of_outputs,
@@ -41,9 +40,7 @@ from fastcheck._model import (
     variable_value,
 )
 from fastcheck._tables import FLOAT64_COPY_ROUNDINGS
-from fastcheck._variables import (
-    library_state_restored,
-)
+from fastcheck._variables import library_state_restored, swapped
 
 
 def with_float64_copy(loss: ModelLoss, precision: str, upcast_limit: int | None) -> ModelLoss:
@@ -273,7 +270,7 @@ def _substituted_float64_loss(clone, x, compute, every, chosen, counterpart, gen
     def loss(*new_values):
         substitutes = dict(fixed)
         substitutes.update({id(twin): value for twin, value in zip(chosen_twins, new_values)})
-        with _swapped(places, substitutes), _stateless_randomness(generators):
+        with swapped(places, substitutes), _stateless_randomness(generators):
             return compute(_call(clone, x, training))
 
     return loss

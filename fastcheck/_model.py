@@ -134,7 +134,7 @@ def model_loss_function(model, loss_fn, data, variables=None, *, training: bool 
 
 def _loss_without_data(model, loss_fn, variables, training, sample_weight, precision) -> ModelLoss:
     """``loss_fn()`` (GPflow's ``model.training_loss``, a closure over the data) as a function of the model's
-    variables' values: each read where the model keeps it, as ``_swapped`` does; a Keras 3 model's through
+    variables' values: each read where the model keeps it, as ``_variables.swapped`` does; a Keras 3 model's through
     ``keras.StatelessScope``.  The analytical side is ``tape.gradient(loss_fn(), variables)``."""
     if isinstance(loss_fn, str) or not callable(loss_fn):
         raise TypeError(f"data is None, so loss_fn must be a callable taking no arguments that returns the loss (e.g. "
@@ -167,7 +167,7 @@ def _loss_without_data(model, loss_fn, variables, training, sample_weight, preci
         names = _module_names(model, chosen, names)
 
         def f(*new_values):
-            with _swapped(places, {id(v): value for v, value in zip(chosen, new_values)}):
+            with swapped(places, {id(v): value for v, value in zip(chosen, new_values)}):
                 return own()
 
     with preserved_variables(every):
@@ -341,12 +341,12 @@ def _keras3_loss(model, x, compute, every, trainable, chosen, training, runner=N
 
 
 def _swapped_loss(model, x, compute, chosen, names, generators, training) -> tuple[Callable, list]:
-    """The loss with each chosen variable read as the given value where the model keeps it (``_swapped``)."""
+    """The loss with each chosen variable read as the given value where the model keeps it (``_variables.swapped``)."""
     places = _places(model, chosen)
 
     def loss(*new_values):
         substitutes = {id(v): value for v, value in zip(chosen, new_values)}
-        with _swapped(places, substitutes), _stateless_randomness(generators):
+        with swapped(places, substitutes), _stateless_randomness(generators):
             return compute(_call(model, x, training))
 
     return loss, _module_names(model, chosen, names)
@@ -454,20 +454,17 @@ def _paths_to(module, wanted: set) -> list[tuple[object, object, object, str]]:
     return found
 
 
-@contextlib.contextmanager
-def _swapped(places, substitutes: dict):
-    """Each place's variable reads as its substitute while inside (``_variables.swapped``)."""
-    with swapped(places, substitutes):
-        yield
+def _accepts(fn, argument: str) -> bool:
+    """Whether ``fn`` takes ``argument`` (by name or through ``**kwargs``); False where it has no signature."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return argument in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
 
 
 def _accepts_training(model) -> bool:
-    call = getattr(model, "call", None) or type(model).__call__
-    try:
-        parameters = inspect.signature(call).parameters
-    except (TypeError, ValueError):
-        return False
-    return "training" in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+    return _accepts(getattr(model, "call", None) or type(model).__call__, "training")
 
 
 def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every, keras3: bool = False):
@@ -660,7 +657,7 @@ def _resolve(loss_fn, model, weighted: bool, label) -> Callable:
         raise TypeError(f"loss_fn must be callable as loss_fn(y_true, y_pred), a Keras loss name (e.g. 'mse'), or for "
                         f"several outputs a list or dict of those; got {type(loss_fn).__name__}"
                         f"{'' if label is None else f' for output {label!r}'}.")
-    if weighted and not isinstance(loss_fn, keras.losses.Loss) and not _takes_sample_weight(loss_fn):
+    if weighted and not isinstance(loss_fn, keras.losses.Loss) and not _accepts(loss_fn, "sample_weight"):
         return _as_loss_object(keras, loss_fn)
     return loss_fn
 
@@ -687,14 +684,6 @@ def _keras_of(model):
     import keras
 
     return keras
-
-
-def _takes_sample_weight(fn) -> bool:
-    try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return "sample_weight" in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
 
 
 def _as_loss_object(keras, fn):

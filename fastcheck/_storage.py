@@ -278,6 +278,11 @@ class Comparison:
         """Whether some probe shows a wrong gradient (not merely kinks no step resolves)."""
         return bool(np.any(self.defect > 1))
 
+    def not_shown(self, kind: int) -> Comparison:
+        """These probes, each that shows a wrong gradient (``defect > 1``) judged ``kind`` instead: where what it
+        was followed to names no wrong element."""
+        return dataclasses.replace(self, kind=np.where(self.defect > 1, kind, self.kind))
+
     def select(self, rows) -> Comparison:
         rows = np.asarray(rows, int)
         return Comparison(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
