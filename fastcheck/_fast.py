@@ -119,7 +119,7 @@ def _screening_groups(sizes: list) -> list:
     return [*groups, sorted(current)] if current else groups
 
 
-@tf.function
+@tf.function(reduce_retracing=True)  # one graph over any count of probes and outputs
 def _summaries(estimate, forward, realised, noise, u, gradient, atol, rtol):
     """Per-probe summaries in one graph call (TF's multi-threaded kernels; XLA CPU was 3x slower here)."""
     norms = tf.norm(realised, axis=1)

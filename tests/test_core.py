@@ -689,6 +689,18 @@ def test_checks_do_not_keep_the_function_alive_or_warn_about_retracing(caplog):
     assert not [r for r in caplog.records if "retracing" in r.getMessage()]
 
 
+def test_fast_checks_of_many_shapes_do_not_warn_about_retracing(caplog):
+    # Fast mode's per-probe summaries are one tf.function over probes x outputs: a suite checking functions of
+    # many sizes must not see TensorFlow's retracing warning about fastcheck's internals.
+    with caplog.at_level("WARNING"):
+        for m in range(1, 9):
+            w = tf.constant(np.random.default_rng(m).normal(size=(m, 40 + m)))
+            assert fastcheck.check_gradients(lambda x: tf.tanh(tf.linalg.matvec(w, x)),  # noqa: B023
+                                             tf.constant(np.random.default_rng(m).normal(size=40 + m)),
+                                             mode="fast").ok
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+
+
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_python_control_flow_on_tensors_is_traced_with_autograph(jit_compile):
     # Kernels trace without AutoGraph (it costs most of a cold first trace); an f with
