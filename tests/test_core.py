@@ -10,7 +10,6 @@ import tensorflow as tf
 from conftest import events_of
 
 import fastcheck
-from fastcheck._events import ChunkReason
 
 RNG = np.random.default_rng(1234)
 A = RNG.normal(size=(5, 7))
@@ -428,15 +427,6 @@ def test_public_api_matches_readme():
         assert getattr(fastcheck, name) is not None
 
 
-def _route(f, x, **options):
-    from fastcheck import _calibration, _config, _paths, _plan
-
-    config = _config.CheckConfig(**options)
-    plan = _plan.build_plan(f, [x], config)
-    calibration = _calibration.shared_calibration() if config.calibration is None else config.calibration
-    return _paths.choose_route(plan, config, calibration)[0]
-
-
 def test_probe_counts_flops_of_products_and_convolutions():
     from fastcheck import _config, _paths, _plan
 
@@ -456,60 +446,85 @@ def test_probe_counts_flops_of_products_and_convolutions():
         assert product <= probe.flops <= product + 8 * probe.elements, (name, probe.flops, probe.elements)
 
 
+# The elements sum(tanh(a * x[None, :])**2, axis=1) writes per evaluation, a of shape [20, 1] and x [1000]:
+# x[None, :] (a strided slice: a copy), a * x, tanh and its square (20 x 1000 each), the sum (20); the reshape and
+# identity around its output are views.  A call's working set: a (shared, 160 bytes), and per perturbation its
+# x+ and x- rows with these.
+MEMORY_BOUND_WRITTEN = 1000 + 3 * 20 * 1000 + 20
+
+
+def _cached_chunk(cache: int, shared: int, n: int, written: int) -> int:
+    """Perturbations a call whose working set (float64) fits ``cache`` bytes."""
+    return (cache - shared) // (2 * (n + written) * 8)
+
+
+def _os_cache_bytes() -> int | None:
+    """The largest level-3 or higher data cache Linux lists for cpu0 (sysfs: "32768K"), None without sysfs."""
+    import pathlib
+
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = [int(size[:-1]) * scale[size[-1]] if size[-1] in scale else int(size)
+             for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")
+             if int((index / "level").read_text()) >= 3 and (index / "type").read_text().strip() != "Instruction"
+             for size in [(index / "size").read_text().strip().upper()]]
+    return max(sizes, default=None)
+
+
+def test_sysfs_cache_sizes_are_read_with_their_suffix():
+    # Kept on the private parser: this machine's sysfs shows one format; others write "1M" or a plain number.
+    from fastcheck import _calibration
+
+    bytes_of = _calibration._bytes
+    assert bytes_of("32768K") == 32 << 20 and bytes_of("1M") == 1 << 20 and bytes_of("512") == 512
+
+
 @pytest.mark.parametrize("cache_mib", [64, 128])  # 67 and 135 perturbations a call, over MIN_CACHED_CHUNK
 def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib):
     # The cache is read from the OS, not assumed: a 64 MiB constant on a CPU with a 32 MiB L3 put the
     # 20,000-parameter MLP's calls past its cache (15.3 s; 5.9 s at the L3's size).
-    from fastcheck import _calibration, _config, _paths, _plan
     from fastcheck.testing import Calibration
 
-    bytes_of = _calibration._bytes
-    assert bytes_of("32768K") == 32 << 20 and bytes_of("1M") == 1 << 20 and bytes_of("512") == 512
-    assert _calibration.cache_bytes() > 0 and Calibration().cache_size == _calibration.cache_bytes()
+    assert Calibration().cache_size == (_os_cache_bytes() or Calibration().cache_size) > 0
     a = tf.constant(RNG.normal(size=(20, 1)))
     x = tf.constant(RNG.normal(size=1000))
 
     def f(x):
         return tf.reduce_sum(tf.tanh(a * x[None, :]) ** 2, axis=1)
 
-    route = _route(f, x, jit_compile=False, calibration=Calibration(cache=cache_mib << 20))
-    assert route.chunk_reason.limit == "cache" and route.chunk_reason.cache_mib == cache_mib
-    assert route.chunk_reason.flops_per_element is not None  # memory-bound
-    probe = _paths.probe_graph(_plan.build_plan(f, [x], _config.CheckConfig()))
-    assert probe.shared_bytes == 20 * 8 and probe.written <= probe.elements
-    assert route.chunks[0] == max(1, ((cache_mib << 20) - 160) // (2 * (1000 + probe.written) * 8)) > 1
+    report = fastcheck.check_gradients(f, x, jit_compile=False, calibration=Calibration(cache=cache_mib << 20))
+    assert report.ok, str(report)
+    (chunked,) = events_of(report, "Chunked")
+    assert chunked.why.limit == "cache" and chunked.why.cache_mib == cache_mib
+    assert chunked.why.flops_per_element is not None  # memory-bound
+    chunk = _cached_chunk(cache_mib << 20, 20 * 8, 1000, MEMORY_BOUND_WRITTEN)
+    assert (chunked.chunk, chunked.calls) == (chunk, -(-1000 // chunk)) and chunk > 1
 
 
 def test_calls_keep_their_working_set_in_cache():
     # tanh(W x) is compute-bound, but its sweep still ran 1.5x faster with each call's W, x+ and x- rows
     # in the CPU's cache than in the largest calls the budget allows (n=16384: 3.2 s against 4.9 s).
-    from fastcheck import _config, _paths, _plan, _tables
     from fastcheck.testing import Calibration
 
-    machine = Calibration(cache=8 << 20)  # a CPU with an 8 MiB cache
     x = tf.constant(RNG.normal(size=4000))
     w = tf.constant(RNG.normal(size=(64, 4000)))
 
     def f(x):
         return tf.tanh(tf.linalg.matvec(w, x))
 
-    route = _route(f, x, jit_compile=True, calibration=machine)
-    probe = _paths.probe_graph(_plan.build_plan(f, [x], _config.CheckConfig()))
-    # The reshapes around the product are views: not counted as written.
-    assert probe.shared_bytes == 64 * 4000 * 8 and probe.written < 4000 < probe.elements
-    assert route.flops_per_eval >= _tables.MEMORY_BOUND_INTENSITY * route.elements_per_eval
-    assert route.chunks[0] == ((8 << 20) - 64 * 4000 * 8) // (2 * (4000 + probe.written) * 8)
-    assert route.chunk_reason == ChunkReason("cache", cache_mib=8)
-    report = fastcheck.check_gradients(f, x, jit_compile=True, calibration=machine)
-    assert report.ok and any(e.why.limit == "cache" for e in events_of(report, "Chunked")), str(report)
-    # Shared data that alone nearly fill the cache leave the budget's chunk.
-    big = tf.constant(RNG.normal(size=(256, 4000)))
-    route = _route(lambda x: tf.tanh(tf.linalg.matvec(big, x)), x, jit_compile=True, calibration=machine)
-    assert route.chunk_reason.limit == "budget"
+    report = fastcheck.check_gradients(f, x, jit_compile=True, calibration=Calibration(cache=8 << 20))  # an 8 MiB cache
+    assert report.ok, str(report)
+    (chunked,) = events_of(report, "Chunked")
+    # Compute-bound (2 x 64 x 4000 FLOPs a product): no flops_per_element.
+    assert (chunked.why.limit, chunked.why.cache_mib, chunked.why.flops_per_element) == ("cache", 8, None)
+    # Shared: W (64 x 4000 float64); written per evaluation: the product and its tanh (64 each) -- the reshapes
+    # around the product are views, not counted as written.
+    assert chunked.chunk == _cached_chunk(8 << 20, 64 * 4000 * 8, 4000, 2 * 64)
+    # Shared data that alone nearly fill the cache (W in a 2 MiB one) leave the budget's chunk.
+    report = fastcheck.check_gradients(f, x, jit_compile=True, calibration=Calibration(cache=2 << 20))
+    assert report.ok and [e.why.limit for e in events_of(report, "Chunked")] == ["budget"], str(report)
 
 
 def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
-    from fastcheck import _tables
     from fastcheck.testing import Calibration
 
     machine = Calibration(cache=32 << 20)  # a CPU with a 32 MiB cache
@@ -519,19 +534,18 @@ def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
         return tf.reduce_sum(tf.tanh(a * x[None, :]) ** 2, axis=1)
 
     x = tf.constant(RNG.normal(size=1000))
-    route = _route(f, x, jit_compile=False, calibration=machine)
-
-    assert route.flops_per_eval < _tables.MEMORY_BOUND_INTENSITY * route.elements_per_eval
-    assert route.chunks[0] < 1000 and route.chunk_reason.limit == "cache"
-    assert (2 * route.chunks[0] * (1000 + route.elements_per_eval) * 8 <= 32 << 20
-            or route.chunks[0] == _tables.MIN_CACHED_CHUNK)
     report = fastcheck.check_gradients(f, x, jit_compile=False, calibration=machine)
     assert report.ok, str(report)
-    assert any(e.why.limit == "cache" for e in events_of(report, "Chunked")), report.notes
-    # A compute-bound f of the same size whose working set fits the cache keeps the budget's chunk.
+    (chunked,) = events_of(report, "Chunked")
+    assert chunked.why.limit == "cache" and chunked.why.flops_per_element is not None, report.notes
+    # The largest call whose working set fits the cache, and fewer perturbations than the input's 1000.
+    assert chunked.chunk == _cached_chunk(32 << 20, 20 * 8, 1000, MEMORY_BOUND_WRITTEN) < 1000
+    # A compute-bound f of the same size whose working set fits the cache keeps the budget's chunk: all 1000
+    # perturbations in one call, so no Chunked event.
     w = tf.constant(RNG.normal(size=(256, 1000)))
-    dense = _route(lambda x: tf.tanh(tf.linalg.matvec(w, x)), x, jit_compile=False, calibration=machine)
-    assert dense.chunk_reason.limit == "budget"
+    dense = fastcheck.check_gradients(lambda x: tf.tanh(tf.linalg.matvec(w, x)), x, jit_compile=False,
+                                      calibration=machine)
+    assert dense.ok and dense.path == "graph" and events_of(dense, "Chunked") == [], str(dense)
 
 
 def test_blocked_verdicts_match_the_rule_everywhere():
@@ -736,11 +750,15 @@ def test_convolutions_run_without_xla_on_cpu():
     kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)))
     f = lambda x: tf.tanh(tf.nn.conv2d(x, kernel, 1, "SAME"))  # noqa: E731
     x = tf.constant(RNG.normal(size=(1, 32, 32, 4)))
-    route = _route(f, x, device="/CPU:0")
-    assert route.path == "graph" and (route.reason.rule, route.reason.op) == ("slow on CPU", "Conv2D")
+    # Routing is the same in every mode (as for a full check): fast mode's few evaluations show it cheaply.
+    report = fastcheck.check_gradients(f, x, device="/CPU:0", mode="fast")
+    (chosen,) = events_of(report, "PathChosen")
+    assert report.ok and report.path == chosen.path == "graph", str(report)
+    assert (chosen.reason.rule, chosen.reason.op) == ("slow on CPU", "Conv2D")
     # The same work without a convolution goes to XLA.
-    dense = _route(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64), x, device="/CPU:0")
-    assert dense.path == "xla", dense.reason
+    dense = fastcheck.check_gradients(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64), x, device="/CPU:0",
+                                      mode="fast")
+    assert dense.path == "xla", events_of(dense, "PathChosen")
 
 
 def test_an_f_checked_again_and_again_gets_its_kernels_traced_once():
