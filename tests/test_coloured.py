@@ -198,6 +198,73 @@ def test_sparsity_option_is_validated():
     assert hash(CheckConfig(sparsity=np.eye(3, dtype=bool)))  # still hashable
 
 
+def test_prospect_counts_the_work_the_coloured_check_does():
+    # mode="auto" past full Jacobians (a memory_budget too small for them) chooses coloured mode by its prospect
+    # of f's pattern (ModeChosen's Sparse): what it counted is what the check did (ColouredSummary).
+    f = CORRECT["conv3x3"][0]
+    side = 16  # 512 columns: 18 colours are few enough to pay, at most 1/16 of them
+    x = tf.constant(np.random.default_rng(3).normal(size=(1, side, side, 2)), tf.float64)
+    report = fastcheck.check_gradients(f, x, memory_budget=1 << 20)
+    assert report.ok and report.mode == "coloured", str(report)
+    (summary,) = events_of(report, "ColouredSummary")
+    (block,) = summary.blocks
+    # Each output pixel reads the 3 x 3 pixels around it (3 * side - 2 pixel pairs per axis, the edges having
+    # fewer) in both input channels, for each of 3 output channels.  Columns sharing an output lie within 2
+    # pixels: at best 3 x 3 pixel classes x 2 channels colour them; rows sharing an input, 3 x 3 x 3.
+    assert (block.rows, block.columns, block.nonzeros) == (side * side * 3, side * side * 2, (3 * side - 2) ** 2 * 6)
+    assert (block.colours, summary.row_colours) == (3 * 3 * 2, 3 * 3 * 3)
+    sparse = events_of(report, "ModeChosen")[0].why[-1]
+    assert (type(sparse).__name__, sparse.nonzeros, sparse.colours) == ("Sparse", block.nonzeros, block.colours)
+    # 2 evaluations per colour and 2 for the one random probe of a traced pattern that is not diagonal: a
+    # correct f needs no refinement.
+    assert block.probes == 1 and summary.evaluations == 2 * block.colours + 2 * block.probes
+
+
+def test_an_op_without_a_rule_raises_and_auto_mode_names_it():
+    def f(x):
+        return tf.math.cumsum(x) * x
+
+    x = tf.constant(RNG.normal(size=(6,)), tf.float64)
+    with pytest.raises(ValueError, match=r"op Cumsum \(Cumsum\) has no dependency rule"):
+        fastcheck.check_gradients(f, x, mode="coloured")
+    # Past full Jacobians, mode="auto" takes random projections and says why.
+    report = fastcheck.check_gradients(f, x, memory_budget=1 << 8)
+    assert report.ok and report.mode == "fast", str(report)
+    no_pattern = events_of(report, "ModeChosen")[0].why[-1]
+    assert type(no_pattern).__name__ == "NoPattern" and "op Cumsum" in no_pattern.error, no_pattern
+
+
+def test_elementwise_patterns_are_diagonal():
+    x = tf.constant(RNG.normal(size=(50,)), tf.float32)
+
+    def f(x):
+        return tf.sin(x) * x
+
+    report = fastcheck.check_gradients(f, x, mode="coloured")
+    assert report.ok, str(report)
+    (summary,) = events_of(report, "ColouredSummary")
+    (block,) = summary.blocks
+    # n nonzeros in one column colour (one pair of evaluations) and one row colour (one VJP); a traced diagonal
+    # pattern is trusted, not probed.
+    assert (block.nonzeros, block.colours, summary.row_colours, summary.evaluations) == (50, 1, 1, 2)
+    assert block.probes == 0
+    # The numerical side is read off the pattern's nonzeros only: they are the diagonal.
+    rows, columns = np.nonzero(report.pairs[0].numerical)
+    np.testing.assert_array_equal(rows, np.arange(50))
+    np.testing.assert_array_equal(columns, np.arange(50))
+
+
+def test_coloured_steps_are_full_modes():
+    # Coloured mode's steps are full mode's (eps * max(1, |x_j|), here mostly above 1): on an element-wise f, one
+    # colour moving every element at once, both modes' central differences agree bit for bit.  (Its own
+    # generator: the module's RNG draws of the tests after it stay as they were.)
+    x = tf.constant(np.random.default_rng(6).normal(size=(300,)) * 10, tf.float32)
+    coloured = fastcheck.check_gradients(tf.sin, x, mode="coloured")
+    full = fastcheck.check_gradients(tf.sin, x, mode="full")
+    assert coloured.ok and full.ok, str(coloured)
+    np.testing.assert_array_equal(coloured.pairs[0].numerical, full.pairs[0].numerical)
+
+
 def _executor_for(f, x, **options):
     from fastcheck._check import _executor
     from fastcheck._kernels import kernel_plan
@@ -209,58 +276,9 @@ def _executor_for(f, x, **options):
     return executor, executor.plan
 
 
-def test_layout_is_memoised_and_prospect_counts_the_work(monkeypatch):
-    from fastcheck import _coloured
-
-    f, value, colours = CORRECT["conv3x3"]
-    x = tf.constant(value, tf.float64)
-    executor, plan = _executor_for(f, x)
-    calls = []
-    original = _coloured.find_patterns
-    monkeypatch.setattr(_coloured, "find_patterns", lambda *a: calls.append(1) or original(*a))
-    first = _coloured.layout(executor, plan)
-    assert _coloured.layout(executor, plan) is first and len(calls) == 1
-    assert executor.memo["coloured layout"] is first
-    numbers = _coloured.prospect(executor, plan)
-    assert len(calls) == 1
-    (pattern,) = first.patterns
-    assert numbers["colours"] == colours and numbers["nonzeros"] == pattern.nnz
-    assert numbers["row_colours"] == first.row_colours >= pattern.max_row() // 3
-    allowance = 4 * _coloured.PATTERN_PROBES + 2 * _coloured.REFINE_LEVELS
-    assert numbers["evaluations"] == 2 * colours + allowance
-    # The check itself reuses the layout found for the prospect.
-    outcome = _coloured.check_coloured(executor, plan, {})
-    assert len(calls) == 1 and all(p.ok for p in outcome.pairs)
-
-
-def test_prospect_of_an_op_without_a_rule_raises_and_is_remembered():
-    from fastcheck import _coloured
-
-    def f(x):  # held here: kernels hold f weakly
-        return tf.math.cumsum(x) * x
-
-    executor, plan = _executor_for(f, tf.constant(RNG.normal(size=(6,)), tf.float64))
-    for _ in range(2):
-        with pytest.raises(_pattern.UnknownSparsity, match="Cumsum"):
-            _coloured.prospect(executor, plan)
-    assert isinstance(executor.memo["coloured layout"], _pattern.UnknownSparsity)
-
-
-def test_elementwise_patterns_are_diagonal():
-    x = tf.constant(RNG.normal(size=(50,)), tf.float32)
-
-    def f(x):
-        return tf.sin(x) * x
-
-    executor, plan = _executor_for(f, x)
-    from fastcheck import _coloured
-
-    (pattern,) = _coloured.layout(executor, plan).patterns
-    assert pattern.diagonal and pattern.nnz == 50
-    np.testing.assert_array_equal(pattern.rows, np.arange(50))
-
-
 def test_steps_match_the_executors():
+    # Kept private: the host's steps serve inputs evaluated in neither float32 nor float64 (float16 in native
+    # precision), where the two modes' differences are not bit-equal, so the report cannot show the steps agree.
     from fastcheck import _colours
     from fastcheck._executor import steps
 
