@@ -463,10 +463,13 @@ def _os_cache_bytes() -> int | None:
     import pathlib
 
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    sizes = [int(size[:-1]) * scale[size[-1]] if size[-1] in scale else int(size)
-             for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")
-             if int((index / "level").read_text()) >= 3 and (index / "type").read_text().strip() != "Instruction"
-             for size in [(index / "size").read_text().strip().upper()]]
+    try:
+        sizes = [int(size[:-1]) * scale[size[-1]] if size[-1] in scale else int(size)
+                 for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")
+                 if int((index / "level").read_text()) >= 3 and (index / "type").read_text().strip() != "Instruction"
+                 for size in [(index / "size").read_text().strip().upper()]]
+    except (OSError, ValueError):  # an unreadable listing: fastcheck then assumes its table's cache size
+        return None
     return max(sizes, default=None)
 
 
