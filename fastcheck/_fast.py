@@ -169,15 +169,15 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
     for start in range(0, int(directions.shape[0]), group):
         d = directions[start : start + group]
         estimate, realised, plus, minus, noise = joint.numerical(d)
-        extra = 0.0 if slack is None else tf.abs(tf.linalg.matvec(realised, slack))[:, None]
+        extra = None if slack is None else tf.abs(tf.linalg.matvec(realised, slack))[:, None]
         forward = joint.jvp(realised, gradient, u) if forward_side else estimate
-        result = _judge(estimate, forward, realised, noise + extra, u, gradient, atol, rtol)
+        result = _judge(estimate, forward, realised, noise if extra is None else noise + extra, u, gradient, atol, rtol)
         failing = np.flatnonzero(result.score > 1)
         if refine and len(failing):
             # Curvature along a long direction, or kinks the step crosses, are not a gradient bug: refine the
             # failing probes with smaller steps, an error estimate and a kink test.
             first = tuple(t.numpy() for t in (estimate, noise, plus, minus, realised, forward))
-            extra = np.broadcast_to(np.asarray(extra, np.float64), tuple(estimate.shape))
+            extra = np.broadcast_to(np.asarray(0.0 if extra is None else extra, np.float64), tuple(estimate.shape))
             estimate, noise, kind = _refine(joint, d, failing, first, u, gradient, atol, rtol, forward_side, confirm,
                                             extra[failing].T)
             result = _judge_arrays(estimate, noise + extra, forward if forward_side else None, realised, u, gradient,
