@@ -477,7 +477,7 @@ def _assert_substitution_reaches_loss(loss, real, chosen, values, names, every, 
         substituted = loss(*values)
         real_loss = real()
     try:
-        reached = [tape.gradient(substituted, value) is not None for value in values]
+        reached = [gradient is not None for gradient in tape.gradient(substituted, list(values))]  # one pass
     except Exception:  # reverse mode of the stateless loss cannot run here: perturb instead
         reached = [False] * len(values)
     for k, (name, value, variable) in enumerate(zip(names, values, chosen)):
