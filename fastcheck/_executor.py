@@ -36,7 +36,7 @@ from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._diagonal import elementwise
 from fastcheck._distribute import Share, spread_for
 from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory
-from fastcheck._kernels import cached, is_cached, pad, plan_key
+from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, pad, plan_key
 from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._plan import Plan, first_line, measure_precision, view
 from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
@@ -288,6 +288,7 @@ class Executor:
         # What one check computes once and hands from mode choice to strategy (``once``: the coloured layout,
         # patterns and colourings); dies with the check, unlike the kernel cache.
         self.memo: dict = {}
+        self._plan_key: tuple = (None, ())
         self.values = tuple(plan.eval_values())
         self.native = tuple(plan.native_values())
         # Full mode's differences through one kernel for every checked input (``_joint_kernel``), decided by
@@ -328,13 +329,20 @@ class Executor:
     def kernel(self, key: tuple, make):
         """The compiled kernel for ``key`` under this check's plan, configuration and current path."""
         with self._lock:
-            kernel = cached(plan_key(self.plan, self.config) + (self.path, *key), make)
+            kernel = cached(self._cache_key(key), lambda: flat_call(make()))
+        kernel = kernel.entry() if isinstance(kernel, FlatCall) else kernel
         tap = self.share.current_tap() if self.share is not None else None
         return kernel if tap is None else tap.wrap(kernel)  # across workers: recorded or replayed
 
     def is_compiled(self, key: tuple) -> bool:
         """Whether ``kernel(key, ...)`` would find its kernel compiled (a repeated check)."""
-        return is_cached(plan_key(self.plan, self.config) + (self.path, *key))
+        return is_cached(self._cache_key(key))
+
+    def _cache_key(self, key: tuple) -> tuple:
+        """``plan_key`` (worked out once per plan: a kernel is looked up on every call) + the path + ``key``."""
+        if self._plan_key[0] is not self.plan:
+            self._plan_key = (self.plan, plan_key(self.plan, self.config))
+        return self._plan_key[1] + (self.path, *key)
 
     # -- the chunk loop ---------------------------------------------------------
 

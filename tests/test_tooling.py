@@ -99,7 +99,7 @@ def test_following_f_visits_each_module_at_most_twice():
     fastcheck.compute_gradient(watched(lambda v: tf.tanh(v) ** 2), [x])
     assert worst, "f was never called"
     bouncing = {m: chain for m, (count, chain) in worst.items() if count > 2}
-    assert not bouncing, bouncing
+    assert not bouncing, "\n".join(f"{k}: {v}" for k, v in bouncing.items())
 
 
 def test_every_test_the_design_names_exists():
