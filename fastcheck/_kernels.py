@@ -108,14 +108,12 @@ class FlatCall:
     """A kernel's ``tf.function``, called through the flat entry of the concrete function traced for the arguments'
     dtypes and shapes: the same graph and numbers, without ``tf.function``'s per-call binding of each argument
     (0.7-0.9 ms for a 40-variable model's values against 0.07-0.13 ms; its differences kernel is called ~700 times a
-    check).  Arguments other than eager tensors and lists or tuples of them, and a TensorFlow whose flat entry is not
-    the one known here, call the ``tf.function``.
-    """
+    check).  Arguments other than eager tensors and lists or tuples of them, a call under a distribution strategy's
+    scope (``tf.function`` traces per device there), and a TensorFlow whose flat entry is not the one known here call
+    the ``tf.function``."""
 
     def __init__(self, function):
-        self.function = function
-        self._concrete: dict = {}
-        self._traced = False
+        self.function, self._concrete, self._traced = function, {}, False
 
     def entry(self):
         """This, once the function has been traced; until then the function itself, so that its first trace runs
@@ -123,43 +121,34 @@ class FlatCall:
         self._traced = self._traced or bool(self.function.experimental_get_tracing_count())
         return self if self._traced else self.function
 
-    def get_concrete_function(self, *args, **kwargs):
-        return self.function.get_concrete_function(*args, **kwargs)
-
-    def __call__(self, *args, **kwargs):
-        flat = _flat_tensors(args) if not kwargs and _has_flat_entry() else None
+    def __call__(self, *args):
+        flat: list | None = [] if _has_flat_entry() and not tf.distribute.has_strategy() else None
+        for arg in args:
+            if flat is None:
+                break
+            if type(arg) is _EAGER_TENSOR:
+                flat.append(arg)
+            elif type(arg) in (list, tuple) and all(type(t) is _EAGER_TENSOR for t in arg):
+                flat.extend(arg)
+            else:
+                flat = None
         if flat is None:
-            return self.function(*args, **kwargs)
+            return self.function(*args)
         signature = tuple((t.dtype, t.shape) for t in flat)
-        concrete = self._concrete.get(signature)
-        if concrete is None:
-            concrete = self._concrete[signature] = self.function.get_concrete_function(*args)
+        if signature not in self._concrete:
+            self._concrete[signature] = self.function.get_concrete_function(*args)
+        concrete = self._concrete[signature]
         return concrete._call_flat(flat, concrete.captured_inputs)
 
 
-def _flat_tensors(args: tuple) -> list | None:
-    """The eager tensors of ``args`` (each a tensor, or a list or tuple of them) in order; None for anything else."""
-    flat: list = []
-    for arg in args:
-        if type(arg) is _EAGER_TENSOR:
-            flat.append(arg)
-        elif type(arg) in (list, tuple) and all(type(t) is _EAGER_TENSOR for t in arg):
-            flat.extend(arg)
-        else:
-            return None
-    return flat
+_EAGER_TENSOR = type(tf.constant(0))
 
 
 @functools.cache
 def _has_flat_entry() -> bool:
     concrete = type(tf.function(lambda: 0).get_concrete_function())
-    try:
-        return list(inspect.signature(concrete._call_flat).parameters) == ["self", "tensor_inputs", "captured_inputs"]
-    except (AttributeError, TypeError, ValueError):  # pragma: no cover - a TensorFlow without it
-        return False
-
-
-_EAGER_TENSOR = type(tf.constant(0))
+    parameters = inspect.signature(concrete._call_flat).parameters if hasattr(concrete, "_call_flat") else {}
+    return list(parameters) == ["self", "tensor_inputs", "captured_inputs"]
 
 
 def flat_call(kernel):

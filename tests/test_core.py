@@ -290,6 +290,25 @@ def test_no_retrace_on_second_check():
     assert len(traces) == count, "the second check with the same shapes retraced f"
 
 
+def test_a_repeated_check_gives_the_first_checks_numbers_bit_for_bit():
+    # The first call of each kernel traces it; later calls, and every call of a repeated check, run its traced graph
+    # through the concrete function's flat entry, which must hand it the same arguments in the same order.
+    w = tf.constant(RNG.normal(size=(6, 40)))
+    b = tf.constant(RNG.normal(size=6))
+    x = tf.constant(RNG.normal(size=40))
+
+    def f(x, w, b):
+        return tf.tanh(tf.linalg.matvec(w, x) + b)
+
+    first, second = (fastcheck.check_gradients(f, [x, w, b], jit_compile=False, memory_budget=1 << 16)
+                     for _ in range(2))
+    assert first.ok and second.ok
+    assert first.path == second.path == "graph"
+    for one, other in zip(first.pairs, second.pairs):
+        np.testing.assert_array_equal(one.numerical, other.numerical)
+        np.testing.assert_array_equal(one.analytical, other.analytical)
+
+
 def test_repeated_check_reuses_the_compiled_autodiff_kernel():
     # A gradient whose eager rows are slow: after the first row the eager loop is predicted past its
     # limit, so the first check compiles the reverse-mode kernel.  A repeated check uses that kernel
