@@ -365,11 +365,9 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     if failing:
         # Only now f's noise and precision (a larger allowance only turns failures into passes, so a pass needs
         # none); what still fails is refined again under them.
-        with timed(timings, "noise"):
-            plan = measured(executor, plan)
-        atol, rtol = config.tolerances(plan.precision)
+        joint = _measured(joint, timings)
+        atol, rtol = config.tolerances(joint.plan.precision)
         with timed(timings, "fast"):
-            joint = joint.with_plan(plan)
             for g, result in zip(failing, _screen(joint, [groups[g] for g in failing], failing, u, gradient, atol, rtol)):
                 results[g] = result
             # Only probes that show a wrong gradient are localised; kinks no step resolves leave their group
@@ -397,11 +395,9 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             directions = tf.concat([joint.restricted([joint.ranges([i])] * k, config.seed, SEEDS["own"] + 64 * i)
                                     for i in own], 0)
             found = compare(joint, directions, u, gradient, atol, rtol)
-            if not found.ok and plan.noise is None:
-                with timed(timings, "noise"):
-                    plan = measured(executor, plan)
-                atol, rtol = config.tolerances(plan.precision)
-                joint = joint.with_plan(plan)
+            if not found.ok and joint.plan.noise is None:
+                joint = _measured(joint, timings)
+                atol, rtol = config.tolerances(joint.plan.precision)
                 found = compare(joint, directions, u, gradient, atol, rtol)
             for j, index in enumerate(own):
                 mine = found.select(np.arange(j * k, (j + 1) * k))
@@ -412,7 +408,7 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     twinned: dict = {}
     if twin and coarse:
         with timed(timings, "twin"):
-            twinned, plan = _twinned(joint, coarse, u, gradient, (atol, rtol))
+            twinned, joint = _twinned(joint, coarse, u, gradient, (atol, rtol))
         decided.update(twinned)
     pairs = []
     for index, spec in enumerate(joint.specs):
@@ -431,32 +427,38 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
         within = [joint.specs[i].name for i, entry in sorted(decided.items()) if entry[2] is not None]
         notes.append(FastSummary(config.probes, len(joint.specs), len(groups), joint.n, joint.evaluations,
                                  tuple(within)))
-    return Outcome(pairs, plan, atol, rtol, "fast", notes)
+    return Outcome(pairs, joint.plan, atol, rtol, "fast", notes)
 
 
-def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict, Plan]:
+def _measured(joint: Joint, timings: dict) -> Joint:
+    """The joint under the plan with f's measured noise and precision (measured once per check)."""
+    if joint.plan.noise is not None:
+        return joint
+    with timed(timings, "noise"):
+        return joint.with_plan(measured(joint.executor, joint.plan))
+
+
+def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict, Joint]:
     """Inputs whose probes pass at a resolution coarser than 1% of their gradient, probed again under the rule of
     the gradient's float64 twin (``_full._twin``): each probe's band is float64's allowance plus |(g - twin) . d|,
-    the gradient's own rounding measured: ``{input: (probes, hint, region, worst, side)}`` and the plan (with f's
+    the gradient's own rounding measured: ``{input: (probes, hint, region, worst, side)}`` and the joint (with f's
     measured noise).  Only for a scalar f (a loss: its J d is the gradient's dot product), a float64 numerical side,
     float32 or lower analytical precision and the table's atol; an input whose twin differs from the gradient by
     more than its own tolerance, or is not finite, keeps its verdict.  Each input gets its own k probes, localised
     where they fail."""
     executor, plan, config = joint.executor, joint.plan, joint.config
     if plan.m != 1 or not config.twin_applies(plan):
-        return {}, plan
+        return {}, joint
     atol, rtol = tolerances
     try:
         twin = _vjp(executor.plan, executor.values, u)
     except Exception:  # no float64 gradient: the verdicts stand
-        return {}, plan
+        return {}, joint
     same = _compare.same_computation(gradient.numpy(), twin.numpy(), atol, rtol)
     inputs = [i for i in inputs if np.all(same[joint.offsets[i] : joint.offsets[i + 1]])]
     if not inputs:
-        return {}, plan
-    if plan.noise is None:  # float64's rule needs f's noise where it is evaluated
-        plan = measured(executor, plan)
-        joint = joint.with_plan(plan)
+        return {}, joint
+    joint = _measured(joint, {})  # float64's rule needs f's noise where it is evaluated (timed as the twin)
     atol64, rtol64 = config.twin_tolerances()
     k = config.probes
     directions = tf.concat([joint.restricted([joint.ranges([i])] * k, config.seed, SEEDS["twin"] + 64 * i)
@@ -475,7 +477,7 @@ def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict,
             # element-wise): probes through a float64 ReLU network sit at its rule's edge (ratios 1.02-1.06).
             hint = REGION_PASSES_HINT  # check_fast judges its probes undecidable
         decided[index] = (mine, hint, region, worst, side)
-    return decided, plan
+    return decided, joint
 
 
 def _sharpened(joint: Joint, group: list, number: int, result: Comparison, u, gradient, atol, rtol) -> Comparison:
