@@ -110,7 +110,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
         kind = mode if mode in ("fast", "coloured") else problem.kind or outcome.kind
-        return GradientReport(outcome.pairs, executor.path, kind, time.perf_counter() - start,
+        return GradientReport(outcome.pairs, outcome.path or executor.path, kind, time.perf_counter() - start,
                               tuple(found), problems, problem.title, timings,
                               [*vacuous_warnings(outcome.pairs), *outcome.warnings], calibration=learnt)
 

@@ -279,10 +279,14 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
                                     int(b.columns.colours), b.cleared, _pattern_probes(b, source)) for b in blocks),
         None if supplied is not None else int(found.row_colours), int(sum(b.columns.evaluations for b in blocks)),
         sampled)]
-    if executor.path == XLA and any(_kernel_path(executor, 2 * b.columns.colours) == GRAPH for b in blocks):
+    # The paths the colours' and the row colours' kernels ran on (the route's, or the graph path for few evaluations).
+    ran = {_kernel_path(executor, 2 * b.columns.colours) for b in blocks}
+    ran |= set() if supplied is not None else {_kernel_path(executor, 4 * int(found.row_colours))}
+    if executor.path == XLA and GRAPH in ran:
         notes.append(ColouredOnGraph(XLA_MIN_EVALUATIONS))
     return Outcome(pairs, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,
-                   problems=problems, inconsistent=[text for _, text in inconsistent])
+                   problems=problems, inconsistent=[text for _, text in inconsistent],
+                   path=GRAPH if executor.path == XLA and ran == {GRAPH} else None)
 
 
 # -- f's noise, on the outputs that matter ---------------------------------------------------------

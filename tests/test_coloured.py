@@ -815,3 +815,14 @@ def test_full_and_coloured_mode_give_the_same_status_per_element(name, dtype):
     assert full.verdict == coloured.verdict and (full.verdict == "pass") == case.correct, (str(full), str(coloured))
     for pf, pc in zip(full.pairs, coloured.pairs, strict=True):
         np.testing.assert_array_equal(pc.statuses, pf.statuses)
+
+
+def test_a_coloured_check_names_the_path_its_evaluations_ran_on():
+    # XLA routed for the full Jacobian's work, but one colour's 2 evaluations (and one row colour's VJPs) run on
+    # the graph path: the report says so in its path, not only in a note.
+    x = tf.constant(RNG.normal(size=(256, 256)), tf.float64)
+    report = fastcheck.check_gradients(tf.math.softplus, x, mode="coloured", jit_compile=True)
+    assert report.ok, str(report)
+    assert events_of(report, "PathChosen")[0].path == "xla"
+    assert events_of(report, "ColouredOnGraph") and report.path == "graph", str(report)
+    assert "[graph, coloured mode" in str(report)
