@@ -215,6 +215,13 @@ class Joint:
         noise = NOISE_FACTOR * self.level[None, :] / (2 * step)
         return estimate, realised, plus, minus, noise
 
+    @property
+    def path(self) -> str:
+        """The path the probes run on: the route's, but the graph path for XLA unless jit_compile=True asks for it
+        (XLA's compilation, seconds for a model, does not pay off over a few dozen evaluations)."""
+        executor = self.executor
+        return GRAPH if executor.path == XLA and self.config.jit_compile is not True else executor.path
+
     def _evaluate(self, directions: tf.Tensor, steps: tf.Tensor):
         """f(x + s d), f(x - s d) [b, m] float64 and the realised directions [b, n]: the executor's
         chunk loop (``rows_per_call`` rows a call), its kernel moving every checked input at once."""
@@ -222,9 +229,7 @@ class Joint:
         self.evaluations += 2 * int(directions.shape[0])
 
         def call(chunk, part, count):
-            # XLA's compilation (seconds for a model) does not pay off over a few dozen
-            # evaluations: graph mode, unless jit_compile=True asks for XLA.
-            path = GRAPH if executor.path == XLA and self.config.jit_compile is not True else executor.path
+            path = self.path
             kernel = executor.kernel(("joint directional", path), lambda: _directional_kernel(
                 executor.plan, path, executor.route.flat_function))
             return kernel(executor.values, directions[part], steps[part])

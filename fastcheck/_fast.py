@@ -427,7 +427,7 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
         within = [joint.specs[i].name for i, entry in sorted(decided.items()) if entry[2] is not None]
         notes.append(FastSummary(config.probes, len(joint.specs), len(groups), joint.n, joint.evaluations,
                                  tuple(within)))
-    return Outcome(pairs, joint.plan, atol, rtol, "fast", notes)
+    return Outcome(pairs, joint.plan, atol, rtol, "fast", notes, path=joint.path)
 
 
 def _measured(joint: Joint, timings: dict) -> Joint:

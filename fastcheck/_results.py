@@ -438,7 +438,7 @@ class Outcome:
     # Coloured mode: the reverse-mode gradient is inconsistent with f's sparsity pattern (one text
     # per input); run_check reruns a full check for element verdicts where it fits.
     inconsistent: list = dataclasses.field(default_factory=list)
-    path: str | None = None  # the path its evaluations ran on, where not the route's (coloured mode's few colours)
+    path: str | None = None  # the path its evaluations ran on, where not the route's (few evaluations: graph)
 
 
 @dataclasses.dataclass

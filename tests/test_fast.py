@@ -175,3 +175,17 @@ def test_localisation_that_finds_no_block_reports_the_region_without_exploding(m
     assert pair.region == ((0, 0), (199, 9)) and pair.worst_element is None
     assert "did not show in any single block" in pair.hint
     assert len(blocks) == _fast.LOCALISE_DRAWS  # every draw of the first level, then no element sweep
+
+
+def test_fast_mode_names_the_path_its_probes_ran_on():
+    # Routed to XLA for a full check's work, fast mode's few dozen probes run on the graph path (XLA's compilation
+    # does not pay there): the report's path says so; jit_compile=True asks for XLA and gets it.
+    rng = np.random.default_rng(5)
+    w = tf.constant(rng.normal(size=(300, 40000)))
+    x = tf.constant(rng.normal(size=40000))
+    f = lambda x: tf.tanh(tf.linalg.matvec(w, x))  # noqa: E731
+    auto = fastcheck.check_gradients(f, [x], mode="fast")
+    assert auto.ok and events_of(auto, "PathChosen")[0].path == "xla" and auto.path == "graph", str(auto)
+    assert "[graph, fast mode" in str(auto)
+    forced = fastcheck.check_gradients(f, [x], mode="fast", jit_compile=True)
+    assert forced.ok and forced.path == "xla", str(forced)
