@@ -281,7 +281,8 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         sampled)]
     # The paths the colours' and the row colours' kernels ran on (the route's, or the graph path for few evaluations).
     ran = {_kernel_path(executor, 2 * b.columns.colours) for b in blocks}
-    ran |= set() if supplied is not None else {_kernel_path(executor, 4 * int(found.row_colours))}
+    if supplied is None:
+        ran.add(_kernel_path(executor, 4 * int(found.row_colours)))
     if executor.path == XLA and GRAPH in ran:
         notes.append(ColouredOnGraph(XLA_MIN_EVALUATIONS))
     return Outcome(pairs, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,

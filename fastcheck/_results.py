@@ -452,7 +452,7 @@ class GradientReport:
     """
 
     pairs: list[PairReport]  # over dense, sparse or projected storage, by mode
-    path: str
+    path: str  # the path the evaluations ran on (eager, loop, graph, xla); the route chosen is a PathChosen event
     mode: str
     seconds: float
     # What the check learnt on its way (``fastcheck._events``: fallbacks, chunking, the mode and path chosen
