@@ -943,10 +943,13 @@ def measure(case: Case) -> dict:
     return row
 
 
-# The two passes of ``--once``: fastcheck first, where the op kernels TensorFlow caches per op and shape are
+# The two passes of ``--once`` in its process: fastcheck first, where the op kernels TensorFlow caches per op are
 # cold for fastcheck and warm for compute_gradient (what fastcheck pays as the first test of its ops); then, a
-# pass later, tf first, every kernel warm for both (a later test of the same ops, each with a new f).
+# pass later, tf first, every kernel warm for both (a later test of the same ops, each with a new f).  A third
+# pass pairs the first pass's fastcheck with compute_gradient run first in a fresh process (``_tf_first``): each
+# contender the first test of its ops.
 ONCE_PASSES = {"fastcheck first": ("verdict", "tf"), "a pass later, tf first": ("tf", "verdict")}
+BOTH_COLD = "each first of its ops"
 
 
 def measure_once(case: Case, order=ONCE_PASSES["fastcheck first"]) -> dict:
@@ -975,9 +978,11 @@ def once_markdown(record: dict) -> str:
              "Each correct case checked once by `fastcheck.check_gradients` (verdict) and once by "
              "`tf.test.compute_gradient` + the test's assertion (tf), each on a new function object in one warm "
              "process: what a test suite pays per test. Two passes over the cases: *fastcheck first* (the op "
-             "kernels TensorFlow caches per op and shape cold for fastcheck, warm for compute_gradient after it: "
-             "the first test of its ops), then *a pass later, tf first* (every kernel warm for both: a later test "
-             "of the same ops). Ratios are fastcheck / tf seconds (below 1: fastcheck faster); speed-up = 1 / ratio.",
+             "kernels TensorFlow caches per op cold for fastcheck, warm for compute_gradient after it), then *a "
+             "pass later, tf first* (every kernel warm for both: a later test of the same ops). *Each first of its "
+             "ops* pairs the first pass's fastcheck times with compute_gradient's run first, case by case, in a "
+             "fresh process after the same warm-up: each contender the first test of its ops. Ratios are "
+             "fastcheck / tf seconds (below 1: fastcheck faster); speed-up = 1 / ratio.",
              "", f"- CPU: {record['cpu']} ({record['cpus']} logical CPUs), TensorFlow {record['tensorflow']}",
              f"- load before: `{record['uptime_before']}`", f"- load after: `{record['uptime_after']}`",
              f"- date: {record['date']}, wall time {record['wall_seconds']:.0f} s", "",
@@ -988,6 +993,11 @@ def once_markdown(record: dict) -> str:
             lines.append(f"| {name} | {group} | {s['cases']} | {s['median_ratio']:.2f} | {1 / s['median_ratio']:.2f}x | "
                          f"{s['total_ratio']:.2f} | {1 / s['total_ratio']:.2f}x | {s['total_seconds']:.2f} | "
                          f"{s['tf_total_seconds']:.2f} | {s['slower']} |")
+    if "floor" in record:
+        ms = record["floor"]
+        lines += ["", f"The eager floor (``eager_floor``, five 6-element float32 unary ops, warm): fastcheck "
+                  f"{ms['fastcheck']:.2f} ms a check, compute_gradient {ms['compute_gradient']:.2f} ms, and the eager "
+                  f"calls of f and VJPs a full check of them makes, alone, {ms['floor']:.2f} ms."]
     first = next(iter(record["summary"].values()))
     lines += ["", f"Verdicts that differ from the test's own assertion: {', '.join(first['all']['disagreements']) or 'none'}",
               "", "| case | group | " + " | ".join(f"verdict s, tf s ({name})" for name in record["passes"]) + " | verdict |",
@@ -1016,10 +1026,81 @@ def run_once(cases: list[Case], log=print) -> dict:
             rows.append(row)
             log(f"[{name} {index + 1}/{len(cases)}] {case.name}: tf {row['tf']['seconds']:.4f} s, verdict "
                 f"{row['verdict']['seconds']:.4f} s ({'ok' if row['verdict']['ok'] else 'not ok'})")
+    record["floor"] = eager_floor()
+    tf_first = _tf_first(cases)
+    record["passes"][BOTH_COLD] = [{**row, "tf": cold_tf} for row, cold_tf in
+                                   zip(record["passes"]["fastcheck first"], tf_first)]
     record["uptime_after"] = _uptime()
     record["wall_seconds"] = time.perf_counter() - started
     record["summary"] = {name: summarise_once(rows) for name, rows in record["passes"].items()}
     return record
+
+
+def eager_floor(rounds: int = 5) -> dict:
+    """Milliseconds per check of five 6-element float32 unary ops (a new f each time, every kernel warm; the median
+    of ``rounds`` rounds of 20 checks): fastcheck, compute_gradient, and the eager calls a full check of them
+    makes and nothing else -- f three times at x and once in float64 (planning), 2n float64 calls (the
+    differences), one taped call and m VJPs (reverse mode).  fastcheck less the floor is its own cost."""
+    import tensorflow as tf
+
+    import fastcheck
+
+    x = tf.constant(np.arange(-3, 3).reshape(1, 3, 2).astype(np.float32))
+
+    def floor(f):
+        for _ in range(3):
+            f(x)
+        flat = x.numpy().astype(np.float64).reshape(-1)
+        f(tf.constant(flat.reshape(x.shape)))
+        for j in range(flat.size):
+            for sign in (1, -1):
+                moved = flat.copy()
+                moved[j] += sign * 1e-5
+                f(tf.constant(moved.reshape(x.shape))).numpy()
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            y = f(x)
+        for basis in np.eye(flat.size, dtype=np.float32):
+            tape.gradient(y, x, output_gradients=tf.constant(basis.reshape(x.shape))).numpy()
+
+    runs = {"floor": floor, "fastcheck": lambda f: fastcheck.check_gradients(f, x),
+            "compute_gradient": lambda f: tf.test.compute_gradient(f, [x])}
+    ops = [tf.math.abs, tf.math.sin, tf.math.exp, tf.math.tanh, tf.math.square]
+    seconds: dict = {label: [] for label in runs}
+    for round_ in range(rounds + 1):
+        for label, run in runs.items():
+            start = time.perf_counter()
+            for op in ops * 4:
+                run(lambda t, op=op: op(t))
+            if round_:  # the first round warms every kernel
+                seconds[label].append((time.perf_counter() - start) / (4 * len(ops)) * 1e3)
+    return {label: statistics.median(values) for label, values in seconds.items()}
+
+
+_TF_FIRST_CHILD = r"""
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, {root!r})
+import tensorflow as tf
+from benchmarks import tf_tests as T
+wanted = json.loads(sys.stdin.read())
+cases = {{c.name: c for c in T.all_cases()}}
+T.measure_once(T.Case("warm-up", "-", lambda: ((lambda x: tf.sin(x) * x), [tf.constant([0.1, 0.2, 0.3])]),
+                      T._max_below(1e-2), "-"))
+print("RESULT " + json.dumps([T.measure_once(cases[name], ("tf", "verdict"))["tf"] for name in wanted]))
+"""
+
+
+def _tf_first(cases: list[Case]) -> list[dict]:
+    """compute_gradient's row of each case run once, tf first, in a fresh process after the same warm-up as
+    ``run_once``'s: the op kernels cold for it as they are for fastcheck in the first pass."""
+    code = _TF_FIRST_CHILD.format(root=str(Path(__file__).resolve().parent.parent))
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps([c.name for c in cases]), capture_output=True,
+                          text=True, timeout=1800, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if not found:
+        raise RuntimeError(f"the tf-first process printed no result: {done.stderr[-2000:]}")
+    return json.loads(found[-1][len("RESULT "):])
 
 
 def catches(case: Case) -> dict:
