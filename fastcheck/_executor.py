@@ -38,6 +38,7 @@ from fastcheck._distribute import Share, spread_for
 from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory
 from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, pad, plan_key
 from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
+from fastcheck._pfor import converted
 from fastcheck._plan import Plan, first_line, measure_precision, view
 from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
 from fastcheck._tables import LINE_MARGIN, MEMORY_SAFETY, PROGRESS_SECONDS
@@ -70,7 +71,7 @@ def evaluate_rows(plan: Plan, position: int, path: str, values, batch, flat_func
         moved[position] = tf.reshape(row, shape)
         if path == LOOP and flat_function is not None:
             return tf.ensure_shape(flat_function(*moved), [m])
-        return tf.ensure_shape(plan.call_flat(moved, plan.eval_upcast), [m])
+        return tf.ensure_shape(converted(plan.call_flat, moved, plan.eval_upcast), [m])
 
     if path == LOOP:
         return tf.map_fn(evaluate, batch, parallel_iterations=32, fn_output_signature=tf.TensorSpec([m], plan.eval_flat_dtype))
@@ -125,7 +126,7 @@ def _joint_kernel(plan: Plan, chunk: int, path: str, sides: bool = True):
             moved = list(values)
             for spec, row in zip(specs, batch):
                 moved[spec.position] = tf.reshape(row, values[spec.position].shape)
-            return tf.ensure_shape(plan.call_flat(moved, plan.eval_upcast), [m])
+            return tf.ensure_shape(converted(plan.call_flat, moved, plan.eval_upcast), [m])
 
         outs = tf.vectorized_map(evaluate, rows)
         return _sides(outs, tf.gather(tf.concat(flats, 0), idx), delta, chunk, sides)

@@ -23,6 +23,7 @@ from fastcheck._calibration import EAGER, Calibration  # EAGER: the fourth path,
 from fastcheck._config import CheckConfig
 from fastcheck._events import ChunkReason, RouteReason
 from fastcheck._kernels import cached, peek, plan_key, remember
+from fastcheck._pfor import LOOPED_WHEN_JOINT
 from fastcheck._plan import Plan
 from fastcheck._raised import Raised
 from fastcheck._tables import (
@@ -194,9 +195,9 @@ def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: i
 
 
 # pfor converts these with a while_loop when their filter and their input are both batched, as they are in a joint
-# kernel past the first layer; the executor also hands back to per-input kernels wherever a joint kernel's trace
-# has a loop.
-JOINT_UNVECTORISED_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
+# kernel past the first layer (``_pfor`` vectorises Conv2D and depthwise convolutions); the executor also hands
+# back to per-input kernels wherever a joint kernel's trace has a loop.
+JOINT_UNVECTORISED_OPS = LOOPED_WHEN_JOINT
 
 
 def joint_chunk(plan: Plan, path: str, chunk_rows: int, traced_seconds: float) -> int:

@@ -1,5 +1,6 @@
 """Full mode's differences of many inputs through one kernel (``Route.joint_chunk``): same Jacobians
-and verdicts as a kernel per input, one trace, and a planted defect still names its input."""
+and verdicts as a kernel per input, one trace, and a planted defect still names its input -- convolutions
+included, whose batched filters pfor alone would loop over (``_pfor``)."""
 
 import numpy as np
 import pytest
@@ -60,6 +61,48 @@ def test_one_kernel_names_the_defective_input():
     report = fastcheck.check_gradients(f, values, mode="full", jit_compile=True)
     assert any(e.why.limit == "joint" for e in events_of(report, "Chunked")), report.notes
     assert [p.input_name for p in report.failures] == [report.pairs[2].input_name], str(report)
+
+
+def _cnn(off: int | None = None):
+    """A convolution, a second one and a depthwise one (NHWC), every filter and the image checked: in one kernel
+    every filter is batched; in the first inputs' own kernels the later depthwise filter is not."""
+    shapes = [(2, 6, 6, 3), (3, 3, 3, 4), (3, 3, 4, 4), (3, 3, 4, 1)]
+    values = [tf.constant(RNG.normal(size=shape) * 0.5) for shape in shapes]
+
+    def f(x, k1, k2, depthwise):
+        if off is not None:
+            @tf.custom_gradient
+            def scaled(v):
+                return v, lambda g: 1.01 * g
+
+            depthwise = scaled(depthwise)
+        h = tf.tanh(tf.nn.conv2d(x, k1, 1, "SAME"))
+        h = tf.tanh(tf.nn.conv2d(h, k2, 1, "SAME"))
+        return tf.reduce_sum(tf.sin(tf.nn.depthwise_conv2d(h, depthwise, (1, 1, 1, 1), "VALID")))
+
+    return f, values
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_convolutions_share_one_kernel(jit_compile):
+    from fastcheck.testing import Calibration
+
+    f, values = _cnn()
+    joint = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile)
+    assert all(e.why.limit == "joint" and e.why.inputs == 4 for e in events_of(joint, "Chunked")), joint.notes
+    assert events_of(joint, "Chunked") and not events_of(joint, "JointKernelDropped"), joint.notes
+    separate = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile,
+                                         calibration=Calibration(traced=True, traced_ratios=(1e-9,)))
+    assert all(e.why.limit != "joint" for e in events_of(separate, "Chunked")), separate.notes
+    assert joint.ok and separate.ok, (str(joint), str(separate))
+    for a, b in zip(joint.pairs, separate.pairs):
+        # f sums 36 outputs of size ~1: a few of its roundings over the span 2h ~ 1e-5 (threads order the
+        # convolutions' sums otherwise)
+        np.testing.assert_allclose(a.numerical, b.numerical, rtol=0, atol=2e-8)
+        np.testing.assert_array_equal(a.status, b.status)
+    wrong = fastcheck.check_gradients(*_cnn(off=3), mode="full", jit_compile=jit_compile)
+    assert events_of(wrong, "Chunked") and not events_of(wrong, "JointKernelDropped"), wrong.notes
+    assert [p.input_name for p in wrong.failures] == [wrong.pairs[3].input_name], str(wrong)
 
 
 def test_joint_chunk_rule():
