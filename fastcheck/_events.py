@@ -71,6 +71,13 @@ class JointKernelDropped:
     """The one differences kernel of every checked input could not be vectorised (a while_loop): one per input."""
 
 
+@dataclasses.dataclass(frozen=True)
+class OwnKernel:
+    """``input``'s later differences left the one kernel for a kernel of its own (``Executor._rent``)."""
+
+    input: str
+
+
 # --- the plan: determinism, precision, noise
 
 

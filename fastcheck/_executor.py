@@ -35,7 +35,7 @@ from fastcheck._calibration import EAGER, Calibration, shared_calibration
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._diagonal import elementwise
 from fastcheck._distribute import Share, spread_for
-from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory
+from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory, OwnKernel
 from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, pad, plan_key
 from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._pfor import converted
@@ -132,6 +132,22 @@ def _joint_kernel(plan: Plan, chunk: int, path: str, sides: bool = True):
         return _sides(outs, tf.gather(tf.concat(flats, 0), idx), delta, chunk, sides)
 
     return compile_kernel(kernel, path, plan.autograph)
+
+
+class _Rented:
+    """The joint differences kernel, timed call by call for ``Executor._rent`` (not its first call: the trace)."""
+
+    def __init__(self, kernel, executor, position: int):
+        self.kernel, self.executor, self.position = kernel, executor, position
+
+    def __call__(self, *args):
+        first = id(self.kernel) not in self.executor._called
+        self.executor._called.add(id(self.kernel))
+        start = time.perf_counter()
+        out = self.kernel(*args)
+        if not first:
+            self.executor._rent(self.position, time.perf_counter() - start)
+        return out
 
 
 def _loops_in(concrete) -> bool:
@@ -298,6 +314,9 @@ class Executor:
         self._offsets = dict(zip([s.position for s in plan.checked],
                                  np.cumsum([0] + [s.size for s in plan.checked])[:-1].tolist()))
         self._joint_chunks: dict = {}  # each input's own chunk, while the joint kernel's replaces it
+        self._rented: dict = {}  # input position -> seconds its joint calls cost beyond its own kernel's (predicted)
+        self._own: set = set()  # inputs whose differences have left the joint kernel for their own
+        self._called: set = set()  # the joint kernels called once (traced)
 
     @property
     def path(self) -> str:
@@ -476,17 +495,31 @@ class Executor:
     def _differences(self, position: int, chunk: int, sides: bool):
         """(kernel, offset): the differences kernel for a call on ``position`` and what to add to its indices."""
         what = "differences" if sides else "quotients"
-        if self._joint_on():
+        if self._joint_on() and position not in self._own:
             kernel = self.kernel(("joint " + what, chunk), lambda: self._vectorised(
                 _joint_kernel(self.plan, chunk, self.path, sides), chunk))
             if kernel is not None:
-                return kernel, self._offsets[position]
+                return _Rented(kernel, self, position), self._offsets[position]
             self.joint = False
             self.chunks.update(self._joint_chunks)  # each input's own chunk again
             self.route = dataclasses.replace(self.route, chunk_reason=self.chosen.chunk_reason)
             self.note(JointKernelDropped())
         return self.kernel((what, position, chunk), lambda: _differences_kernel(
             self.plan, position, chunk, self.path, self.route.flat_function, sides=sides)), 0
+
+    def _rent(self, position: int, seconds: float) -> None:
+        """Count a joint call on ``position`` that took ``seconds``: its own kernel would evaluate only the ops that
+        follow it (``Route.downstream``), a share of them.  Once the calls' excess adds up to a kernel's predicted
+        trace, the input's later differences take their own kernel and chunk (rent until the rent would have bought
+        it: never more than twice the cheaper of the two).  The first sweep moves every column of every input and
+        stays joint; a deep ladder on a late layer's columns (a ReLU6 kink behind a depthwise convolution's batch
+        normalization) leaves it."""
+        share = self.route.downstream[position] if self.route.downstream else 1.0
+        self._rented[position] = self._rented.get(position, 0.0) + seconds * (1.0 - share)
+        if self._rented[position] >= self.route.trace_seconds and self._joint_chunks:
+            self._own.add(position)
+            self.chunks[position] = self._joint_chunks[position]
+            self.note(OwnKernel(self.plan.inputs[position].name))
 
     def _vectorised(self, kernel, chunk: int):
         """A joint kernel, traced; None (cached as such) where pfor could not vectorise some op of f with every

@@ -27,6 +27,7 @@ from fastcheck._pfor import LOOPED_WHEN_JOINT
 from fastcheck._plan import Plan
 from fastcheck._raised import Raised
 from fastcheck._tables import (
+    BATCHED_FLOPS,
     JOINT_CALL_PERTURBATIONS,
     JOINT_ELEMENTS_PER_SECOND,
     JOINT_EXTRA_ELEMENTS,
@@ -79,8 +80,12 @@ class Route:
     autograph: bool = False  # kernels are traced with AutoGraph (f needs it)
     predicted: tuple = (0.0, 0.0)  # (eager loop, traced) seconds predicted for the check; 0: not predicted
     # Perturbations per call of the one differences kernel shared by every checked input (``joint_chunk``); 0: one
-    # kernel per input.
+    # kernel per input.  With it, per argument of f the share of the joint kernel's FLOPs its own kernel would
+    # evaluate (``Probe.downstream``), and a kernel's predicted trace: what the executor weighs an input's own
+    # kernel by (``Executor._rent``).
     joint_chunk: int = 0
+    downstream: tuple = ()
+    trace_seconds: float = 0.0
     traceable: bool = True  # False: tracing f failed (it runs only eagerly), so no graph of it is built
     # f is checked again and again (``_repeated``): its kernels are compiled for the checks to come, none of its
     # Jacobians tried eagerly first
@@ -163,9 +168,11 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
     if small and repeated:  # the eager loop was predicted cheaper for this one check
         reason = dataclasses.replace(reason, repeated=repeated, eager=predicted_eager)
     traced_seconds = predicted_traced or calibration.predict(plan)[1]
-    joint = joint_chunk(plan, path, chunk_rows, traced_seconds) if not (has_loops or op_types & JOINT_UNVECTORISED_OPS) else 0
+    joint = joint_chunk(plan, path, chunk_rows, traced_seconds, probe) if not (has_loops or op_types & JOINT_UNVECTORISED_OPS) else 0
+    downstream = tuple(d / max(1, probe.checked_flops) for d in probe.downstream) if joint else ()
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
-                 probe.autograph, (predicted_eager, predicted_traced), joint, repeated=bool(repeated)), calibration
+                 probe.autograph, (predicted_eager, predicted_traced), joint, downstream, traced_seconds,
+                 repeated=bool(repeated)), calibration
 
 
 def _why(error: BaseException) -> str:
@@ -200,10 +207,12 @@ def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: i
 JOINT_UNVECTORISED_OPS = LOOPED_WHEN_JOINT
 
 
-def joint_chunk(plan: Plan, path: str, chunk_rows: int, traced_seconds: float) -> int:
+def joint_chunk(plan: Plan, path: str, chunk_rows: int, traced_seconds: float, probe: Probe | None = None) -> int:
     """Perturbations per call of one differences kernel for every checked input, or 0 for a kernel per input (one
-    input, the loop or eager path, inputs evaluated in different dtypes, or an n so large that carrying every input
-    in every evaluation costs more than the traces it saves)."""
+    input, the loop or eager path, inputs evaluated in different dtypes, or where the joint kernel's extra work costs
+    more than the traces it saves: carrying every input in every evaluation, and evaluating for each input's
+    perturbations the ops that depend on the other inputs only -- a per-input kernel batches only the ops that
+    follow its input (``Probe.downstream``), and computes a convolution stem once for a dense head's elements)."""
     sizes = [s.size for s in plan.checked]
     if path not in (XLA, GRAPH) or len(sizes) < 2:
         return 0
@@ -211,6 +220,8 @@ def joint_chunk(plan: Plan, path: str, chunk_rows: int, traced_seconds: float) -
         return 0  # one concatenated span of idx: one dtype
     n = plan.n
     extra = 2 * n * JOINT_EXTRA_ELEMENTS * n / JOINT_ELEMENTS_PER_SECOND
+    if probe is not None and probe.downstream:
+        extra += sum(2 * s.size * (probe.checked_flops - probe.downstream[s.position]) for s in plan.checked) / BATCHED_FLOPS
     if extra >= (len(sizes) - 1) * traced_seconds:
         return 0
     largest = max(1, min(chunk_rows, max(sizes)))
@@ -274,6 +285,8 @@ class Probe:
     autograph: bool  # f traces only with AutoGraph (Python control flow on tensors)
     shared_bytes: int = 0  # bytes of the constants and variables f captures: shared by a call's evaluations
     written: int = 1  # of ``elements``, those ops write anew (not reshapes and other views of their input)
+    downstream: tuple = ()  # per argument of f (a plan's value), the FLOPs of the ops that depend on it
+    checked_flops: int = 0  # the FLOPs of the ops that depend on some checked input
 
 
 def probe_graph(plan: Plan) -> Probe:
@@ -298,30 +311,37 @@ def probe_graph(plan: Plan) -> Probe:
     # Per-evaluation memory: only tensors that depend on the arguments are batched by vectorized_map; captured
     # weights and constants are shared.
     captured = {id(t) for t in concrete.captured_inputs} | {id(t) for _, t in graph.captures}
-    frontier = [t for t in graph.inputs if id(t) not in captured]
-    dependent, elements, flops, written = set(), 0, 0, 0
-    while frontier:
-        tensor = frontier.pop()
-        for consumer in tensor.consumers():
-            if consumer.name in dependent:
-                continue
-            dependent.add(consumer.name)
-            try:
-                flops += op_flops(consumer)
-            except (ValueError, TypeError):  # an attribute this TF version names differently
-                flops += sum(_size(o.shape) for o in consumer.outputs)
-            for output in consumer.outputs:
-                frontier.append(output)
-                if output.shape.rank is not None:
-                    size = _size(output.shape)
-                    elements += size
-                    written += 0 if consumer.type in _VIEW_OPS else size
+    # Which arguments each tensor depends on (bit i: argument i), op by op in creation order (inputs first).
+    masks = {id(t): 1 << i for i, t in enumerate(graph.inputs[: len(values)]) if id(t) not in captured}
+    elements, flops, written = 0, 0, 0
+    by_mask: dict[int, int] = {}  # FLOPs by the set of arguments the ops depend on
+    for op in graph.get_operations():
+        mask = 0
+        for tensor in op.inputs:
+            mask |= masks.get(id(tensor), 0)
+        if not mask:
+            continue
+        try:
+            cost = op_flops(op)
+        except (ValueError, TypeError):  # an attribute this TF version names differently
+            cost = sum(_size(o.shape) for o in op.outputs)
+        flops += cost
+        by_mask[mask] = by_mask.get(mask, 0) + cost
+        for output in op.outputs:
+            masks[id(output)] = mask
+            if output.shape.rank is not None:
+                size = _size(output.shape)
+                elements += size
+                written += 0 if op.type in _VIEW_OPS else size
+    downstream = tuple(sum(cost for mask, cost in by_mask.items() if mask >> i & 1) for i in range(len(values)))
+    checked = sum(1 << s.position for s in plan.checked)
+    checked_flops = sum(cost for mask, cost in by_mask.items() if mask & checked)
     # Functions called from the graph (e.g. nested tf.functions) may hide loops.
     op_types = {op.type for op in graph.get_operations()}
     for function_def in graph.as_graph_def().library.function:
         op_types |= {node.op for node in function_def.node_def}
     return Probe(bool(op_types & _LOOP_OPS), max(elements, 1), max(flops, 1), function, frozenset(op_types), autograph,
-                 _shared_bytes(graph), max(written, 1))
+                 _shared_bytes(graph), max(written, 1), downstream, checked_flops)
 
 
 def _shared_bytes(graph) -> int:

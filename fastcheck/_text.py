@@ -606,6 +606,9 @@ EVENT_TEXT: dict[type, Callable[[Any], str]] = {
     events.JointKernelDropped: lambda e: (
         "numerical differences: with every checked input batched at once, vectorized_map converts some op of f "
         "with a while_loop; one kernel per input instead"),
+    events.OwnKernel: lambda e: (
+        "its later differences ran on a kernel of its own: a call of the one kernel evaluates every op of f that "
+        "depends on a checked input, its own only the ops that follow it"),
     events.CallNoise: lambda e: (
         f"output{e.output} differs between two calls at the same point by up to {e.difference:.3g} (not bitwise "
         "deterministic): counted as noise of the numerical side"),

@@ -109,11 +109,11 @@ def test_joint_chunk_rule():
     plan_sizes = [int(np.prod(s)) for s in SHAPES]
 
     class Spec:
-        def __init__(self, size):
-            self.size, self.dtype = size, tf.float64
+        def __init__(self, size, position):
+            self.size, self.dtype, self.position = size, tf.float64, position
 
     class Plan:
-        checked = [Spec(s) for s in plan_sizes]
+        checked = [Spec(s, i) for i, s in enumerate(plan_sizes)]
         eval_upcast = True
         n = sum(plan_sizes)
 
@@ -121,5 +121,17 @@ def test_joint_chunk_rule():
     assert _paths.joint_chunk(Plan, _paths.XLA, 64, 0.0) == 0  # nothing to save
     chunk = _paths.joint_chunk(Plan, _paths.XLA, 64, 1.0)
     assert _tables.JOINT_MIN_CHUNK <= chunk <= max(plan_sizes)
+    # Every op depends on every input: a row of the joint kernel evaluates what a per-input one does.
+    dense = _paths.Probe(False, 1, 10**6, None, frozenset(), False, downstream=(10**6,) * len(SHAPES),
+                         checked_flops=10**6)
+    assert _paths.joint_chunk(Plan, _paths.XLA, 64, 1.0, dense) == chunk
+    # A convolution stem every row of the joint kernel evaluates, before a head of many elements whose own kernel
+    # evaluates the head alone: a kernel per input.
+    stem = _paths.Probe(False, 1, 10**8, None, frozenset(), False, downstream=(10**8,) + (10**3,) * (len(SHAPES) - 1),
+                        checked_flops=10**8)
+    Plan.checked = [Spec(432, 0)] + [Spec(4000, i) for i in range(1, len(SHAPES))]
+    Plan.n = sum(s.size for s in Plan.checked)
+    assert _paths.joint_chunk(Plan, _paths.XLA, 64, 1.0) > 0
+    assert _paths.joint_chunk(Plan, _paths.XLA, 64, 1.0, stem) == 0
     Plan.checked = Plan.checked[:1]
     assert _paths.joint_chunk(Plan, _paths.XLA, 64, 1.0) == 0  # one input: its own kernel
