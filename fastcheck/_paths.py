@@ -168,7 +168,9 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
     if small and repeated:  # the eager loop was predicted cheaper for this one check
         reason = dataclasses.replace(reason, repeated=repeated, eager=predicted_eager)
     traced_seconds = predicted_traced or calibration.predict(plan)[1]
-    joint = joint_chunk(plan, path, chunk_rows, traced_seconds, probe) if not (has_loops or op_types & JOINT_UNVECTORISED_OPS) else 0
+    # Ops pfor loops over with their filter and input batched, as in a joint kernel (``_pfor``); the executor also
+    # hands back to per-input kernels wherever a joint kernel's trace has a loop.
+    joint = joint_chunk(plan, path, chunk_rows, traced_seconds, probe) if not (has_loops or op_types & LOOPED_WHEN_JOINT) else 0
     downstream = tuple(d / max(1, probe.checked_flops) for d in probe.downstream) if joint else ()
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
                  probe.autograph, (predicted_eager, predicted_traced), joint, downstream, traced_seconds,
@@ -199,12 +201,6 @@ def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: i
             or peek(key + ("elementwise",))):
         return 0
     return checks
-
-
-# pfor converts these with a while_loop when their filter and their input are both batched, as they are in a joint
-# kernel past the first layer (``_pfor`` vectorises Conv2D and depthwise convolutions); the executor also hands
-# back to per-input kernels wherever a joint kernel's trace has a loop.
-JOINT_UNVECTORISED_OPS = LOOPED_WHEN_JOINT
 
 
 def joint_chunk(plan: Plan, path: str, chunk_rows: int, traced_seconds: float, probe: Probe | None = None) -> int:

@@ -105,6 +105,49 @@ def test_convolutions_share_one_kernel(jit_compile):
     assert [p.input_name for p in wrong.failures] == [wrong.pairs[3].input_name], str(wrong)
 
 
+def _deep(off: bool = False):
+    """w feeds every op of f, b only its last three: b's own kernel evaluates a small share of the joint one's."""
+    v = tf.constant(RNG.normal(size=(4,)))
+    values = [tf.constant(RNG.normal(size=shape) * 0.5) for shape in [(4, 4), (4,)]]
+
+    def f(w, b):
+        if off:
+            @tf.custom_gradient
+            def scaled(x):
+                return x, lambda g: 1.01 * g
+
+            b = scaled(b)
+        h = tf.tanh(tf.linalg.matvec(w, v))
+        for _ in range(6):
+            h = tf.tanh(tf.linalg.matvec(w, h))
+        return tf.reduce_sum(tf.sin(h + b))
+
+    return f, values
+
+
+@pytest.mark.parametrize("off", [False, True], ids=["correct", "b wrong"])
+def test_an_input_whose_own_kernel_evaluates_less_leaves_the_joint_one(off):
+    # A kernel's trace predicted at microseconds (still more than the joint kernel's extra work): b's first joint
+    # call costs more beyond its own kernel's share than a trace, so its later differences take their own kernel;
+    # w's own kernel would evaluate every op (no excess), so it stays.  The numbers are a kernel per input's.
+    from fastcheck.testing import Calibration
+
+    f, values = _deep(off)
+    report = fastcheck.check_gradients(f, values, mode="full", jit_compile=False,
+                                       calibration=Calibration(traced=True, traced_ratios=(3e-4,)))
+    assert any(e.why.limit == "joint" for e in events_of(report, "Chunked")), report.notes
+    assert [e.input for e in events_of(report, "OwnKernel")] == [report.pairs[1].input_name], report.notes
+    assert "its later differences ran on a kernel of its own" in str(report)
+    separate = fastcheck.check_gradients(f, values, mode="full", jit_compile=False,
+                                         calibration=Calibration(traced=True, traced_ratios=(1e-9,)))
+    assert not events_of(separate, "OwnKernel") and report.ok == separate.ok == (not off)
+    for a, b in zip(report.pairs, separate.pairs):
+        np.testing.assert_allclose(a.numerical, b.numerical, rtol=0, atol=1e-9)
+        np.testing.assert_array_equal(a.status, b.status)
+    if off:
+        assert [p.input_name for p in report.failures] == [report.pairs[1].input_name], str(report)
+
+
 def test_joint_chunk_rule():
     plan_sizes = [int(np.prod(s)) for s in SHAPES]
 
