@@ -50,8 +50,10 @@ def _depthwise(pfor_input):
 _CONVERTERS = {"Conv2D": _conv2d, "DepthwiseConv2dNative": _depthwise} if {"Conv2D", "DepthwiseConv2dNative"} <= set(
     _REGISTERED) else {}
 
-# Routing's list of the ops a joint kernel still loops over: those without a converter here.
-LOOPED_WHEN_JOINT = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"} - set(_CONVERTERS))
+# Routing's list of the ops a joint kernel still loops over, their filter batched: those without a converter here
+# (transposed convolutions among them: pfor's own converter wants their filter fixed).
+LOOPED_WHEN_JOINT = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
+                               "Conv3DBackpropInputV2"} - set(_CONVERTERS))
 
 
 def converted(call, *args):

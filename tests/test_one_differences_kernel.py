@@ -105,6 +105,21 @@ def test_convolutions_share_one_kernel(jit_compile):
     assert [p.input_name for p in wrong.failures] == [wrong.pairs[3].input_name], str(wrong)
 
 
+def test_a_transposed_convolution_keeps_a_kernel_per_input():
+    # pfor loops over a transposed convolution whose filter is batched: routing gives its f a kernel per input
+    # rather than trace a joint kernel only to drop it.
+    x, k1, k2 = (tf.constant(RNG.normal(size=shape) * 0.5) for shape in [(1, 4, 4, 2), (3, 3, 2, 3), (3, 3, 2, 3)])
+
+    def f(k1, k2):
+        h = tf.tanh(tf.nn.conv2d(x, k1, 1, "SAME"))
+        return tf.reduce_sum(tf.sin(tf.nn.conv2d_transpose(h, k2, [1, 8, 8, 2], 2)))
+
+    report = fastcheck.check_gradients(f, [k1, k2], mode="full", jit_compile=False)
+    assert report.ok, str(report)
+    assert not events_of(report, "JointKernelDropped"), report.notes
+    assert all(e.why.limit != "joint" for e in events_of(report, "Chunked")), report.notes
+
+
 def _deep(off: bool = False):
     """w feeds every op of f, b only its last three: b's own kernel evaluates a small share of the joint one's."""
     v = tf.constant(RNG.normal(size=(4,)))
