@@ -509,12 +509,12 @@ class Executor:
 
     def _rent(self, position: int, seconds: float) -> None:
         """Count a joint call on ``position`` that took ``seconds``: its own kernel would evaluate only the ops that
-        follow it (``Route.downstream``), a share of them.  Once the calls' excess adds up to a kernel's predicted
+        follow it (``Route.own_shares``), a share of them.  Once the calls' excess adds up to a kernel's predicted
         trace, the input's later differences take their own kernel and chunk (rent until the rent would have bought
         it: never more than twice the cheaper of the two).  The first sweep's few calls per input rarely add up to
         a trace; a deep ladder on a late layer's columns (a ReLU6 kink behind a depthwise convolution's batch
         normalization) does."""
-        share = self.route.downstream[position] if self.route.downstream else 1.0
+        share = self.route.own_shares[position] if self.route.own_shares else 1.0
         self._rented[position] = self._rented.get(position, 0.0) + seconds * (1.0 - share)
         if self._rented[position] >= self.route.trace_seconds and self._joint_chunks:
             self._own.add(position)

@@ -81,10 +81,10 @@ class Route:
     predicted: tuple = (0.0, 0.0)  # (eager loop, traced) seconds predicted for the check; 0: not predicted
     # Perturbations per call of the one differences kernel shared by every checked input (``joint_chunk``); 0: one
     # kernel per input.  With it, per argument of f the share of the joint kernel's FLOPs its own kernel would
-    # evaluate (``Probe.downstream``), and a kernel's predicted trace: what the executor weighs an input's own
+    # evaluate (from ``Probe.downstream``), and a kernel's predicted trace: what the executor weighs an input's own
     # kernel by (``Executor._rent``).
     joint_chunk: int = 0
-    downstream: tuple = ()
+    own_shares: tuple = ()
     trace_seconds: float = 0.0
     traceable: bool = True  # False: tracing f failed (it runs only eagerly), so no graph of it is built
     # f is checked again and again (``_repeated``): its kernels are compiled for the checks to come, none of its
@@ -171,9 +171,9 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
     # Ops pfor loops over with their filter and input batched, as in a joint kernel (``_pfor``); the executor also
     # hands back to per-input kernels wherever a joint kernel's trace has a loop.
     joint = joint_chunk(plan, path, chunk_rows, traced_seconds, probe) if not (has_loops or op_types & LOOPED_WHEN_JOINT) else 0
-    downstream = tuple(d / max(1, probe.checked_flops) for d in probe.downstream) if joint else ()
+    own_shares = tuple(d / max(1, probe.checked_flops) for d in probe.downstream) if joint else ()
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
-                 probe.autograph, (predicted_eager, predicted_traced), joint, downstream, traced_seconds,
+                 probe.autograph, (predicted_eager, predicted_traced), joint, own_shares, traced_seconds,
                  repeated=bool(repeated)), calibration
 
 

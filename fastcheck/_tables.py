@@ -175,8 +175,9 @@ XLA_MIN_EVALUATIONS = 512
 # JOINT_EXTRA_ELEMENTS elements per element of the n, at JOINT_ELEMENTS_PER_SECOND) and evaluates, for each input's
 # perturbations, the ops that depend on the other inputs only (their FLOPs at BATCHED_FLOPS), where each per-input
 # kernel costs a trace and, on the XLA path, a compile (a 39-variable BertBackbone: a 30-37 s sweep with per-input
-# kernels, 4.4-4.9 s joint; a 30-variable nested MobileNetV2: 9.4 s, 7.6-8.0 s joint).  Its calls are padded to its chunk per input: the chunk (at least JOINT_MIN_CHUNK) minimises the
-# padded perturbations plus JOINT_CALL_PERTURBATIONS per call (the ~0.5 ms a call costs).
+# kernels, 4.4-4.9 s joint; a 30-variable nested MobileNetV2: 9.4 s, 7.6-8.0 s joint).  Its calls are padded to
+# its chunk per input: the chunk (at least JOINT_MIN_CHUNK) minimises the padded perturbations plus
+# JOINT_CALL_PERTURBATIONS per call (the ~0.5 ms a call costs).
 JOINT_EXTRA_ELEMENTS = 3
 JOINT_ELEMENTS_PER_SECOND = 2e9
 JOINT_CALL_PERTURBATIONS = 4
