@@ -120,15 +120,16 @@ def _screening_groups(sizes: list) -> list:
 
 
 @tf.function(reduce_retracing=True)  # one graph over any count of probes and outputs
-def _summaries(estimate, forward, realised, noise, u, gradient, atol, rtol):
-    """Per-probe summaries in one graph call (TF's multi-threaded kernels; XLA CPU was 3x slower here)."""
+def _summaries(estimate, forward, realised, noise, u, gradient, atol, rtol, own_atol, own_rtol):
+    """Per-probe summaries in one graph call (TF's multi-threaded kernels; XLA CPU was 3x slower here); the
+    tolerance's own allowance (a pass's resolution is measured against it) by ``own_atol``, ``own_rtol``."""
     norms = tf.norm(realised, axis=1)
     band = _compare.allowance(estimate, atol, rtol, noise, norms[:, None])
     difference = tf.abs(forward - estimate)
     ratio = tf.where(tf.math.is_nan(difference / band), tf.constant(np.inf, F64), difference / band)
     rows = tf.argmax(ratio, axis=1, output_type=tf.int32)
     pick = lambda t: tf.gather(t, rows, axis=1, batch_dims=1)  # noqa: E731
-    tolerated = _compare.allowance(estimate, atol, rtol, 0.0, norms[:, None])
+    tolerated = _compare.allowance(estimate, own_atol, own_rtol, 0.0, norms[:, None])
     reverse = tf.stack([tf.linalg.matvec(realised, gradient), tf.reduce_sum(u[None, :] * estimate, axis=1),
                         tf.norm(u[None, :] * band, axis=1), tf.norm(u[None, :] * tolerated, axis=1)], axis=1)
     finite = tf.math.is_finite(forward - estimate)
@@ -139,30 +140,35 @@ def _summaries(estimate, forward, realised, noise, u, gradient, atol, rtol):
     return tf.reduce_max(ratio, axis=1), worst, reverse, squares
 
 
-def _judge(estimate, forward, realised, noise, u, gradient, atol, rtol) -> Comparison:
+def _judge(estimate, forward, realised, noise, u, gradient, atol, rtol, own=None) -> Comparison:
+    own_atol, own_rtol = (atol, rtol) if own is None else own
     forward_ratio, worst, reverse, squares = (t.numpy() for t in _summaries(
-        estimate, forward, realised, noise, u, gradient, tf.constant(atol, F64), tf.constant(rtol, F64)))
+        estimate, forward, realised, noise, u, gradient, *(tf.constant(v, F64) for v in (atol, rtol, own_atol, own_rtol))))
     with np.errstate(invalid="ignore", divide="ignore"):
         reverse_ratio = np.abs(reverse[:, 0] - reverse[:, 1]) / reverse[:, 2]
     return Comparison(forward_ratio, np.where(np.isnan(reverse_ratio), np.inf, reverse_ratio), worst, reverse, squares,
                   np.full(len(forward_ratio), _compare.MISMATCH), np.zeros((len(forward_ratio), 0)))
 
 
-def _judge_arrays(estimate: np.ndarray, noise: np.ndarray, forward, realised, u, gradient, atol, rtol) -> Comparison:
+def _judge_arrays(estimate: np.ndarray, noise: np.ndarray, forward, realised, u, gradient, atol, rtol,
+                  own=None) -> Comparison:
     """``_judge`` of host-side estimates; ``forward=None`` compares the estimate with itself."""
     estimate = tf.constant(estimate)
-    return _judge(estimate, estimate if forward is None else forward, realised, tf.constant(noise), u, gradient, atol, rtol)
+    return _judge(estimate, estimate if forward is None else forward, realised, tf.constant(noise), u, gradient, atol,
+                  rtol, own)
 
 
 def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tensor, atol, rtol,
-            forward_side=True, refine=True, confirm=False, slack=None) -> Comparison:
+            forward_side=True, refine=True, confirm=False, slack=None, own=None) -> Comparison:
     """Numerical vs element-wise J d and projection for the given joint probes, a call's worth at a time.
 
     ``forward_side=False`` skips the element-wise J d (that comparison then passes trivially); ``refine=False``
     skips the smaller-step re-evaluation of failing probes (``_refine``), whose ratios > 1 then all count as
     mismatches; ``confirm`` (directions along single elements) confirms a settled mismatch as every mode does.
     ``slack`` (the gradient less its float64 twin) adds |slack . d| to every probe's band: the twin's rule,
-    float64's allowance plus the gradient's measured difference from its twin, as full mode's twin allows.
+    float64's allowance plus the gradient's measured difference from its twin, as full mode's twin allows; ``own``
+    the (atol, rtol) whose allowance a pass's resolution is measured against (``_compare.coarse``; the judging
+    rule's by default, the native rule's under the twin's, as full mode measures a twinned pair).
     """
     parts = []
     group = joint.rows_per_call
@@ -171,7 +177,8 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
         estimate, realised, plus, minus, noise = joint.numerical(d)
         extra = None if slack is None else tf.abs(tf.linalg.matvec(realised, slack))[:, None]
         forward = joint.jvp(realised, gradient, u) if forward_side else estimate
-        result = _judge(estimate, forward, realised, noise if extra is None else noise + extra, u, gradient, atol, rtol)
+        result = _judge(estimate, forward, realised, noise if extra is None else noise + extra, u, gradient, atol, rtol,
+                        own)
         failing = np.flatnonzero(result.score > 1)
         if refine and len(failing):
             # Curvature along a long direction, or kinks the step crosses, are not a gradient bug: refine the
@@ -181,7 +188,7 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
             estimate, noise, kind = _refine(joint, d, failing, first, u, gradient, atol, rtol, forward_side, confirm,
                                             extra[failing].T)
             result = _judge_arrays(estimate, noise + extra, forward if forward_side else None, realised, u, gradient,
-                                   atol, rtol)
+                                   atol, rtol, own)
             result.kind = kind
         result.shares = joint.shares(realised, gradient)
         parts.append(result)
@@ -466,7 +473,7 @@ def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict,
     # The gradient judged by the twin's rule (float64's allowance plus its measured difference from the twin),
     # as full mode's twin judges each element.
     slack = gradient - twin
-    found = compare(joint, directions, u, gradient, atol64, rtol64, slack=slack)
+    found = compare(joint, directions, u, gradient, atol64, rtol64, slack=slack, own=tolerances)
     decided = {}
     for j, index in enumerate(inputs):
         mine = found.select(np.arange(j * k, (j + 1) * k))
