@@ -32,7 +32,7 @@ from fastcheck._colours import (
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import LADDER, Early, Evaluate, Line, Rungs, confirmation, descend
+from fastcheck._refine import Early, Evaluate, Line, Rungs, settle
 from fastcheck._results import having
 from fastcheck._tables import (
     MEASURED_NOISE_FACTOR,
@@ -225,18 +225,12 @@ class _Block:
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
         """Failing nonzeros: their colours again at h/4 (the second step, ``_compare.second_step``), then
-        those it does not pass at h ... h/4**5 (h ... h/4**12 where still unsettled); a settled mismatch
-        stands where ``confirmation`` finds it again at independent steps, as in full mode."""
+        those it does not pass through full mode's stage (``_refine.settle``), re-evaluating only their colours."""
         failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE, among=self.flagged)
         if not len(failing):
             return
         rows, cols = self.pattern.at(failing)
         a = self.analytical.at(rows, cols)
-
-        def still_open(found: _compare.Refined) -> np.ndarray:
-            status, _ = _verdicts(a, found.estimate[0], found.error[0], atol, rtol)
-            return ((status == _compare.MISMATCH) & ~found.settled[0]) | (status == _compare.NUMERICAL_NONFINITE)
-
         # The second step passes most first-sweep failures (10^7 elements: float32's truncation where f' is near 0).
         spans = self.columns.span(cols)
         first = self.first_sweep(rows, cols, spans)[None, :]
@@ -246,15 +240,10 @@ class _Block:
             (second, second_noise, *_), = rungs.levels
             return _compare.second_step(a[None, :], first, first_noise, second, second_noise, atol, rtol, REFINE_RATIO)
 
-        def mismatch(selection: np.ndarray, found: _compare.Refined) -> np.ndarray:
-            return (_verdicts(a[selection], found.estimate[0], found.error[0], atol, rtol)[0] == _compare.MISMATCH)[None]
-
-        evaluate = self._ladder(plan, rows, cols)
         line = Line(lambda selection: self.columns.step[cols[selection]].astype(np.float64),
                     lambda selection, spans: _noise(plan, rows[selection], spans)[None, :])
-        found = descend(evaluate, len(failing), LADDER.first, still_open, LADDER.deeper,
-                        confirmation(evaluate, line, a[None, :], mismatch), early=Early((SECOND_STEP,), passes))
-        (status,), (band,), sides = _compare.judge_refined(a[None, :], found, atol, rtol)
+        found, (status,), (band,), sides = settle(self._ladder(plan, rows, cols), line, a[None, :], atol, rtol,
+                                                 Early((SECOND_STEP,), passes))
         self.one_sided.update({(int(failing[k]),): value for (_, k), value in sides.items()})
         self.override = (failing, np.asarray(found.estimate[0], np.float64), np.asarray(band, np.float64))
         self.status[failing] = status

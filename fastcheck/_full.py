@@ -20,7 +20,7 @@ from fastcheck._executor import NOISE_TABLES, Executor, timed
 from fastcheck._full_steps import _coarsen, _Jacobians, _triage
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
-from fastcheck._refine import LADDER, confirmation, descend
+from fastcheck._refine import LADDER, confirmation, descend, settle
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense
 from fastcheck._tables import (
@@ -267,10 +267,10 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
 
     1. triage at h/4 (``_triage``): a conclusive mismatch that also holds at an independent step and at the finest
        step its rounding allows stands -- a wrong gradient costs three extra evaluation pairs per column, not five;
-    2. the rest go down the ladder (``_ladder``): h ... h/4**5 (``_compare.refine``), where a step that crossed a
-       kink, a domain edge or strong curvature gets a better estimate and an error bound instead of a false alarm;
-       still unsettled or unconfirmed ones (features far below the step) down to h/4**12; if even that does not
-       settle, the element is UNRESOLVED (undecidable), not a wrong gradient;
+    2. the rest go down the ladder (``_refine.settle``): h ... h/4**5 (``_compare.refine``), where a step that
+       crossed a kink, a domain edge or strong curvature gets a better estimate and an error bound instead of a false
+       alarm; still unsettled or unconfirmed ones (features far below the step) down to h/4**12; if even that does
+       not settle, the element is UNRESOLVED (undecidable), not a wrong gradient;
     3. an element whose steps crossed a kink that no resolving steps settled is NONDIFFERENTIABLE or UNRESOLVED_KINK
        (``_compare.classify``): only a settled, confirmed estimate makes a mismatch.
     """
@@ -292,35 +292,10 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
     suspicious = suspicious[doubtful]
     if not len(suspicious):
         return status, band, {}
-    found = _ladder(jac, position, suspicious, a[:, suspicious], tolerances)
+    found, status[:, suspicious], band[:, suspicious], sides = settle(
+        jac.ladder(position, suspicious), jac.line(position, suspicious), a[:, suspicious], atol, rtol)
     numerical[:, suspicious] = found.estimate
-    status[:, suspicious], band[:, suspicious], sides = _compare.judge_refined(a[:, suspicious], found, atol, rtol)
     return status, band, {(row, int(suspicious[k])): value for (row, k), value in sides.items()}
-
-
-def _ladder(jac: _Jacobians, position: int, columns: np.ndarray, a, tolerances) -> _compare.Refined:
-    """The suspicious ``columns`` down the shared ladder (``descend``, ``LADDER``): its first powers, then, for a
-    column with a mismatch not settled and confirmed (``_refine.confirmation``) or a step outside f's domain, the
-    deeper ones (the edge's where every step so far left f's domain); a mismatch still unconfirmed after the deep
-    steps is unsettled."""
-    atol, rtol = tolerances
-
-    def mismatch(selection, found: _compare.Refined) -> np.ndarray:
-        return _compare.verdicts(a[:, selection], found.estimate, found.error, atol, rtol, bands=False)[0] \
-            == _compare.MISMATCH
-
-    def still_open(found: _compare.Refined) -> np.ndarray:
-        status = _compare.verdicts(a, found.estimate, found.error, atol, rtol, bands=False)[0]
-        return np.any(((status == _compare.MISMATCH) & ~(found.settled & ~found.jump))
-                      | (status == _compare.NUMERICAL_NONFINITE), axis=0)
-
-    def deeper(found: _compare.Refined, selection: np.ndarray) -> range:
-        outside = np.any(~np.isfinite(found.estimate[:, selection]))
-        return LADDER.edge if outside else LADDER.deeper
-
-    evaluate = jac.ladder(position, columns)
-    return descend(evaluate, len(columns), LADDER.first, still_open, deeper,
-                   confirmation(evaluate, jac.line(position, columns), a, mismatch))
 
 
 def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:

@@ -270,6 +270,33 @@ def _holds_below(evaluate: Evaluate, line: Line, selection: np.ndarray, a: np.nd
     return result
 
 
+def settle(evaluate: Evaluate, line: Line, analytical: np.ndarray, atol: float, rtol: float,
+           early: Early | None = None) -> tuple[_compare.Refined, np.ndarray, np.ndarray, dict]:
+    """The element rule's refinement of failing directions, the one stage of full and coloured mode (fast mode's at
+    its localised elements): ``analytical`` [m, count] judged along the first ladder, the directions with a mismatch
+    not settled (a jump keeps it open) or a quotient that is not finite again down the deeper powers (the edge's
+    where every step so far left f's domain), a settled mismatch standing only where ``confirmation`` finds it again;
+    then ``_compare.judge_refined``.  Returns the ``Refined`` and its status, band and one-sided values [m, count]."""
+
+    def status(a: np.ndarray, found: _compare.Refined) -> np.ndarray:
+        return _compare.verdicts(a, found.estimate, found.error, atol, rtol, bands=False)[0]
+
+    def mismatch(selection: np.ndarray, found: _compare.Refined) -> np.ndarray:
+        return status(analytical[:, selection], found) == _compare.MISMATCH
+
+    def still_open(found: _compare.Refined) -> np.ndarray:
+        judged = status(analytical, found)
+        return np.any(((judged == _compare.MISMATCH) & ~(found.settled & ~found.jump))
+                      | (judged == _compare.NUMERICAL_NONFINITE), axis=0)
+
+    def deeper(found: _compare.Refined, selection: np.ndarray) -> range:
+        return LADDER.edge if np.any(~np.isfinite(found.estimate[:, selection])) else LADDER.deeper
+
+    found = descend(evaluate, analytical.shape[1], LADDER.first, still_open, deeper,
+                    confirmation(evaluate, line, analytical, mismatch), early)
+    return (found, *_compare.judge_refined(analytical, found, atol, rtol))
+
+
 def _restricted(level: tuple, selection: np.ndarray) -> tuple:
     """A level's arrays at the directions ``selection`` (its last axis)."""
     return tuple(None if array is None else array[..., selection] for array in level)

@@ -817,6 +817,17 @@ def test_full_and_coloured_mode_give_the_same_status_per_element(name, dtype):
         np.testing.assert_array_equal(pc.statuses, pf.statuses)
 
 
+@pytest.mark.parametrize("point", [[1e-12, 0.5], [2e-13, 1.0]])
+def test_both_modes_follow_a_domain_edge_down_the_same_ladder(point):
+    # log at x ~ 1e-12: the first steps leave log's domain, and only the edge's powers (below h / 4**12) stay inside.
+    # Coloured mode once stopped at the deeper ladder and left the element undecidable where full mode passed it:
+    # both run ``_refine.settle`` now.
+    x = tf.constant(point, tf.float64)
+    full, coloured = (fastcheck.check_gradients(tf.math.log, x, mode=mode) for mode in ("full", "coloured"))
+    assert full.verdict == coloured.verdict == "pass", (str(full), str(coloured))
+    np.testing.assert_array_equal(coloured.pairs[0].statuses, full.pairs[0].statuses)
+
+
 def test_a_coloured_check_names_the_path_its_evaluations_ran_on():
     # XLA routed for the full Jacobian's work, but one colour's 2 evaluations (and one row colour's VJPs) run on
     # the graph path: the report says so in its path, not only in a note.
