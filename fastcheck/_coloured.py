@@ -15,7 +15,9 @@ normalisations over a small axis, stencils):
    diagonal block (``SCREEN_ELEMENTS``) is screened on the device beside its evaluations
    (``_coloured_judge._screen``); failing nonzeros evaluated at h/4 first (the second step: those its quotient and
    Richardson's extrapolation pass are done), the rest refined over h ... h/4**5 (deeper where unsettled) by
-   re-evaluating only their colours, with ``_compare.refine``'s kink and jump tests, as in full mode;
+   re-evaluating only their colours, with ``_compare.refine``'s kink and jump tests, as in full mode; under a noisy
+   f's measured noise the nonzeros it swamps at wide steps first (``_wide``), and mismatches where f does not move
+   tested at larger steps last (``_flat``): full mode's stages, along colours;
 5. the pattern check: random dense probes ``J d`` (numerical) against the pattern-restricted ``sum N_ij d_j``; mass
    outside the pattern (confirmed at a quarter of the step) is a *problem* of the report -- the pattern is wrong
    --, not a gradient verdict.  A traced diagonal pattern is trusted instead, as the element-wise walk

@@ -16,7 +16,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from fastcheck import _compare, _pattern
+from fastcheck import _compare, _flat, _pattern, _wide
 from fastcheck._autodiff import vjp_kernel
 from fastcheck._colours import (
     _Analytical,
@@ -27,6 +27,7 @@ from fastcheck._colours import (
     _kernel_path,
     _large,
     _Probe,
+    _span,
     _vjp_weights,
 )
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
@@ -35,6 +36,7 @@ from fastcheck._plan import InputSpec, Plan
 from fastcheck._refine import Early, Evaluate, Line, Rungs, settle
 from fastcheck._results import having
 from fastcheck._tables import (
+    COARSE_TABLES,
     MEASURED_NOISE_FACTOR,
     NOISE_FACTOR,
     PATTERN_MARGIN,
@@ -224,11 +226,20 @@ class _Block:
         self.flagged = np.concatenate(flagged) if flagged else np.zeros(0, np.int64)
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
-        """Failing nonzeros: their colours again at h/4 (the second step, ``_compare.second_step``), then
-        those it does not pass through full mode's stage (``_refine.settle``), re-evaluating only their colours."""
+        """Under a noisy f's measured noise, the nonzeros it swamps at wide steps first (``coarsen``).  Failing
+        nonzeros: their colours again at h/4 (the second step, ``_compare.second_step``), then those it does not pass
+        through full mode's stage (``_refine.settle``), re-evaluating only their colours; last, mismatches where f
+        does not move (``_flat``).  The stages of full mode's columns, in its order."""
+        noisy = plan.noise is not None and plan.noise_epsilon > MACHINE_EPSILON[plan.eval_dtype]
+        coarsened = self.coarsen(plan, atol, rtol) if noisy else np.zeros(0, np.int64)
         failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE, among=self.flagged)
-        if not len(failing):
-            return
+        failing = np.setdiff1d(failing, coarsened)
+        if len(failing):
+            self._settle(plan, failing, atol, rtol)
+        self._flat(plan)
+
+    def _settle(self, plan: Plan, failing: np.ndarray, atol: float, rtol: float) -> None:
+        """``refine``'s second step and ladder for the ``failing`` nonzeros."""
         rows, cols = self.pattern.at(failing)
         a = self.analytical.at(rows, cols)
         # The second step passes most first-sweep failures (10^7 elements: float32's truncation where f' is near 0).
@@ -245,8 +256,80 @@ class _Block:
         found, (status,), (band,), sides = settle(self._ladder(plan, rows, cols), line, a[None, :], atol, rtol,
                                                  Early((SECOND_STEP,), passes))
         self.one_sided.update({(int(failing[k]),): value for (_, k), value in sides.items()})
-        self.override = (failing, np.asarray(found.estimate[0], np.float64), np.asarray(band, np.float64))
+        self._override(failing, np.asarray(found.estimate[0], np.float64), np.asarray(band, np.float64))
         self.status[failing] = status
+
+    def _flat(self, plan: Plan) -> None:
+        """Mismatches whose quotient, at the first step or refined, is f not moving: larger steps along their
+        colours tell (``_flat``), as in full mode (those judged at wide steps too: a cubic through a staircase's few
+        steps can fit within its noise)."""
+        index = having(self.status, _compare.MISMATCH, among=self.flagged)
+        if not len(index):
+            return
+        rows, cols, a, numerical = self.values(index)
+        spans = self.columns.span(cols)
+        level = _flat.rounding_level(plan)[rows][None, :]
+        flat = (_compare.flat(self.first_sweep(rows, cols, spans)[None, :], spans, level)
+                | _compare.flat(numerical[None, :], spans, level))[0]
+        if not flat.any():
+            return
+        index, rows, cols, a = index[flat], rows[flat], cols[flat], a[flat]
+        base, x = self.columns.step[cols], self.columns.x[cols]
+        multiples = REFINE_RATIO ** np.arange(1, _flat.levels(plan, self.columns.executor.config) + 1)
+        plus, minus = self.columns.along(rows, cols, base, multiples)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            quotient = (plus - minus) / np.stack([_span(x, base * self.columns.dtype(t)) for t in multiples])
+        self.status[index] = _flat.decided(plan, rows, plus.T, minus.T, quotient.T, a)
+
+    def coarsen(self, plan: Plan, atol: float, rtol: float) -> np.ndarray:
+        """The nonzeros whose allowance is mostly f's measured noise, re-estimated at wide steps (``_wide``, the
+        stage of full mode's noise-limited columns): those a fit takes get its estimate, band and status; returns
+        them (ascending).  The nonzeros of a column share its width, the largest any of them needs."""
+        found = []
+        for part in self.parts():
+            rows, _, a, spans, numerical = self._read(part)
+            limited = _wide.limited(_noise(plan, rows, spans), numerical, atol, rtol)
+            found.append(np.flatnonzero(limited & np.isfinite(numerical) & np.isfinite(a)) + part.start)
+        index = np.concatenate(found) if found else np.zeros(0, np.int64)
+        # In chunks whose [1, 9, k] tables stay within memory_budget.
+        chunk = max(1, int(self.columns.executor.config.budget // (COARSE_TABLES * 9 * 8)))
+        taken = np.concatenate([np.zeros(0, np.int64)] + [self._coarsened(plan, index[start:start + chunk], atol, rtol)
+                                                          for start in range(0, len(index), chunk)])
+        self.flagged = np.union1d(np.setdiff1d(self.flagged, taken), taken[self.status[taken] != _compare.OK])
+        return taken
+
+    def _coarsened(self, plan: Plan, index: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+        """``coarsen`` on the noise-limited nonzeros ``index``; returns those taken."""
+        rows, cols = self.pattern.at(index)
+        a, y0 = self.analytical.at(rows, cols)[None, :], plan.eval_output[rows][None, :]
+        assert plan.noise is not None, "coarsen under measured noise"
+        sigma = _take(plan.noise.sigma, rows)[None, :]
+        x, dtype, eps_eval = self.columns.x[cols], self.columns.dtype, MACHINE_EPSILON[plan.eval_dtype]
+        base = self.columns.step[cols].astype(np.float64)
+        need = _wide.widths(a, sigma, base, base / self.columns.executor.config.step(eps_eval), atol, rtol)
+        distinct, slot = np.unique(cols, return_inverse=True)
+        widest = np.zeros(len(distinct))
+        np.maximum.at(widest, slot, need)
+
+        def sample(width: np.ndarray):
+            plus, minus = self.columns.along(rows, cols, width, (1.0, 2.0, 3.0, 4.0))
+            # the step actually realised: half the span at t = 4, over 4
+            return plus[None], minus[None], _span(x, width.astype(dtype) * dtype(4)) / 8
+
+        taken, estimate, error = _wide.fitted(sample, widest[slot], y0, sigma, eps_eval)
+        index, estimate, error = index[taken], estimate[0, taken], error[0, taken]
+        self.status[index], band = _verdicts(a[0, taken], estimate, error, atol, rtol)
+        self._override(index, estimate, band)
+        return index
+
+    def _override(self, index: np.ndarray, numerical: np.ndarray, band: np.ndarray) -> None:
+        """Nonzeros ``index`` (ascending) take these values and bands, over any earlier stage's."""
+        if self.override is not None:
+            earlier, earlier_numerical, earlier_band = self.override
+            index, first = np.unique(np.concatenate([index, earlier]), return_index=True)
+            numerical = np.concatenate([numerical, earlier_numerical])[first]
+            band = np.concatenate([band, earlier_band])[first]
+        self.override = (index, numerical, band)
 
     def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray) -> Evaluate:
         """The evaluation ``descend`` drives for the nonzeros (rows, cols): a selection of them at steps

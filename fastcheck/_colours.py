@@ -357,7 +357,7 @@ class _Columns:
                     found[level] = (known[1][where], known[2][where])
         missing = [level for level in steps if level not in found]
         if missing:
-            plus, minus = self._evaluated(rows, cols, missing)
+            plus, minus = self._evaluated(rows, cols, [self._scale(level) for level in missing])
             for k, level in enumerate(missing):
                 found[level] = (plus[k], minus[k])
                 old = self._sides.get(level, (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)))
@@ -373,21 +373,29 @@ class _Columns:
         power, factor = level if isinstance(level, tuple) else (level, 1.0)
         return self.dtype(REFINE_RATIO ** -float(power) * factor)
 
-    def _evaluated(self, rows: np.ndarray, cols: np.ndarray, levels: list) -> tuple[np.ndarray, np.ndarray]:
-        """f(x + d), f(x - d) [len(levels), len(rows)] of ``sides``, evaluated: every level in one batch."""
+    def along(self, rows: np.ndarray, cols: np.ndarray, width: np.ndarray, multiples) -> tuple[np.ndarray, np.ndarray]:
+        """f(x + t d), f(x - t d) [len(multiples), len(rows)] at each nonzero's row, for each t of ``multiples``,
+        d moving each of the columns ``cols`` by its ``width`` (one per nonzero, the same within a column)."""
+        return self._evaluated(rows, cols, [self.dtype(t) for t in multiples], np.asarray(width, self.dtype))
+
+    def _evaluated(self, rows: np.ndarray, cols: np.ndarray, scales: list,
+                   width: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """f(x + s d), f(x - s d) [len(scales), len(rows)] of ``sides`` (d: the columns' steps h) and ``along``
+        (d: ``width``), evaluated: every scale in one batch."""
         colour = self.labels[cols].astype(np.int64)
         present, slot = np.unique(colour, return_inverse=True)
         # The steps of the columns given, 0 elsewhere (those stay put), made on the device (no n-sized array from
         # the host); each column once (scatter_nd adds duplicates: a column holds many nonzeros).  One colour moves
-        # every column, as the sweep did: each row sees its own column alone either way (no 40 MB scatter at 10^7).
+        # every column at h, as the sweep did: each row sees its own column alone either way (no 40 MB scatter at
+        # 10^7).
         labels, step = self.constants()
-        if self.colours > 1:
-            distinct = np.unique(np.asarray(cols, np.int64))
-            step = tf.scatter_nd(tf.constant(distinct[:, None]), tf.constant(self.step[distinct]), [self.x.size])
-        factors = [self._scale(k) for k in levels]
-        ids = np.tile(present, len(levels))
-        scales = np.repeat(np.array(factors, self.dtype), len(present))
-        plus, minus = np.empty((len(levels), len(rows))), np.empty((len(levels), len(rows)))
+        if self.colours > 1 or width is not None:
+            distinct, first = np.unique(np.asarray(cols, np.int64), return_index=True)
+            moved = self.step[distinct] if width is None else width[first]
+            step = tf.scatter_nd(tf.constant(distinct[:, None]), tf.constant(moved), [self.x.size])
+        ids = np.tile(present, len(scales))
+        plus, minus = np.empty((len(scales), len(rows))), np.empty((len(scales), len(rows)))
+        repeated = np.repeat(np.array(scales, self.dtype), len(present))
         where = [np.flatnonzero(slot == c) for c in range(len(present))]
 
         def consume(part, up, down):
@@ -397,7 +405,7 @@ class _Columns:
                 plus[level, picked] = np.asarray(up)[k - part.start, picked]
                 minus[level, picked] = np.asarray(down)[k - part.start, picked]
 
-        self.run(labels, step, ids, consume, scales=scales, rows=rows)
+        self.run(labels, step, ids, consume, scales=repeated, rows=rows)
         return plus, minus
 
     def probe(self, seed: int, divide: float = 1.0):

@@ -60,10 +60,10 @@ IS_FAILING = np.isin(np.arange(max(STATUS_NAMES) + 1), FAILING)
 
 def flat(numerical: np.ndarray, spans: np.ndarray, level: np.ndarray) -> np.ndarray:
     """[m, k] whether each quotient is f's output moving by at most ``FLAT_ROUNDINGS`` times
-    ``level`` [m], the rounding of one evaluation (eps_eval |f(x)|, or f's measured noise)."""
+    ``level`` [m] (or [m, k]), the rounding of one evaluation (eps_eval |f(x)|, or f's measured noise)."""
     with np.errstate(invalid="ignore", over="ignore"):
         moved = np.abs(numerical) * np.abs(spans)[None, :]
-        return np.isfinite(moved) & (moved <= FLAT_ROUNDINGS * level[:, None])
+        return np.isfinite(moved) & (moved <= FLAT_ROUNDINGS * (level if level.ndim == 2 else level[:, None]))
 
 
 def resolution(scale: np.ndarray, allowed: np.ndarray, tolerated: np.ndarray, usable: np.ndarray) -> tuple[float, float]:

@@ -54,31 +54,44 @@ def noise_is_f(plan, rows: np.ndarray) -> np.ndarray:
         return (sigma > 0) & (sigma >= NOISE_IS_F * y0)
 
 
+def levels(plan, config) -> int:
+    """How many larger steps h * REFINE_RATIO**k (k = 1 ...) the test takes: one past ``FLAT_MAX_STEP``, so that f
+    first moving within it has a next step to tell a jump by."""
+    relative = config.step(MACHINE_EPSILON[plan.eval_dtype])
+    return max(1, int(np.ceil(np.log(FLAT_MAX_STEP / relative) / np.log(REFINE_RATIO)))) + 1
+
+
 def status(executor, plan, config, position: int, rows: np.ndarray, cols: np.ndarray,
            analytical: np.ndarray) -> np.ndarray:
     """[len(rows)] the status of flat mismatches (``rows``, ``cols`` of input ``position``, with their ``analytical``
-    values) that larger steps show: FLAT, UNRESOLVED, or MISMATCH where it stands (see the module docstring)."""
+    values) that larger steps show, along each column: FLAT, UNRESOLVED, or MISMATCH where it stands (see the
+    module docstring)."""
     if not len(rows):
         return np.zeros(0, np.int8)
     columns, where = np.unique(cols, return_inverse=True)
-    base = steps(plan, config, position)[columns]
-    relative = config.step(MACHINE_EPSILON[plan.eval_dtype])
-    # One level past FLAT_MAX_STEP, so that f first moving within it has a next step to tell a jump by.
-    levels = max(1, int(np.ceil(np.log(FLAT_MAX_STEP / relative) / np.log(REFINE_RATIO)))) + 1
-    delta = base[None, :] * REFINE_RATIO ** np.arange(1, levels + 1)[:, None]  # [levels, k]
-    quotient, plus, minus, _ = numerical_columns(executor, position, np.tile(columns, levels), delta.reshape(-1))
-    shape = (len(plan.eval_output), levels, len(columns))
-    y0 = plan.eval_output[rows][:, None]
+    count = levels(plan, config)
+    delta = steps(plan, config, position)[columns][None, :] * REFINE_RATIO ** np.arange(1, count + 1)[:, None]
+    quotient, plus, minus, _ = numerical_columns(executor, position, np.tile(columns, count), delta.reshape(-1))
+    shape = (len(plan.eval_output), count, len(columns))
     pick = lambda t: t.reshape(shape)[rows, :, where]  # noqa: E731  [elements, levels]
+    return decided(plan, rows, pick(plus), pick(minus), pick(quotient), analytical)
+
+
+def decided(plan, rows: np.ndarray, plus: np.ndarray, minus: np.ndarray, quotient: np.ndarray,
+            analytical: np.ndarray) -> np.ndarray:
+    """``status`` from f's sides and quotients [elements, levels] at the larger steps, whatever evaluated them
+    (full mode's columns, coloured mode's colours)."""
+    y0 = plan.eval_output[rows][:, None]
+    count = plus.shape[1]
     with np.errstate(invalid="ignore", divide="ignore"):
-        moved = np.fmax(np.abs(pick(plus) - y0), np.abs(pick(minus) - y0))
+        moved = np.fmax(np.abs(plus - y0), np.abs(minus - y0))
         moves = moved > FLAT_ROUNDINGS * rounding_level(plan)[rows][:, None]
         first = np.argmax(moves, axis=1)
         index = np.arange(len(rows))
-        following = np.minimum(first + 1, levels - 1)
-        last = first == levels - 1
+        following = np.minimum(first + 1, count - 1)
+        last = first == count - 1
         jump = ~last & (moved[index, following] < FLAT_JUMP_GROWTH * moved[index, first])
-        agrees = np.abs(pick(quotient)[index, following] - analytical) <= FLAT_AGREES * np.abs(analytical)
+        agrees = np.abs(quotient[index, following] - analytical) <= FLAT_AGREES * np.abs(analytical)
     moving = np.any(moves, axis=1)
     return np.select([moving & (jump | last | agrees), ~moving & noise_is_f(plan, rows)],
                      [_compare.FLAT, _compare.UNRESOLVED], _compare.MISMATCH).astype(np.int8)

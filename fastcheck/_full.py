@@ -81,7 +81,8 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
                 status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
         # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it moved f
         # by a few roundings at most (a weight near sign's jump: the first step crosses it, every settling step is
-        # below it; a staircase's element whose sides differ by one rounding of f).
+        # below it; a staircase's element whose sides differ by one rounding of f).  So too a column judged at wide
+        # steps (``_wide``): a cubic through a staircase's few steps (bfloat16 inside) can fit within its noise.
         mismatched = status == _compare.MISMATCH
         if mismatched.any():
             refined_rows, refined_cols = _flat.candidates(jac.plan, numerical, spans, mismatched)

@@ -1,6 +1,6 @@
 """Full mode's evaluator (_Jacobians: columns at given steps through the executor) and the steps that re-judge
 a failing column before and after the ladder: the triage at h/4 (_triage: conclusive, golden, finest), the
-coarsening of noise-limited columns (_coarsen: cubic fits at larger steps); a settled mismatch's confirmation
+coarsening of noise-limited columns (_coarsen: ``_wide``'s cubic fits at larger steps); a settled mismatch's confirmation
 is ``_refine.confirmation``, over this evaluator's ladder and ``line``.
 """
 
@@ -11,14 +11,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fastcheck import _compare
+from fastcheck import _compare, _wide
 from fastcheck._autodiff import AutodiffJacobian
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import Executor, measured, numerical_columns, steps
 from fastcheck._plan import Plan
 from fastcheck._refine import Evaluate, Line, Rungs
 from fastcheck._tables import (
-    COARSE_MAX_STEP,
     COARSE_TABLES,
     CONFIRM_AGREES,
     CONFIRM_CURVATURE,
@@ -26,7 +25,6 @@ from fastcheck._tables import (
     DEEP_LEVELS,
     FINEST_HOLDS,
     FINEST_ROUNDING,
-    MEASURED_NOISE_FACTOR,
     REFINE_RATIO,
     TRIAGE_DRIFT,
     TRIAGE_LOCAL,
@@ -235,24 +233,13 @@ def _agrees_finest(finest, quarter: _Quarter, powers) -> np.ndarray:
 
 
 def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:
-    """Re-estimate, in place, the columns whose allowance is mostly f's measured noise; returns them.
-
-    At the default step the noise of a noisy f (a bfloat16 matmul inside, a float32 cast in a float64 loss) swamps
-    the difference quotient, and a pass there would say nothing.  Each such column j is sampled at x + t H_j e_j,
-    t = -4..4, with H_j large enough for the noise to fall to a third of the tolerance (at most
-    ``COARSE_MAX_STEP * max(1, |x_j|)`` for 4 H_j), and the slope of a least-squares cubic through the 9 values is
-    the derivative: the cubic term absorbs the third-derivative truncation of a central difference, and 9 points
-    average the noise.  Its error is ``MEASURED_NOISE_FACTOR`` standard deviations of that slope.  The same fit at
-    H_j / 4 (256x less fifth-order truncation) decides whether the wide one can stand.  A column whose fit leaves
-    residuals beyond the noise (a kink, a domain edge or a period of f within 4 H_j) is left to the shrinking ladder.
-    """
+    """Re-estimate, in place, the columns whose allowance is mostly f's measured noise, at wide steps
+    (``_wide``); returns them."""
     atol, rtol = tolerances
     sigma = jac.plan.noise.sigma if jac.plan.noise is not None else np.zeros(jac.plan.m)
-    with np.errstate(invalid="ignore"):
-        limited = noise > _compare.allowance(numerical, atol, rtol)
     # Columns that left f's domain are for the shrinking ladder, not this one.
-    columns = np.flatnonzero(np.any(limited, axis=0) & np.all(np.isfinite(numerical), axis=0)
-                             & np.all(np.isfinite(a), axis=0))
+    columns = np.flatnonzero(np.any(_wide.limited(noise, numerical, atol, rtol), axis=0)
+                             & np.all(np.isfinite(numerical), axis=0) & np.all(np.isfinite(a), axis=0))
     if not len(columns):
         return columns
     # Columns are independent: in chunks whose [m, 9, k] tables (the evaluations' quotients, both sides, the fit's
@@ -268,56 +255,17 @@ def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, nois
     """``_coarsen`` on the noise-limited ``columns``; returns those taken."""
     atol, rtol = tolerances
     base = steps(jac.plan, jac.config, position)[columns]
-    scale = base / jac.config.step(jac.eps_eval)  # max(1, |x_j|)
-    spread = MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE
-    with np.errstate(divide="ignore", invalid="ignore"):
-        needed = np.nanmax(3 * spread * sigma[:, None] / _compare.allowance(a[:, columns], atol, rtol), axis=0)
-    width = np.clip(needed, 4 * base, COARSE_MAX_STEP * scale / 4)
-    wide, wide_error, wide_residual = _cubic_slopes(jac, position, columns, width, sigma)
-    narrow, narrow_error, narrow_residual = _cubic_slopes(jac, position, columns, width / 4, sigma)
-    # The wide fit has a quarter of the noise; it stands where a cubic fits it and the narrow one agrees.
-    with np.errstate(invalid="ignore"):
-        fits = 3 * sigma[:, None] + 64 * jac.eps_eval * np.abs(jac.y0)[:, None]
-        agree = (np.abs(wide - narrow) <= narrow_error) & (wide_residual <= fits)
-    estimate = np.where(agree, wide, narrow)
-    error = np.where(agree, wide_error, narrow_error)
-    with np.errstate(invalid="ignore"):
-        smooth = np.where(agree, wide_residual, narrow_residual) <= fits
-    taken = np.all(smooth & np.isfinite(estimate), axis=0)
+    width = _wide.widths(a[:, columns], sigma[:, None], base, base / jac.config.step(jac.eps_eval), atol, rtol)
+
+    def sample(width: np.ndarray):
+        count = len(columns)
+        delta = np.concatenate([k * width for k in (1.0, 2.0, 3.0, 4.0)])
+        _, plus, minus, spans = numerical_columns(jac.executor, position, np.tile(columns, 4), delta)
+        # the step actually realised: half the span at t = 4, over 4
+        return plus.reshape(-1, 4, count), minus.reshape(-1, 4, count), spans.reshape(4, count)[3] / 8
+
+    taken, estimate, error = _wide.fitted(sample, width, jac.y0[:, None], sigma[:, None], jac.eps_eval)
     columns, estimate, error = columns[taken], estimate[:, taken], error[:, taken]
     numerical[:, columns], noise[:, columns] = estimate, error
     status[:, columns], band[:, columns] = _compare.verdicts(a[:, columns], estimate, error, atol, rtol)
     return columns
-
-
-def _cubic_slopes(jac: _Jacobians, position: int, columns, width, sigma):
-    """Slopes [m, k] of least-squares cubics through f at x + t width_j e_j (t = -4..4), their error
-    (``MEASURED_NOISE_FACTOR`` standard deviations) and the fits' residuals."""
-    count = len(columns)
-    idx = np.tile(columns, 4)
-    delta = np.concatenate([k * width for k in (1.0, 2.0, 3.0, 4.0)])
-    _, plus, minus, spans = numerical_columns(jac.executor, position, idx, delta)
-    unit = spans.reshape(4, count)[3] / 8  # the step actually realised: half the span at t = 4, over 4
-    plus, minus = plus.reshape(-1, 4, count), minus.reshape(-1, 4, count)
-    values = np.concatenate([minus[:, ::-1], np.broadcast_to(jac.y0[:, None, None], (jac.plan.m, 1, count)), plus],
-                            axis=1)  # [m, 9, k]
-    # One least-squares solve for every row and column: the nodes are t = -4..4 in units of each column's step
-    # (rounding moves them by far less than the noise allows).
-    with np.errstate(invalid="ignore", over="ignore"):
-        coefficients = np.einsum("ct,mtk->mck", _CUBIC_FIT, values)  # [m, 4, k]
-        fitted = np.einsum("tc,mck->mtk", _NODES, coefficients)
-        residual = np.sqrt(np.mean((values - fitted) ** 2, axis=1))
-        estimate = coefficients[:, 1] / unit[None, :]
-    outside = ~np.all(np.isfinite(values), axis=1)  # outside f's domain: not for this ladder
-    estimate[outside], residual[outside] = np.nan, np.inf
-    error = MEASURED_NOISE_FACTOR * COARSE_SLOPE_NOISE * sigma[:, None] / width[None, :]
-    return estimate, error, residual
-
-
-_NODES = np.vander(np.arange(-4.0, 5.0), 4, increasing=True)  # [9, 4]: 1, t, t^2, t^3
-
-
-_CUBIC_FIT = np.linalg.pinv(_NODES)  # [4, 9]
-
-
-COARSE_SLOPE_NOISE = float(np.sqrt(np.linalg.inv(_NODES.T @ _NODES)[1, 1]))

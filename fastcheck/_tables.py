@@ -84,7 +84,7 @@ RESOLUTION_NOISE_SHARE = 2.0
 RESOLVE_COLUMNS = 8  # a coarse full-mode pass re-estimates this many of its most resolving columns ...
 RESOLVE_UP = 4  # ... on the ladder h * 4**RESOLVE_UP ... h (float32 sum(x**2) over 2000 elements: 2.3% -> decisive)
 
-# -- noise-limited columns: least-squares cubics (``_full_steps._coarsen``) --------------------------------
+# -- noise-limited directions: least-squares cubics (``_wide``) ------------------------------------------------
 COARSE_MAX_STEP = 0.25  # 4 H at most this relative step: past it the cubic's truncation, not the noise, rules
 COARSE_TABLES = 8  # float64 [m, 9, k] tables alive at once in a fit (plus, minus, quotients, values, residuals)
 

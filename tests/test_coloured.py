@@ -797,11 +797,15 @@ def test_a_given_diagonal_pattern_is_probed_and_a_traced_one_trusted():
 
 
 # Corpus cases at kinks, at large arguments, at domain edges and with f's noise, correct and wrong: one ladder,
-# one confirmation (``_refine.confirmation``) and one classification in both modes, element by element.
+# one confirmation (``_refine.confirmation``) and one classification in both modes, element by element; a low
+# precision inside f judged at wide steps (``_wide``) and where f does not move (``_flat``) in both (coloured mode
+# once left every such case undecidable, its defects included).
 SAME_STATUSES = ["relu_near_kink", "abs_near_kink", "max_pool_near_ties", "kink_misplaced_relu", "max_routed_to_loser",
                  "large_x_cos", "large_x_cos_sign", "kink_relu_at_1e_9", "kink_clip_near_bound",
                  "kink_abs_offset_wrong_center", "edge_acosh_near_one", "edge_acosh_missing_factor",
-                 "kink_relu_switch_at_1e_8", "noisy_cancelling_sum_factor_2"]
+                 "kink_relu_switch_at_1e_8", "noisy_cancelling_sum_factor_2", "hidden_bf16_matmul",
+                 "hidden_bf16_matmul_factor_2", "hidden_bf16_conv_kernel_sign", "hidden_f16_sum_squares_half",
+                 "noisy_float32_input", "noisy_float32_output_factor_2"]
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=["float32", "float64"])
@@ -826,6 +830,29 @@ def test_both_modes_follow_a_domain_edge_down_the_same_ladder(point):
     full, coloured = (fastcheck.check_gradients(tf.math.log, x, mode=mode) for mode in ("full", "coloured"))
     assert full.verdict == coloured.verdict == "pass", (str(full), str(coloured))
     np.testing.assert_array_equal(coloured.pairs[0].statuses, full.pairs[0].statuses)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.5])
+def test_a_large_f_computing_in_bfloat16_inside_is_judged_at_wide_steps(factor):
+    # 10^5 elements: auto mode checks them coloured. bfloat16's rounding inside f swamps every quotient at the
+    # default step; only wide steps (``_wide``) and the flat test (``_flat``) decide, so a 50% defect FAILs
+    # (coloured mode said undecidable) and the correct gradient raises no false alarm.
+    x = tf.constant(RNG.uniform(0.5, 1.5, size=(100, 1000)), tf.float32)
+
+    def f(x):
+        b = tf.cast(x, tf.bfloat16)
+        return tf.cast(tf.sin(b) * b, x.dtype)
+
+    @tf.custom_gradient
+    def scaled(x):
+        return f(x), lambda dy: dy * (tf.cos(x) * x + tf.sin(x)) * factor
+
+    report = fastcheck.check_gradients(scaled, x)
+    assert report.mode == "coloured" and events_of(report, "PrecisionFound"), str(report)
+    if factor == 1.0:
+        assert report.verdict != "fail", str(report)
+    else:
+        assert report.verdict == "fail" and report.failures[0].count("mismatch"), str(report)
 
 
 def test_a_coloured_check_names_the_path_its_evaluations_ran_on():
