@@ -667,5 +667,9 @@ def traced_patterns(m: int, dep: Dep | None, sizes: list[int]) -> list[Pattern]:
         mine = (cols >= bounds[k]) & (cols < bounds[k + 1])
         gptr = np.zeros(len(indptr), np.int64)
         np.cumsum(np.bincount(owner[mine], minlength=len(indptr) - 1), out=gptr[1:])
-        result.append(Pattern((m, size), gptr, index_array(cols[mine] - bounds[k], size), group))
+        own = cols[mine] - bounds[k]
+        if group is None and size == m and np.array_equal(gptr, np.arange(m + 1)) and np.array_equal(own, gptr[:-1]):
+            result.append(Pattern.identity(m))  # elementwise in this input beside others (maximum(x, y))
+            continue
+        result.append(Pattern((m, size), gptr, index_array(own, size), group))
     return result
