@@ -484,6 +484,10 @@ FLAT_HINT = ("f's output does not move beyond its rounding at these elements whi
              "depend on these elements, the gradient flows where f does not.")
 
 
+NONFINITE_CAUSE = ("a classic cause is tf.where(cond, g(x), 0) with g non-finite on the discarded branch; make the "
+                   "input to g safe too (the double-where trick).")
+
+
 def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, size: int | None = None) -> str | None:
     """A one-line guess at the kind of defect, from the pattern of failing elements.
 
@@ -492,8 +496,7 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, 
     """
     bad = status == MISMATCH
     if np.any(status == ANALYTICAL_NONFINITE):
-        return ("the analytical gradient is NaN/Inf where f is smooth: a classic cause is tf.where(cond, g(x), 0) "
-                "with g non-finite on the discarded branch; make the input to g safe too (the double-where trick).")
+        return "the analytical gradient is NaN/Inf where f is smooth: " + NONFINITE_CAUSE
     if np.any(status == NUMERICAL_NONFINITE) and not bad.any():
         return ("f is not finite at or next to the point, so the derivative there cannot be checked numerically; "
                 "move the point inside f's domain.")

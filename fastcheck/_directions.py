@@ -257,13 +257,14 @@ class Joint:
             return tf.constant(np.concatenate([np.reshape(b, [-1]) for b in blocks]), F64) * tf.cast(u[0], F64)
         return _vjp(self.executor.plan, self.executor.native, u)
 
-    def jvp(self, tangents: tf.Tensor, gradient: tf.Tensor, u: tf.Tensor) -> tf.Tensor:
-        """J d for each direction [b, m] float64, from the reverse-mode gradient training uses.
+    def jvp(self, tangents: tf.Tensor, gradient: tf.Tensor, u: tf.Tensor) -> tf.Tensor | None:
+        """J d for each direction [b, m] float64, from the reverse-mode gradient training uses (None: none to have).
 
         For a scalar f, ``J d = (J^T u) . d / u`` (the gradient itself when u = 1); otherwise the derivative of the
         VJP (J^T u) . d with respect to u (``_reverse_jvp``), so every element of it comes from the user's custom
         gradients.  Where TensorFlow cannot differentiate the VJP once more, forward mode (``ForwardAccumulator``)
-        stands in, and the report says so.
+        stands in, and the report says so; where forward mode has no JVP for f either, there is no element-wise J d
+        (None), and only the projections check the gradient.
         """
         plan = self.executor.plan
         if plan.m == 1:
@@ -286,11 +287,14 @@ class Joint:
                 return self.executor.chunked(batch, int(tangents.shape[0]), call, eager)
             except Exception as error:
                 self.forward_only = True
-                self.executor.note(FastForwardOnly(type(error).__name__))
+                rows = self._forward_jvp(tangents)
+                self.executor.note(FastForwardOnly(type(error).__name__, jvp=rows is not None))
+                return rows
         return self._forward_jvp(tangents)
 
-    def _forward_jvp(self, tangents: tf.Tensor) -> tf.Tensor:
-        """Forward-mode J d for each joint direction: [b, m] float64, one eager accumulator per direction."""
+    def _forward_jvp(self, tangents: tf.Tensor) -> tf.Tensor | None:
+        """Forward-mode J d for each joint direction: [b, m] float64, one eager accumulator per direction; None
+        where forward mode has no JVP for f (an op without one, ResizeBilinear: its tangent would read as 0)."""
         plan = self.executor.plan
         sizes = [spec.size for spec in self.specs]
         rows = []
@@ -303,7 +307,10 @@ class Joint:
                 for spec, source in zip(self.specs, sources):
                     values[spec.position] = source
                 y = plan.call_flat(values)
-            rows.append(tf.cast(accumulator.jvp(y, unconnected_gradients=ZERO), F64))
+            jvp = accumulator.jvp(y)
+            if jvp is None:
+                return None
+            rows.append(tf.cast(jvp, F64))
         return tf.stack(rows)
 
     def shares(self, realised: tf.Tensor, gradient: tf.Tensor) -> np.ndarray:

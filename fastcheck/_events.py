@@ -353,9 +353,11 @@ class FastSummary:
 @dataclasses.dataclass(frozen=True)
 class FastForwardOnly:
     """Fast mode: the reverse-mode gradient cannot be differentiated once more (``error``: the exception's type);
-    the element-wise comparison used forward-mode JVPs."""
+    the element-wise comparison used forward-mode JVPs, or, where forward mode has none for f (``jvp`` False), was
+    skipped."""
 
     error: str
+    jvp: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,6 +97,8 @@ REGION_PASSES_HINT = ("probes through the region shown disagree, but none of its
                       "judges kinks): the disagreement may come from kinks the probes cross (a float32 f over ReLUs) "
                       "or sit at the tolerance; check the input with mode='full' (on a slice).")
 FLAT_HINT = ("the probes' disagreement leads to an element where f does not move: " + _compare.FLAT_HINT)
+NONFINITE_HINT = ("the reverse-mode gradient is NaN/Inf at {count} of this input's elements (the first at {first}) "
+                  "where f's differences are finite: " + _compare.NONFINITE_CAUSE)
 CAPPED_HINT = ("the projections over this group of inputs fail; localisation stopped after {count} failing inputs: "
                "check the group's inputs with mode='full' (check_model: variables=[...]).")
 
@@ -176,10 +178,17 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
         d = directions[start : start + group]
         estimate, realised, plus, minus, noise = joint.numerical(d)
         extra = None if slack is None else tf.abs(tf.linalg.matvec(realised, slack))[:, None]
-        forward = joint.jvp(realised, gradient, u) if forward_side else estimate
+        forward = joint.jvp(realised, gradient, u) if forward_side else None
+        forward_side = forward is not None
+        forward = estimate if forward is None else forward
         result = _judge(estimate, forward, realised, noise if extra is None else noise + extra, u, gradient, atol, rtol,
                         own)
-        failing = np.flatnonzero(result.score > 1)
+        # A gradient that is not finite where f's differences are (a NaN on tf.where's discarded branch) fails, as
+        # full mode's ANALYTICAL_NONFINITE does: no step settles it.
+        with np.errstate(invalid="ignore"):
+            unfinite = (~np.isfinite(result.reverse[:, 0]) | ~np.all(np.isfinite(forward.numpy()), axis=1)) & np.all(
+                np.isfinite(estimate.numpy()), axis=1)
+        failing = np.flatnonzero((result.score > 1) & ~unfinite)
         if refine and len(failing):
             # Curvature along a long direction, or kinks the step crosses, are not a gradient bug: refine the
             # failing probes with smaller steps, an error estimate and a kink test.
@@ -190,6 +199,7 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
             result = _judge_arrays(estimate, noise + extra, forward if forward_side else None, realised, u, gradient,
                                    atol, rtol, own)
             result.kind = kind
+        result.kind[unfinite] = _compare.ANALYTICAL_NONFINITE
         result.shares = joint.shares(realised, gradient)
         parts.append(result)
     return Comparison.join(parts)
@@ -328,7 +338,8 @@ def _ladder(joint: Joint, directions: tf.Tensor, probes: np.ndarray, realised: n
         divides = np.array([REFINE_RATIO**p for p in powers], np.float64) / np.asarray(factors or 1.0, np.float64)
         rows = np.repeat(probes[selection], len(powers))
         e, r, p, mi, nz = joint.numerical(tf.gather(directions, rows), np.tile(divides, count))
-        shift = joint.jvp(tf.constant(realised[rows]) - r, gradient, u).numpy()[:, outputs]  # [rows, outputs]
+        moved = joint.jvp(tf.constant(realised[rows]) - r, gradient, u)
+        shift = 0.0 if moved is None else moved.numpy()[:, outputs]  # [rows, outputs]
         step = joint.eps / np.tile(divides, count)[:, None]
         e, p, mi = e.numpy()[:, outputs] + shift, p.numpy()[:, outputs] + step * shift, mi.numpy()[:, outputs] - step * shift
         nz = nz.numpy()[:, outputs]
@@ -426,6 +437,10 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             # The probes' disagreement, followed into a region, shows in none of its elements: no wrong
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
             probes = probes.not_shown(_compare.UNRESOLVED)
+        if hint is None and np.any(probes.kind == _compare.ANALYTICAL_NONFINITE):
+            bad = np.flatnonzero(~np.isfinite(gradient.numpy()[joint.offsets[index] : joint.offsets[index + 1]]))
+            first = tuple(int(i) for i in np.unravel_index(bad[0], tuple(spec.real_view.shape))) if len(bad) else "?"
+            hint = NONFINITE_HINT.format(count=len(bad), first=list(first) if len(bad) else first)
         storage = Projections(probes, probes.resolution(index), region=region, found=worst, found_by=side)
         pairs.append(PairReport("u.J.d", spec.name, (), tuple(spec.real_view.shape), storage, atol, rtol, hint=hint,
                                 side="reverse" if supplied is None else "supplied", float64_gradient=index in twinned))
@@ -500,7 +515,7 @@ def _sharpened(joint: Joint, group: list, number: int, result: Comparison, u, gr
     better = np.all(settled, axis=0) & (np.max(error, axis=0) < np.max(first_noise, axis=1))  # [k]
     estimate = np.where(better[:, None], best.T, first)
     noise = np.where(better[:, None], error.T, first_noise)
-    forward = joint.jvp(tf.constant(realised), gradient, u)
+    forward = joint.jvp(tf.constant(realised), gradient, u)  # None: the estimate against itself
     sharpened = _judge_arrays(estimate, noise, forward, tf.constant(realised), u, gradient, atol, rtol)
     sharpened.shares = joint.shares(tf.constant(realised), gradient)
     return sharpened if sharpened.ok else result

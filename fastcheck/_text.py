@@ -631,9 +631,11 @@ EVENT_TEXT: dict[type, Callable[[Any], str]] = {
     events.ForwardProbe: lambda e: _FORWARD_PROBE[e.result].format(directions=e.directions, error=e.error),
     events.FastSummary: _fast_summary,
     events.FastForwardOnly: lambda e: (
-        f"fast mode: the reverse-mode gradient cannot be differentiated once more ({e.error}); the element-wise "
-        "comparison uses forward-mode JVPs, which do not see tf.custom_gradient (the projection u.J.d still checks "
-        "the reverse-mode gradient)"),
+        f"fast mode: the reverse-mode gradient cannot be differentiated once more ({e.error}); " + (
+            "the element-wise comparison uses forward-mode JVPs, which do not see tf.custom_gradient (the projection "
+            "u.J.d still checks the reverse-mode gradient)" if e.jvp else
+            "forward mode has no JVP for some op of f either, so there is no element-wise comparison: the projection "
+            "u.J.d alone checks the reverse-mode gradient")),
     events.ColouredSummary: _coloured_summary,
     events.ColouredOnGraph: lambda e: (
         f"coloured mode: the colours' evaluations ran on the graph path, not XLA: XLA's compilation pays only from "

@@ -189,3 +189,37 @@ def test_fast_mode_names_the_path_its_probes_ran_on():
     assert "[graph, fast mode" in str(auto)
     forced = fastcheck.check_gradients(f, [x], mode="fast", jit_compile=True)
     assert forced.ok and forced.path == "xla", str(forced)
+
+
+def test_a_gradient_that_is_not_finite_fails_in_fast_mode_as_in_full_mode():
+    # x log x behind tf.where: its gradient is NaN at x = 0 although f is finite there. The probes through those
+    # elements were refined as kinks and passed; now they fail as full mode's "analytical not finite", named.
+    x = tf.constant([0.0, 0.5, 0.0, 1.5, 2.0, 0.0], tf.float64)
+
+    def f(x):
+        return tf.where(x > 0, x * tf.math.log(x), tf.zeros_like(x)) + x
+
+    full, fast = (fastcheck.check_gradients(f, x, mode=mode) for mode in ("full", "fast"))
+    assert full.verdict == fast.verdict == "fail", (str(full), str(fast))
+    assert fast.pairs[0].count("analytical not finite") and "NaN/Inf at 3 of this input's elements" in str(fast)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.5])
+def test_an_op_without_second_derivative_or_jvp_is_checked_by_the_projections(factor):
+    # ResizeBilinear: no gradient of its gradient, and forward mode's tangent is None (it read as 0, and a correct
+    # resize FAILed fast mode's element-wise comparison). Without either, the projections alone check the
+    # gradient: a correct one passes, one 1.5x off does not (tf.image.resize computes in float32, and its
+    # refinement finds kinks at float32's rounding: undecidable, where full mode names the elements).
+    x = tf.constant(RNG.normal(size=(1, 4, 4, 2)), tf.float32)
+
+    @tf.custom_gradient
+    def resize(x):
+        def vjp(dy):
+            return factor * tf.raw_ops.ResizeBilinearGrad(grads=dy, original_image=x, half_pixel_centers=True)
+
+        return tf.image.resize(x, (7, 7), method="bilinear"), vjp
+
+    report = fastcheck.check_gradients(resize, x, mode="fast")
+    assert (report.verdict == "pass") == (factor == 1.0), str(report)
+    (only,) = events_of(report, "FastForwardOnly")
+    assert not only.jvp and "projection u.J.d alone" in str(report)
