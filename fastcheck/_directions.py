@@ -175,6 +175,7 @@ class Joint:
         self.y0 = plan.eval_output
         self.supplied = supplied
         self.forward_only = False  # set when the reverse-mode gradient cannot be differentiated twice
+        self.jvp_missing = False  # ... and forward mode has no JVP for f either
         self.evaluations = 0  # evaluations of f, for the report's note
         # Error of one evaluation per output: rounding, or f's measured noise when larger.
         sigma = plan.noise.sigma if plan.noise is not None else 0.0
@@ -200,7 +201,7 @@ class Joint:
     def with_plan(self, plan: Plan) -> Joint:
         """The same inputs and kernels, with the steps and noise of ``plan`` (after measuring f's noise)."""
         joint = Joint(self.executor, plan, self.supplied)
-        joint.forward_only, joint.evaluations = self.forward_only, self.evaluations
+        joint.forward_only, joint.jvp_missing, joint.evaluations = self.forward_only, self.jvp_missing, self.evaluations
         return joint
 
     # -- numerical side --------------------------------------------------------
@@ -294,7 +295,18 @@ class Joint:
 
     def _forward_jvp(self, tangents: tf.Tensor) -> tf.Tensor | None:
         """Forward-mode J d for each joint direction: [b, m] float64, one eager accumulator per direction; None
-        where forward mode has no JVP for f (an op without one, ResizeBilinear: its tangent would read as 0)."""
+        where forward mode has no JVP for f (an op without one, ResizeBilinear: its tangent would read as 0; or one
+        whose JVP raises, ResizeBicubic)."""
+        if self.jvp_missing:
+            return None
+        try:
+            rows = self._forward_rows(tangents)
+        except Exception:  # an op whose JVP raises (ResizeBicubic, CropAndResize)
+            rows = None
+        self.jvp_missing = rows is None
+        return rows
+
+    def _forward_rows(self, tangents: tf.Tensor) -> tf.Tensor | None:
         plan = self.executor.plan
         sizes = [spec.size for spec in self.specs]
         rows = []

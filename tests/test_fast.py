@@ -223,3 +223,12 @@ def test_an_op_without_second_derivative_or_jvp_is_checked_by_the_projections(fa
     assert (report.verdict == "pass") == (factor == 1.0), str(report)
     (only,) = events_of(report, "FastForwardOnly")
     assert not only.jvp and "projection u.J.d alone" in str(report)
+
+
+def test_an_op_whose_jvp_raises_is_checked_by_the_projections():
+    # ResizeBicubic: no second derivative, and forward mode raises (LookupError) where ResizeBilinear's is None: fast
+    # mode raised it; now the projections alone check the gradient.
+    x = tf.constant(RNG.normal(size=(1, 4, 4, 2)), tf.float32)
+    report = fastcheck.check_gradients(lambda x: tf.image.resize(x, (7, 7), method="bicubic"), x, mode="fast")
+    assert report.verdict == "pass", str(report)
+    assert [e.jvp for e in events_of(report, "FastForwardOnly")] == [False]
