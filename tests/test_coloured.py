@@ -56,35 +56,32 @@ def test_correct_gradients_pass_with_full_modes_verdicts(name, dtype):
 
 @pytest.mark.parametrize("name", sorted(CORRECT))
 def test_traced_pattern_is_exact_and_colours_are_few(name):
+    # Through the report: the traced pattern misses no dependency and its colouring is valid -- a missed entry
+    # would read 0 where full mode's difference does not, and two columns of one colour sharing a row would mix
+    # -- so both Jacobians are full mode's; and the colours are the fewest the pattern allows.
     f, value, colours = CORRECT[name]
     x = tf.constant(value, tf.float64)
-    function = tf.function(lambda v: tf.reshape(f(v), [-1]))
-    m, dep = _sparsity.trace(function.get_concrete_function(tf.TensorSpec(x.shape, x.dtype)).graph,
-                             [(0, int(np.prod(x.shape)))])
-    (pattern,) = _sparsity.traced_patterns(m, dep, [int(np.prod(x.shape))])
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        y = tf.reshape(f(x), [-1])
-    truth = tape.jacobian(y, x).numpy().reshape(m, -1) != 0
-    dense = np.zeros(pattern.shape, bool)
-    dense[pattern.rows, pattern.cols] = True
-    assert not np.any(truth & ~dense)  # nothing missed (relu's zero slopes may be structural nonzeros)
-    labels = _colouring.colour(pattern, tuple(x.shape))
-    assert labels.max() + 1 == colours
-    for row in range(m):  # columns sharing a row differ
-        mine = labels[pattern.cols[pattern.rows == row]]
-        assert len(set(mine)) == len(mine)
+    coloured, full = (fastcheck.check_gradients(f, x, mode=mode) for mode in ("coloured", "full"))
+    (block,) = events_of(coloured, "ColouredSummary")[0].blocks
+    assert coloured.ok and not coloured.problems and block.colours == colours, str(coloured)
+    (pc,), (pf,) = coloured.pairs, full.pairs
+    np.testing.assert_allclose(pc.numerical, pf.numerical, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(pc.analytical, pf.analytical, rtol=1e-12, atol=1e-12)
 
 
 def test_greedy_colouring_is_valid_where_the_lattice_is_poor():
-    # Each row couples column j with column n - 1 - j: extents span the whole axis.
+    # Each output couples element j with element n - 1 - j (extents span the whole axis): two colours, and the
+    # differences are full mode's.
     n = 64
+    x = tf.constant(RNG.normal(size=n), tf.float64)
     rows = np.concatenate([np.arange(n), np.arange(n)])
     cols = np.concatenate([np.arange(n), n - 1 - np.arange(n)])
-    pattern = _pattern.Pattern.of((n, n), rows, cols)
-    labels = _colouring.colour(pattern, (n,))
-    assert labels.max() + 1 == 2
-    assert np.all(labels[pattern.cols[0::2]] != labels[pattern.cols[1::2]])
+    f = lambda x: x * tf.reverse(x, [0])  # noqa: E731
+    coloured = fastcheck.check_gradients(f, x, mode="coloured", sparsity=(rows, cols))
+    full = fastcheck.check_gradients(f, x, mode="full")
+    (block,) = events_of(coloured, "ColouredSummary")[0].blocks
+    assert coloured.ok and not coloured.problems and block.colours == 2, str(coloured)
+    np.testing.assert_allclose(coloured.pairs[0].numerical, full.pairs[0].numerical, rtol=1e-7, atol=1e-9)
 
 
 def _one_element_wrong(index, factor):
