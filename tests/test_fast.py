@@ -236,3 +236,24 @@ def test_an_op_whose_jvp_raises_is_checked_by_the_projections(op):
     report = fastcheck.check_gradients(f, x, mode="fast")
     assert report.verdict == "pass", str(report)
     assert [e.jvp for e in events_of(report, "FastForwardOnly")] == [False]
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.02])
+def test_an_input_its_groups_probes_cannot_resolve_gets_probes_of_its_own(factor):
+    # A 1e-3 term beside a 1e3 one, inputs of one size (one group): the group's allowance, atol ||d|| + rtol |J d|,
+    # is the large term's, and resolves no 1% error of the small input's gradient. Its own k probes do: a correct
+    # gradient passes at a resolution below 1%, a 2% defect FAILs naming that input alone.
+    a, b = (tf.constant(RNG.normal(size=100)) for _ in range(2))
+
+    @tf.custom_gradient
+    def small(v):
+        return tf.sin(v), lambda dy: dy * tf.cos(v) * factor
+
+    report = fastcheck.check_gradients(lambda a, b: tf.reduce_sum(1e3 * tf.sin(a)) + tf.reduce_sum(1e-3 * small(b)),
+                                       [a, b], mode="fast")
+    (summary,) = events_of(report, "FastSummary")
+    assert summary.groups == 1, str(report)
+    if factor == 1.0:
+        assert report.verdict == "pass" and report.pairs[1].resolution < 1e-2, str(report)
+    else:
+        assert report.verdict == "fail" and [p.input_name for p in report.failures] == ["input 1"], str(report)
