@@ -83,6 +83,8 @@ SEEDS = {"screen": 0, "groups": 1 << 20, "own": 2 << 20, "blocks": 3 << 20, "twi
 
 LOCALISED_HINT = ("a directional derivative disagrees: the gradient of the named input is wrong in the region "
                   "shown; check that region with mode='full' on a slice, starting at the worst element.")
+THROUGHOUT = (" Every block of the input fails its probes: the gradient is wrong throughout it; the region shown is "
+              "where it is worst.")
 NOT_SHOWN_HINT = ("the projections over these inputs together fail, but no part of them is shown wrong: neither fresh "
                   "probes of each part nor the failing probe split over the parts fail as a wrong gradient would (a "
                   "wrong gradient's error is linear: the split probe's errors add up to the whole one's); the failure "
@@ -645,9 +647,11 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
                             refine=joint.plan.m <= BLOCK_REFINE_OUTPUTS, slack=slack)
             if found.wrong:
                 break
-        level += 1
         if not found.wrong:
             break  # the defect no longer shows in any one block: report the region so far
+        if level == 0 and len(blocks) > 1 and np.all(found.defect > 1):
+            hint = LOCALISED_HINT + THROUGHOUT
+        level += 1
         low, high = blocks[int(np.argmax(found.defect))]
     shape = tuple(spec.real_view.shape)
     at = lambda flat: tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()  # noqa: E731

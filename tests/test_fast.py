@@ -52,6 +52,7 @@ def test_fast_mode_catches_and_localises_a_reverse_only_defect():
     assert np.any(pair.comparison.forward_ratio > 1) and np.any(pair.comparison.reverse_ratio > 1)
     assert pair.region[0][0] == 537 and pair.region[1][0] == 537, pair.region
     assert pair.worst_element.input_index[0] == 537 and pair.worst_element.status == "mismatch"
+    assert "throughout" not in pair.hint  # one row wrong: a local defect
     assert pair.worst_element.analytical == pytest.approx(2 * pair.worst_element.numerical, rel=1e-6)
     assert "element-wise J d" in str(report) and "localised to input[(537" in str(report)
 
@@ -257,3 +258,4 @@ def test_an_input_its_groups_probes_cannot_resolve_gets_probes_of_its_own(factor
         assert report.verdict == "pass" and report.pairs[1].resolution < 1e-2, str(report)
     else:
         assert report.verdict == "fail" and [p.input_name for p in report.failures] == ["input 1"], str(report)
+        assert "wrong throughout it" in report.failures[0].hint  # every block fails: not a local defect
