@@ -176,23 +176,32 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
     """
     parts = []
     group = joint.rows_per_call
+    # A gradient not finite somewhere is judged as 0 there, and only the probes that move such an element see it
+    # (0 * NaN is NaN: every probe of every input would): those are "analytical not finite".
+    whole, unfinite_gradient = gradient, ~tf.math.is_finite(gradient)
+    anywhere = bool(tf.reduce_any(unfinite_gradient))
+    if anywhere:
+        gradient = tf.where(unfinite_gradient, tf.zeros_like(gradient), gradient)
     for start in range(0, int(directions.shape[0]), group):
         d = directions[start : start + group]
         estimate, realised, plus, minus, noise = joint.numerical(d)
+        touched = (tf.linalg.matvec(tf.cast(tf.not_equal(realised, 0), F64), tf.cast(unfinite_gradient, F64)) > 0
+                   if anywhere else tf.zeros([int(realised.shape[0])], tf.bool))
         extra = None if slack is None else tf.abs(tf.linalg.matvec(realised, slack))[:, None]
         forward = joint.jvp(realised, gradient, u) if forward_side else None
         forward_side = forward is not None
         forward = estimate if forward is None else forward
+        finite = tf.reduce_all(tf.math.is_finite(estimate), axis=1)  # [k], on the device
         if forward_side:
             # An element-wise J d that is not finite where the estimate is (the VJP's own derivative, NaN in
             # euclidean_norm's at a finite gradient) says nothing of the gradient: the projection alone judges there.
-            lost = ~np.all(np.isfinite(forward.numpy()), axis=1) & np.all(np.isfinite(estimate.numpy()), axis=1)
-            forward = tf.where(tf.constant(lost)[:, None], estimate, forward) if lost.any() else forward
+            lost = finite & ~tf.reduce_all(tf.math.is_finite(forward), axis=1)
+            forward = tf.where(lost[:, None], estimate, forward) if bool(tf.reduce_any(lost)) else forward
         result = _judge(estimate, forward, realised, noise if extra is None else noise + extra, u, gradient, atol, rtol,
                         own)
         # A gradient that is not finite where f's differences are (a NaN on tf.where's discarded branch) fails, as
         # full mode's ANALYTICAL_NONFINITE does: no step settles it.
-        unfinite = ~np.isfinite(result.reverse[:, 0]) & np.all(np.isfinite(estimate.numpy()), axis=1)
+        unfinite = (touched & finite).numpy()
         failing = np.flatnonzero((result.score > 1) & ~unfinite)
         if refine and len(failing):
             # Curvature along a long direction, or kinks the step crosses, are not a gradient bug: refine the
@@ -204,8 +213,8 @@ def compare(joint: Joint, directions: tf.Tensor, u: tf.Tensor, gradient: tf.Tens
             result = _judge_arrays(estimate, noise + extra, forward if forward_side else None, realised, u, gradient,
                                    atol, rtol, own)
             result.kind = kind
-        result.kind[unfinite] = _compare.ANALYTICAL_NONFINITE
-        result.shares = joint.shares(realised, gradient)
+        result.kind[unfinite], result.reverse_ratio[unfinite] = _compare.ANALYTICAL_NONFINITE, np.inf
+        result.shares = joint.shares(realised, whole)
         parts.append(result)
     return Comparison.join(parts)
 
@@ -410,8 +419,9 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
                 results[g] = _sharpened(joint, group, g, results[g], u, gradient, atol, rtol)
     # Inputs whose group's probes still resolve no 1% error of their gradient (the group's atol ||d||_2 spans every
     # input's elements: a 2e-3 head gradient beside a backbone's): their own k probes, in one batched comparison.
-    own = [i for g, group in enumerate(groups) if results[g].ok and len(group) > 1 for i in group
-           if i not in decided and results[g].resolution(i)[0] > RESOLUTION_RTOLS * rtol]
+    # So too an input whose group fails only by a projection that is not finite through another input's gradient.
+    own = [i for g, group in enumerate(groups) if len(group) > 1 for i in group if i not in decided and (
+        (results[g].ok and results[g].resolution(i)[0] > RESOLUTION_RTOLS * rtol) or _nonfinite_elsewhere(results[g], i))]
     if own:
         with timed(timings, "fast"):
             k = config.probes
@@ -442,10 +452,10 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
             # The probes' disagreement, followed into a region, shows in none of its elements: no wrong
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
             probes = probes.not_shown(_compare.UNRESOLVED)
-        if hint is None and np.any(probes.kind == _compare.ANALYTICAL_NONFINITE):
-            bad = np.flatnonzero(~np.isfinite(gradient.numpy()[joint.offsets[index] : joint.offsets[index + 1]]))
-            first = tuple(int(i) for i in np.unravel_index(bad[0], tuple(spec.real_view.shape))) if len(bad) else "?"
-            hint = NONFINITE_HINT.format(count=len(bad), first=list(first) if len(bad) else first)
+        if hint is None and np.any(probes.kind == _compare.ANALYTICAL_NONFINITE):  # its share is not finite
+            bad = np.flatnonzero(~np.isfinite(gradient[joint.offsets[index] : joint.offsets[index + 1]].numpy()))
+            first = [int(i) for i in np.unravel_index(bad[0], tuple(spec.real_view.shape))]
+            hint = NONFINITE_HINT.format(count=len(bad), first=first)
         storage = Projections(probes, probes.resolution(index), region=region, found=worst, found_by=side)
         pairs.append(PairReport("u.J.d", spec.name, (), tuple(spec.real_view.shape), storage, atol, rtol, hint=hint,
                                 side="reverse" if supplied is None else "supplied", float64_gradient=index in twinned))
@@ -455,6 +465,14 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
         notes.append(FastSummary(config.probes, len(joint.specs), len(groups), joint.n, joint.evaluations,
                                  tuple(within)))
     return Outcome(pairs, joint.plan, atol, rtol, "fast", notes, path=joint.path)
+
+
+def _nonfinite_elsewhere(result: Comparison, index: int) -> bool:
+    """Whether ``result``'s failing probes are all projections that are not finite while input ``index``'s share of
+    each is finite: another input's gradient is not, and these probes say nothing of this one's."""
+    failing = result.score > 1
+    nan = result.kind == _compare.ANALYTICAL_NONFINITE
+    return bool(nan.any() and np.all(nan[failing]) and np.all(np.isfinite(result.shares[nan, index])))
 
 
 def _measured(joint: Joint, timings: dict) -> Joint:

@@ -205,6 +205,20 @@ def test_a_gradient_that_is_not_finite_fails_in_fast_mode_as_in_full_mode():
     assert fast.pairs[0].count("analytical not finite") and "NaN/Inf at 3 of this input's elements" in str(fast)
 
 
+def test_a_gradient_not_finite_in_one_input_fails_that_input_alone():
+    # One group of two inputs: its probes move both, and 0 * NaN is NaN, so the other input's pair FAILed with
+    # "NaN/Inf at 0 of this input's elements". It gets probes of its own, which pass, as in full mode.
+    a = tf.constant([0.0, 0.5, 0.0, 1.5, 2.0, 0.7], tf.float64)
+    b = tf.constant(np.linspace(0.1, 1.0, 6))
+
+    def f(a, b):
+        return tf.where(a > 0, a * tf.math.log(a), tf.zeros_like(a)) + a + tf.sin(b)
+
+    full, fast = (fastcheck.check_gradients(f, [a, b], mode=mode) for mode in ("full", "fast"))
+    assert [p.label for p in full.pairs] == [p.label for p in fast.pairs] == ["FAIL", "ok"], (str(full), str(fast))
+    assert "NaN/Inf at 2 of this input's elements" in fast.pairs[0].hint
+
+
 @pytest.mark.parametrize("factor", [1.0, 1.5])
 def test_an_op_without_second_derivative_or_jvp_is_checked_by_the_projections(factor):
     # ResizeBilinear: no gradient of its gradient, and forward mode's tangent is None (it read as 0, and a correct
