@@ -57,22 +57,15 @@ def _imperative_grad():
 _IMPERATIVE_GRAD = _imperative_grad()
 
 
-def _reverse_kernel(plan: Plan, path: str):
-    return reverse_rows_kernel(plan, path, lambda y, out_idx: tf.gather(y, out_idx))
-
-
 def reverse_rows_kernel(plan: Plan, path: str, select):
     """kernel(values, *args) -> [rows, n_k] per checked input: the reverse-mode Jacobian of the rows
     ``select(y, *args)`` of f's flat output y (rows of J, or sums of rows), one batched tape.jacobian."""
     checked = [s.position for s in plan.checked]
 
     def kernel(values, *args):
-        values = list(values)
         sources = [values[p] for p in checked]
         with tf.GradientTape(persistent=path == LOOP) as tape:
             tape.watch(sources)
-            for p, source in zip(checked, sources):
-                values[p] = source
             y = plan.call_flat(values)
             rows = select(y, *args)
         jacobians = tape.jacobian(rows, sources, unconnected_gradients=ZERO, experimental_use_pfor=path != LOOP)
@@ -81,22 +74,15 @@ def reverse_rows_kernel(plan: Plan, path: str, select):
     return compile_kernel(kernel, path, plan.autograph)
 
 
-def _gradient_kernel(plan: Plan, path: str):
-    return vjp_kernel(plan, path)
-
-
 def vjp_kernel(plan: Plan, path: str, cotangent=None):
     """kernel(values, *args) -> [1, n_k] per checked input: one VJP of f's flat output y with the
     cotangent ``cotangent(y, *args)`` (None: the gradient of a scalar f)."""
     checked = [s.position for s in plan.checked]
 
     def kernel(values, *args):
-        values = list(values)
         sources = [values[p] for p in checked]
         with tf.GradientTape() as tape:
             tape.watch(sources)
-            for p, source in zip(checked, sources):
-                values[p] = source
             y = plan.call_flat(values)
         weights = None if cotangent is None else cotangent(y, *args)
         grads = tape.gradient(y, sources, output_gradients=weights, unconnected_gradients=ZERO)
@@ -111,12 +97,9 @@ def vjps_kernel(plan: Plan, path: str, cotangents):
     checked = [s.position for s in plan.checked]
 
     def kernel(values, *args):
-        values = list(values)
         sources = [values[p] for p in checked]
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(sources)
-            for p, source in zip(checked, sources):
-                values[p] = source
             y = plan.call_flat(values)
         grads = [tape.gradient(y, sources, output_gradients=u, unconnected_gradients=ZERO) for u in cotangents(y, *args)]
         return [tf.reshape(_densify(g), [1, s.size]) for found in grads for g, s in zip(found, plan.checked)]
@@ -139,7 +122,7 @@ def jvp_rows(plan: Plan, position: int, path: str, values, tangents):
     return tf.vectorized_map(column, tangents)
 
 
-def _forward_kernel(plan: Plan, position: int, chunk: int, path: str):
+def _forward_kernel(plan: Plan, position: int, path: str):
     size = plan.inputs[position].size
 
     def kernel(values, idx):
@@ -197,7 +180,7 @@ class AutodiffJacobian:
         plan, executor = self.plan, self.executor
         if plan.m == 1 and not self.forward:
             def gradient(chunk, part, count):
-                kernel = executor.kernel(("autodiff", self.twin, "gradient"), lambda: _gradient_kernel(plan, executor.path))
+                kernel = executor.kernel(("autodiff", self.twin, "gradient"), lambda: vjp_kernel(plan, executor.path))
                 return [g.numpy().astype(np.float64) for g in kernel(self.values)]
 
             batch = Batch("gradient", "gradient", 1, subject="reverse mode", unit="gradients", item="gradient",
@@ -211,7 +194,7 @@ class AutodiffJacobian:
 
                 def call(chunk, part, count, position=spec.position, columns=columns):
                     kernel = executor.kernel(("autodiff", self.twin, "forward", position, chunk),
-                                             lambda: _forward_kernel(plan, position, chunk, executor.path))
+                                             lambda: _forward_kernel(plan, position, executor.path))
                     out = kernel(self.values, tf.constant(pad(np.arange(part.start, part.stop), chunk), tf.int32))
                     columns[:, part] = view(out)[:count].T
 
@@ -225,7 +208,7 @@ class AutodiffJacobian:
         blocks = [np.empty((plan.m, spec.size)) for spec in plan.checked]  # rows land in place
 
         def rows(chunk, part, count):
-            kernel = executor.kernel(("autodiff", self.twin, "reverse", chunk), lambda: _reverse_kernel(plan, executor.path))
+            kernel = executor.kernel(("autodiff", self.twin, "reverse", chunk), lambda: reverse_rows_kernel(plan, executor.path, tf.gather))
             for block, out in zip(blocks, kernel(self.values, tf.constant(pad(np.arange(part.start, part.stop), chunk),
                                                                           tf.int32))):
                 block[part] = view(out)[:count]
@@ -250,9 +233,7 @@ class AutodiffJacobian:
                 for j in range(spec.size):
                     tangent = tf.reshape(tf.one_hot(j, spec.size, dtype=source.dtype), source.shape)
                     with tf.autodiff.ForwardAccumulator(source, tangent) as accumulator:
-                        moved = list(values)
-                        moved[spec.position] = source
-                        leaves = plan.output_leaves(moved)
+                        leaves = plan.output_leaves(values)
                     columns.append(_flat_numpy(plan, [accumulator.jvp(leaf, unconnected_gradients=ZERO) for leaf in leaves]))
                     if pace.over():
                         return None
@@ -357,10 +338,7 @@ def forward_probe(plan: Plan, directions: list[np.ndarray]) -> tuple[np.ndarray 
         tangents = [tf.constant(d[probe].reshape(s.real_view.shape), s.real_view.dtype) for d, s in zip(directions, plan.checked)]
         try:
             with tf.autodiff.ForwardAccumulator(sources, tangents) as accumulator:
-                moved = list(values)
-                for spec, source in zip(plan.checked, sources):
-                    moved[spec.position] = source
-                leaves = plan.output_leaves(moved)
+                leaves = plan.output_leaves(values)
             jvps = [accumulator.jvp(leaf) for leaf in leaves]
         except Exception as error:  # no forward-mode rule for some op
             return None, f"{type(error).__name__}: {first_line(error)}"

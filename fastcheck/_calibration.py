@@ -167,8 +167,6 @@ def routing_calibration(calibration: Calibration | None = None):
         keep_shared(before)
 
 
-
-
 @functools.lru_cache(maxsize=1)
 def cache_bytes() -> int:
     """The largest data cache of this machine's CPUs at level 3 or above (Linux sysfs), else CACHE_BYTES."""

@@ -126,7 +126,19 @@ class Facts:
 
     @functools.cached_property
     def traced_call(self) -> float:
-        return _traced_call_seconds(self.executor)
+        """Seconds of one call of f's traced function (the route's probe), the first call (graph optimisation) aside;
+        f's eager call where there is none or it fails."""
+        executor = self.executor
+        function = executor.route.flat_function
+        if not callable(function):
+            return executor.plan.call_seconds
+        try:
+            function(*executor.values).numpy()
+            start = time.perf_counter()
+            function(*executor.values).numpy()
+            return time.perf_counter() - start
+        except Exception:  # f runs eagerly only: the batched kernels fall back to the eager path anyway
+            return executor.plan.call_seconds
 
     def call_seconds(self) -> float:
         return self.traced_call
@@ -206,18 +218,15 @@ def _empty_parts(plan: Plan) -> list:
 
 
 def _planned(problem: Problem, config: CheckConfig) -> Plan:
-    """The problem's plan, as compiled kernels hold it; precision='float64' refused is the user's ValueError."""
+    """The problem's plan, as compiled kernels hold it; precision='float64' refused is the user's ValueError.  A
+    problem with no float64 evaluation is planned in native precision under precision='auto'."""
+    if problem.native and config.precision == "auto":
+        config = config.replace(precision="native")
     try:
-        return kernel_plan(build_plan(problem.f, problem.inputs, _planning(problem, config), problem.names,
-                                      problem.computes_in))
+        return kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names, problem.computes_in))
     except Float64Refused as refused:
         raise ValueError(f"precision='float64' was requested but {native_reason(refused.reason)}; pass "
                          "precision='native' or 'auto'.") from None
-
-
-def _planning(problem: Problem, config: CheckConfig) -> CheckConfig:
-    """The configuration the plan is built with: native precision where the problem has no float64 evaluation."""
-    return config.replace(precision="native") if problem.native and config.precision == "auto" else config
 
 
 def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:
@@ -317,21 +326,6 @@ def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, call_second
     if seconds > config.seconds:
         return "fast", (why, events.ColouredTooSlow(colours, seconds, config.seconds))
     return "coloured", (why, events.Sparse(nonzeros, colours, seconds))
-
-
-def _traced_call_seconds(executor: Executor) -> float:
-    """Seconds of one call of f's traced function (the route's probe), the first call (graph optimisation) aside;
-    f's eager call where there is none or it fails."""
-    function = executor.route.flat_function
-    if not callable(function):
-        return executor.plan.call_seconds
-    try:
-        function(*executor.values).numpy()
-        start = time.perf_counter()
-        function(*executor.values).numpy()
-        return time.perf_counter() - start
-    except Exception:  # f runs eagerly only: the batched kernels fall back to the eager path anyway
-        return executor.plan.call_seconds
 
 
 def _require_memory(plan: Plan, config: CheckConfig) -> None:

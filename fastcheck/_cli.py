@@ -38,10 +38,7 @@ def _quiet_tensorflow() -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="fastcheck",
-        description="Fast, batched gradient checks for TensorFlow.",
-    )
+    parser = argparse.ArgumentParser(prog="fastcheck", description="Fast, batched gradient checks for TensorFlow.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = commands.add_parser(
         "demo",
@@ -215,10 +212,8 @@ def _import(module_name: str):
 
 def _bench(argv: list) -> int:
     """Run the benchmark suite from a source checkout (it is not installed with the package)."""
-    import importlib.util
-    import pathlib
-
-    if importlib.util.find_spec("benchmarks") is None or not _is_fastcheck_suite():
+    # The importable ``benchmarks`` may be a user's own: this project's has ``benchmarks.contenders``.
+    if importlib.util.find_spec("benchmarks") is None or importlib.util.find_spec("benchmarks.contenders") is None:
         checkout = pathlib.Path.cwd()
         if (checkout / "benchmarks" / "__main__.py").is_file():
             sys.path.insert(0, str(checkout))
@@ -229,14 +224,6 @@ def _bench(argv: list) -> int:
     from benchmarks.__main__ import main as bench_main
 
     return bench_main(argv)
-
-
-def _is_fastcheck_suite() -> bool:
-    """Whether the importable ``benchmarks`` is this project's (a user may have their own)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("benchmarks.contenders")
-    return spec is not None
 
 
 if __name__ == "__main__":

@@ -220,28 +220,26 @@ class Share:
 
     def _across(self, label, call, sub, start, count, shares, what) -> list:
         spread = self.spread
-        taps: list[Tap] = []
-        errors: list[BaseException | None] = []
 
-        def record(b, n):
+        def record(b, n) -> tuple[Tap | None, BaseException | None]:
             tap = Tap()
             self.tap.value = tap
             try:
                 call(sub, slice(b, b + n), n)
+            except (Exception, Raised) as error:  # reported to every worker through the header (f's own: re-raised here)
+                return None, error
             finally:
                 self.tap.value = None
-            return tap
+            return tap, None
 
         jobs = []
         for i, g in enumerate(spread.ids):
             b, n = shares[g]
             # A replica with no items computes the first one anyway (its result unused): every worker brings a
             # payload of the same layout to the collective.
-            jobs.append((i, lambda b=b if n else start, n=n or 1: self._safely(record, b, n)))
+            jobs.append((i, lambda b=b if n else start, n=n or 1: record(b, n)))
         outcomes = spread.locally(jobs)
-        for tap, error in outcomes:
-            taps.append(tap)
-            errors.append(error)
+        taps, errors = [tap for tap, _ in outcomes], [error for _, error in outcomes]
         status = _OK
         for error in errors:
             if error is not None:
@@ -280,13 +278,6 @@ class Share:
                 self.tap.value = None
             self._count(label, g, n)
         return results
-
-    @staticmethod
-    def _safely(record, b, n):
-        try:
-            return record(b, n), None
-        except (Exception, Raised) as error:  # reported to every worker through the header (f's own: re-raised here)
-            return None, error
 
     def agree_on_path(self, path: str, what: str, total: int) -> str:
         """The path every worker takes for this batched evaluation (eager where they differ); on the eager path, a

@@ -500,6 +500,3 @@ class EagerUnsplit:
 
     what: str
     multi: bool
-
-
-Event = object  # any of the above: the report composes each by its type

@@ -134,31 +134,6 @@ def _joint_kernel(plan: Plan, chunk: int, path: str, sides: bool = True):
     return compile_kernel(kernel, path, plan.autograph)
 
 
-class _Rented:
-    """The joint differences kernel, timed call by call for ``Executor._rent`` (not its first call: the trace)."""
-
-    def __init__(self, kernel, executor, position: int):
-        self.kernel, self.executor, self.position = kernel, executor, position
-
-    def __call__(self, *args):
-        first = id(self.kernel) not in self.executor._called
-        self.executor._called.add(id(self.kernel))
-        start = time.perf_counter()
-        out = self.kernel(*args)
-        if not first:
-            self.executor._rent(self.position, time.perf_counter() - start)
-        return out
-
-
-def _loops_in(concrete) -> bool:
-    """Whether a traced kernel holds while_loops (pfor's fallback for an op it cannot vectorise)."""
-    graph = concrete.graph
-    types = {op.type for op in graph.get_operations()}
-    for function_def in graph.as_graph_def().library.function:
-        types |= {node.op for node in function_def.node_def}
-    return bool(types & _paths._LOOP_OPS)
-
-
 def _line_kernel(plan: Plan):
     """f at ``x + t s`` for t in ``ts`` and in ``-ts`` ([2 len(ts), m]): ``steps`` s holds one step per checked
     input (zeros for those not moved).  The noise tables of ``_precision``: t and s are exact in every dtype (small
@@ -193,15 +168,12 @@ def measured(executor: Executor, plan: Plan, line=None) -> Plan:
     if executor.path == EAGER:
         return measure_precision(plan, line)
     try:  # tables the line does not take go point by point through f traced once
-        measured_ = measure_precision(dataclasses.replace(plan, f=_f_kernel(plan.f, executor.plan.autograph)), line)
+        # f as a traced function (one per check: the name keeps TensorFlow's retracing warning off it)
+        traced = tf.function(lambda *args: plan.f(*args), autograph=executor.plan.autograph, reduce_retracing=True)
+        measured_ = measure_precision(dataclasses.replace(plan, f=traced), line)
     except Exception:  # f traced for the batched kernels, but not on its own: measure it eagerly
         return measure_precision(plan)
     return dataclasses.replace(measured_, f=plan.f)
-
-
-def _f_kernel(f, autograph: bool):
-    """f as a traced function (one per check: the name keeps TensorFlow's retracing warning off it)."""
-    return tf.function(lambda *args: f(*args), autograph=autograph, reduce_retracing=True)
 
 
 class Progress:
@@ -433,56 +405,7 @@ class Executor:
         return results
 
     def _differences_batch(self, position: int) -> Batch:
-        key = self._differences_key(position)
-        name = self.plan.inputs[position].name
-        return Batch("numerical differences", key, self.chunks[key], subject=name, moves=name,
-                     item=f"perturbation of {name}")
-
-    # -- full mode: columns ----------------------------------------------------
-
-    def quotients(self, position: int, idx: np.ndarray, delta: np.ndarray):
-        """Central difference quotients [m, len(idx)] float64 and the spans [len(idx)] (the first sweep)."""
-        dtype = self.values[position].dtype.as_numpy_dtype
-        quotient, span = np.empty((self.plan.m, len(idx))), np.empty(len(idx))
-
-        def call(chunk, part, count):
-            kernel, at = self._differences(position, chunk, sides=False)
-            block, spans = kernel(self.values, tf.constant(pad(idx[part], chunk) + at, tf.int32),
-                                  tf.constant(pad(delta[part], chunk).astype(dtype)))
-            quotient[:, part] = view(block)[:, :count]
-            span[part] = view(spans)[:count]
-
-        def eager():
-            plus, minus, spans = self._eager_differences(position, idx, delta)
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                return (plus - minus) / spans[None, :], spans
-
-        eager_result = self.chunked(self._differences_batch(position), len(idx), call, eager)
-        return eager_result if eager_result is not None else (quotient, span)  # the calls filled the arrays
-
-    def differences(self, position: int, idx: np.ndarray, delta: np.ndarray):
-        """f(x + d e_j) and f(x - d e_j) as [m, len(idx)] float64, and the spans [len(idx)]."""
-        dtype = self.values[position].dtype.as_numpy_dtype
-        # Each chunk lands in its place in the result: no concatenation of [m, n] arrays.
-        plus, minus, span = np.empty((self.plan.m, len(idx))), np.empty((self.plan.m, len(idx))), np.empty(len(idx))
-
-        def call(chunk, part, count):
-            kernel, at = self._differences(position, chunk, sides=True)
-            out = kernel(self.values, tf.constant(pad(idx[part], chunk) + at, tf.int32),
-                         tf.constant(pad(delta[part], chunk).astype(dtype)))
-            for target, result in zip((plus, minus), out[:2]):
-                target[:, part] = view(result)[:, :count]
-            span[part] = view(out[2])[:count]
-
-        eager_result = self.chunked(self._differences_batch(position), len(idx), call,
-                                    lambda: self._eager_differences(position, idx, delta))
-        return eager_result if eager_result is not None else (plus, minus, span)  # the calls filled the arrays
-
-    def _joint_on(self) -> bool:
-        return self.joint and self.path in (_paths.XLA, GRAPH)
-
-    def _differences_key(self, position: int) -> int:
-        """The chunk key of a differences call on ``position`` (its own); the first on the joint kernel sets every
+        """The batch of a differences call on ``position`` (its chunk key); the first on the joint kernel sets every
         checked input's chunk to the joint kernel's, as the report's notes say."""
         if self._joint_on() and not self._joint_chunks:
             self._joint_chunks = {s.position: self.chunks[s.position] for s in self.plan.checked}
@@ -490,7 +413,45 @@ class Executor:
                 self.chunks[spec.position] = self.route.joint_chunk
             self.route = dataclasses.replace(self.route, chunk_reason=ChunkReason(
                 "joint", inputs=len(self.plan.checked), padded=self.route.joint_chunk))
-        return position
+        name = self.plan.inputs[position].name
+        return Batch("numerical differences", position, self.chunks[position], subject=name, moves=name,
+                     item=f"perturbation of {name}")
+
+    # -- full mode: columns ----------------------------------------------------
+
+    def quotients(self, position: int, idx: np.ndarray, delta: np.ndarray):
+        """Central difference quotients [m, len(idx)] float64 and the spans [len(idx)] (the first sweep)."""
+
+        def eager():
+            plus, minus, spans = self._eager_differences(position, idx, delta)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return (plus - minus) / spans[None, :], spans
+
+        return self._columns(position, idx, delta, (np.empty((self.plan.m, len(idx))), np.empty(len(idx))), eager)
+
+    def differences(self, position: int, idx: np.ndarray, delta: np.ndarray):
+        """f(x + d e_j) and f(x - d e_j) as [m, len(idx)] float64, and the spans [len(idx)]."""
+        blocks = (np.empty((self.plan.m, len(idx))), np.empty((self.plan.m, len(idx))), np.empty(len(idx)))
+        return self._columns(position, idx, delta, blocks, lambda: self._eager_differences(position, idx, delta))
+
+    def _columns(self, position: int, idx: np.ndarray, delta: np.ndarray, arrays: tuple, eager):
+        """``arrays`` (the kernel's outputs: [m, len(idx)] blocks, then the spans) filled chunk by chunk, each chunk
+        in its place (no concatenation of [m, n] arrays); with three, both sides, with two, the quotients alone;
+        or ``eager()``'s result."""
+        dtype = self.values[position].dtype.as_numpy_dtype
+
+        def call(chunk, part, count):
+            kernel, at = self._differences(position, chunk, sides=len(arrays) == 3)
+            out = kernel(self.values, tf.constant(pad(idx[part], chunk) + at, tf.int32),
+                         tf.constant(pad(delta[part], chunk).astype(dtype)))
+            for target, result in zip(arrays, out):
+                target[..., part] = view(result)[..., :count]
+
+        eager_result = self.chunked(self._differences_batch(position), len(idx), call, eager)
+        return eager_result if eager_result is not None else arrays  # the calls filled the arrays
+
+    def _joint_on(self) -> bool:
+        return self.joint and self.path in (_paths.XLA, GRAPH)
 
     def _differences(self, position: int, chunk: int, sides: bool):
         """(kernel, offset): the differences kernel for a call on ``position`` and what to add to its indices."""
@@ -499,13 +460,27 @@ class Executor:
             kernel = self.kernel(("joint " + what, chunk), lambda: self._vectorised(
                 _joint_kernel(self.plan, chunk, self.path, sides), chunk))
             if kernel is not None:
-                return _Rented(kernel, self, position), self._offsets[position]
+                return self._rented_kernel(kernel, position), self._offsets[position]
             self.joint = False
             self.chunks.update(self._joint_chunks)  # each input's own chunk again
             self.route = dataclasses.replace(self.route, chunk_reason=self.chosen.chunk_reason)
             self.note(JointKernelDropped())
         return self.kernel((what, position, chunk), lambda: _differences_kernel(
             self.plan, position, chunk, self.path, self.route.flat_function, sides=sides)), 0
+
+    def _rented_kernel(self, kernel, position: int):
+        """The joint differences kernel, timed call by call for ``_rent`` (not its first call: the trace)."""
+
+        def call(*args):
+            first = id(kernel) not in self._called
+            self._called.add(id(kernel))
+            start = time.perf_counter()
+            out = kernel(*args)
+            if not first:
+                self._rent(position, time.perf_counter() - start)
+            return out
+
+        return call
 
     def _rent(self, position: int, seconds: float) -> None:
         """Count a joint call on ``position`` that took ``seconds``: its own kernel would evaluate only the ops that
@@ -523,10 +498,10 @@ class Executor:
 
     def _vectorised(self, kernel, chunk: int):
         """A joint kernel, traced; None (cached as such) where pfor could not vectorise some op of f with every
-        input batched (a while_loop in its graph): each input then gets its own kernel."""
+        input batched (a while_loop, pfor's fallback, in its graph): each input then gets its own kernel."""
         dtype = self.values[self.plan.checked[0].position].dtype
         concrete = kernel.get_concrete_function(self.values, tf.TensorSpec([chunk], tf.int32), tf.TensorSpec([chunk], dtype))
-        return None if _loops_in(concrete) else kernel
+        return None if _paths.graph_op_types(concrete.graph) & _paths._LOOP_OPS else kernel
 
     def elementwise(self) -> bool:
         """Whether the eager loops may make ``_diagonal``'s few calls (f element-wise in its one checked input;
@@ -547,11 +522,10 @@ class Executor:
         return self.once("centre", centre)
 
     def _eager_differences(self, position, idx, delta):
-        plan = self.plan
         base = self.values[position].numpy()
         shape, dtype = base.shape, base.dtype
         flat = base.reshape(-1)
-        m = plan.m
+        m = self.plan.m
         idx = np.asarray(idx)
         if len(idx) > 1 and self.elementwise() and np.unique(idx).size == len(idx):
             return self._elementwise_differences(position, idx, delta, flat, shape, dtype)

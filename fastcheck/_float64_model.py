@@ -26,6 +26,7 @@ from fastcheck._config import PRECISION_EPSILON
 from fastcheck._events import ModelCopy
 from fastcheck._model import (
     ModelLoss,
+    Source,
     _call,
     _is_functional,
     _keras3_loss,
@@ -37,10 +38,9 @@ from fastcheck._model import (
     loss_of_outputs,
     preserved_variables,
     variable_name,
-    variable_value,
 )
 from fastcheck._tables import FLOAT64_COPY_ROUNDINGS
-from fastcheck._variables import library_state_restored, swapped
+from fastcheck._variables import library_state_restored, stored_value, swapped
 
 
 def with_float64_copy(loss: ModelLoss, precision: str, upcast_limit: int | None) -> ModelLoss:
@@ -55,9 +55,7 @@ def with_float64_copy(loss: ModelLoss, precision: str, upcast_limit: int | None)
             or (precision == "auto" and upcast_limit is not None and size > upcast_limit)):
         return loss
     with library_state_restored():
-        float64_copy = _Float64Copy(source.model, source.keras3, source.x, source.y, source.loss_fn,
-                                    source.sample_weight, loss.every, source.trainable, loss.chosen, loss.training,
-                                    source.generators)
+        float64_copy = _Float64Copy(source, loss)
         twin, note = float64_copy.loss(loss.f, values)
     if twin is None and precision == "float64":
         raise ValueError(f"precision='float64' was requested, but {note}; pass precision='native' or 'auto'.")
@@ -78,27 +76,21 @@ def _by_dtype(native: Callable, twin: Callable) -> Callable:
 
 
 class _Float64Copy:
-    """A float64 copy of a model, and its loss as a function of the chosen variables' (float64) values.
+    """A float64 copy of a model (Keras 3: ``_keras3_copy``; tf_keras: ``_cloned``; a ``tf.Module`` that is not a
+    Keras model is its own copy), and its loss as a function of the chosen variables' (float64) values, evaluated at
+    the model's own values cast to float64: Keras 3 through ``stateless_call``, tf_keras by substituting every
+    variable as the model's loss does."""
 
-    The copy (Keras 3: ``_keras3_copy``; tf_keras: ``_cloned``) must have variables corresponding one to one with
-    the model's (same count, shapes and, for Keras 3, paths or own names: ``_counterparts``).  It is evaluated at the
-    model's own values, cast to float64: Keras 3 through ``stateless_call``, tf_keras by substituting every variable
-    as the model's loss does.  A ``tf.Module`` that is not a Keras model is its own copy: called with every floating
-    variable and the data cast to float64, it computes in float64 when its code is dtype-generic.
-    """
-
-    def __init__(self, model, keras3: bool, x, y, loss_fn, sample_weight, every, trainable, chosen, training,
-                 generators):
-        self.model, self.keras3, self.x, self.y = model, keras3, x, y
-        self.loss_fn, self.sample_weight = loss_fn, sample_weight
-        self.every, self.trainable, self.chosen, self.training = every, trainable, chosen, training
-        self.generators = generators
+    def __init__(self, source: Source, loss: ModelLoss):
+        self.model, self.keras3, self.x, self.y = source.model, source.keras3, source.x, source.y
+        self.loss_fn, self.sample_weight, self.generators = source.loss_fn, source.sample_weight, source.generators
+        self.every, self.trainable, self.chosen, self.training = loss.every, source.trainable, loss.chosen, loss.training
 
     def loss(self, native: Callable, values: list) -> tuple[Callable | None, str]:
         """(the copy's loss, a note saying what was compared), or (None, why no copy stands in)."""
-        why = self._refusal()
-        if why is not None:
-            return None, why
+        if self.training and (self.generators or any("seed_generator" in variable_name(v) for v in self.every)):
+            return None, ("training=True draws dropout masks in the compute dtype, so a float64 copy would draw other "
+                          "masks")
         try:
             twin, what = self._twin()
         except _NoCopy as reason:
@@ -161,13 +153,6 @@ class _Float64Copy:
     def _hint(self) -> str:
         """What would let a refused copy stand in: for a subclassed model on Keras's automatic config."""
         return REBUILD_HINT if self._subclassed and _automatic_config(self.model) else ""
-
-    def _refusal(self) -> str | None:
-        """Why no float64 copy can stand in for the model, known before making one."""
-        if self.training and (self.generators or any("seed_generator" in variable_name(v) for v in self.every)):
-            return ("training=True draws dropout masks in the compute dtype, so a float64 copy would draw other "
-                    "masks")
-        return None
 
     def _twin(self) -> tuple[Callable, str]:
         x64 = _cast_floating(self.x)
@@ -264,7 +249,7 @@ def _substituted_float64_loss(clone, x, compute, every, chosen, counterpart, gen
     missing = [variable_name(v) for v in chosen if id(counterpart.get(id(v))) not in reachable]
     if missing:
         raise _NoCopy(f"variable {missing[0]!r} cannot be reached in its float64 copy")
-    fixed = {id(counterpart[id(v)]): tf.cast(variable_value(v), tf.float64) for v in floating}
+    fixed = {id(counterpart[id(v)]): tf.cast(stored_value(v), tf.float64) for v in floating}
     chosen_twins = [counterpart[id(v)] for v in chosen]
 
     def loss(*new_values):
@@ -454,14 +439,14 @@ def _compute_dtype(layer) -> str | None:
         return None
 
 
-def _cast_floating(structure, dtype=tf.float64):
-    """``structure`` with every floating leaf (array or tensor) cast to ``dtype``; other leaves as they are."""
+def _cast_floating(structure):
+    """``structure`` with every floating leaf (array or tensor) cast to float64; other leaves as they are."""
     if structure is None:
         return None
 
     def cast(leaf):
         if isinstance(leaf, (tf.Tensor, tf.Variable, np.ndarray, np.generic)) and tf.as_dtype(leaf.dtype).is_floating:
-            return tf.cast(leaf, dtype)
+            return tf.cast(leaf, tf.float64)
         return leaf
 
     return tf.nest.map_structure(cast, structure)

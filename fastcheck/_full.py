@@ -34,7 +34,7 @@ from fastcheck._tables import (
 from fastcheck._text import element_name
 
 
-def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = True):
+def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
     """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts; and (atol, rtol).
 
     ``supplied`` replaces autodiff: a callable returning the analytical blocks.  f's noise and the precision it
@@ -58,7 +58,7 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
     first = sweep()
     atol, rtol = jac.config.tolerances(jac.plan.precision)
     verdicts = [_compare.verdicts(a, numerical, noise, atol, rtol) for a, (numerical, noise, _) in zip(analytical, first)]
-    if refine and jac.plan.noise is None and any(np.any(status != _compare.OK) for status, _ in verdicts):
+    if jac.plan.noise is None and any(np.any(status != _compare.OK) for status, _ in verdicts):
         with timed(jac.timings, "refine"):
             _second_step(jac, analytical, first, verdicts, (atol, rtol))
     if any(np.any(status != _compare.OK) for status, _ in verdicts) and jac.plan.noise is None:
@@ -71,14 +71,9 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
     results, sweeps = [], []
     for spec, a, (numerical, noise, spans), (status, band) in zip(plan.checked, analytical, first, verdicts):
         sweeps.append(spans)
-        # before refinement overwrites the quotients
-        mismatched = status == _compare.MISMATCH
-        flat = (_flat.candidates(jac.plan, numerical, spans, mismatched) if mismatched.any()
-                else (np.zeros(0, int), np.zeros(0, int)))
-        one_sided: dict = {}
-        if refine:
-            with timed(jac.timings, "refine"):
-                status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
+        flat = _flat.candidates(jac.plan, numerical, spans, status == _compare.MISMATCH)  # before refinement overwrites
+        with timed(jac.timings, "refine"):
+            status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
         # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it moved f
         # by a few roundings at most (a weight near sign's jump: the first step crosses it, every settling step is
         # below it; a staircase's element whose sides differ by one rounding of f).  So too a column judged at wide
@@ -92,11 +87,10 @@ def _compute(jac: _Jacobians, supplied=None, refine: bool = True, twin: bool = T
             rows, cols = rows[still], cols[still]
             status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, spec.position, rows, cols,
                                               a[rows, cols])
-        if refine:
-            with timed(jac.timings, "refine"):
-                _resolve(jac, spec.position, a, numerical, status, band, (atol, rtol))
+        with timed(jac.timings, "refine"):
+            _resolve(jac, spec.position, a, numerical, status, band, (atol, rtol))
         results.append((spec, a, numerical, status, band, one_sided, None))
-    if refine and twin:
+    if twin:
         results = _twin(jac, results, sweeps, (atol, rtol))
     return results, (atol, rtol)
 
@@ -303,14 +297,6 @@ def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:
     return [block[o.offset : o.offset + o.size] for o in plan.outputs]
 
 
-def _view_shape(spec) -> tuple:
-    return tuple(spec.real_view.shape)
-
-
-def _output_view_shape(output) -> tuple:
-    return tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
-
-
 def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
                twin: bool = True) -> Outcome:
     """Full Jacobians, compared and cut into one PairReport per (output, input)."""
@@ -362,7 +348,8 @@ def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[Pair
             plan.outputs, *(_split_rows(plan, x) for x in (a, numerical, status, band)), twins
         ):
             used = t_rows is not None and bool(np.any(np.isfinite(t_rows)))
-            pair = PairReport(output_name or output.name, spec.name, _output_view_shape(output), _view_shape(spec),
+            output_shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
+            pair = PairReport(output_name or output.name, spec.name, output_shape, tuple(spec.real_view.shape),
                               Dense(n_rows, a_rows, s_rows, b_rows), atol, rtol, side=side, float64_gradient=used)
             pair.one_sided = {(r - output.offset, c): v for (r, c), v in one_sided.items()
                               if output.offset <= r < output.offset + output.size}

@@ -60,13 +60,13 @@ class _Jacobians:
         sigma = self.plan.noise.sigma if self.plan.noise is not None else None
         return _compare.rounding_noise_factors(self.y0, spans, self.plan.row_epsilon, sigma)
 
-    def numerical(self, position: int, columns=None, divide: float = 1.0):
+    def numerical(self, position: int, columns=None):
         """Central differences [m, k] for ``columns`` (default all), their noise [m, k] and spans [k]."""
         size = self.plan.inputs[position].size
         columns = np.arange(size) if columns is None else columns
         if not len(columns):
             return np.zeros((self.plan.m, 0)), np.zeros((self.plan.m, 0)), np.zeros(0)
-        delta = steps(self.plan, self.config, position)[columns] / divide
+        delta = steps(self.plan, self.config, position)[columns]
         jacobian, spans = self.executor.quotients(position, columns, delta)
         return jacobian, self.noise_factors(spans), spans
 
@@ -184,21 +184,16 @@ def _conclusive(quarter: _Quarter, first, first_noise, atol: float) -> np.ndarra
 
 
 def _golden_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter) -> np.ndarray:
-    """[m, k] whether the h/4 quotients of ``columns`` hold at the independent step h/4 x ``CONFIRM_RATIO``."""
+    """[m, k] whether the h/4 quotients of ``columns`` hold at the independent step h/4 x ``CONFIRM_RATIO``: the
+    quotient there agrees with the h/4 one within ``CONFIRM_AGREES`` of it (plus rounding), and its second difference
+    with the h/4 one's scaled by h^2 within ``CONFIRM_CURVATURE`` (plus rounding): at a step near a period of f the
+    second difference is far off (cos h = 1 there, and nowhere near at the other step)."""
     other, plus, minus, spans = numerical_columns(jac.executor, position, columns, quarter.delta * CONFIRM_RATIO)
+    other_curvature = _curvature(plus, minus, jac.y0)
     with np.errstate(invalid="ignore"):
         slack = 2 * jac.noise(spans) * spans[None, :]
-    return _agrees_at_golden(quarter, other, _curvature(plus, minus, jac.y0), spans, slack)
-
-
-def _agrees_at_golden(quarter: _Quarter, other, other_curvature, other_spans, slack) -> np.ndarray:
-    """[m, k] whether the quotient at the golden step agrees with the h/4 one within ``CONFIRM_AGREES`` of it (plus
-    rounding), and its second difference with the h/4 one's scaled by h^2 within ``CONFIRM_CURVATURE`` (plus
-    rounding ``slack``): at a step near a period of f the second difference is far off (cos h = 1 there, and nowhere
-    near at the other step)."""
-    with np.errstate(invalid="ignore"):
         expected = CONFIRM_RATIO**2 * quarter.curvature
-        return ((np.abs(other - quarter.quotient) <= CONFIRM_AGREES * np.abs(quarter.quotient) + slack / other_spans)
+        return ((np.abs(other - quarter.quotient) <= CONFIRM_AGREES * np.abs(quarter.quotient) + slack / spans)
                 & (np.abs(other_curvature - expected) <= CONFIRM_CURVATURE * expected + 2 * slack))
 
 
@@ -213,7 +208,9 @@ def _finest_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter, co
     finest, *_ = numerical_columns(jac.executor, position, columns, quarter.delta / REFINE_RATIO**powers)
     with np.errstate(invalid="ignore"):
         resolved = FINEST_ROUNDING * quarter_noise <= quarter.mismatch
-    return _agrees_finest(finest, quarter, powers) & resolved
+        # within ``FINEST_HOLDS`` of the mismatch of the h/4 quotient (trivially where the finest step is h/4 itself)
+        holds = np.abs(finest - quarter.quotient) <= FINEST_HOLDS * quarter.mismatch
+    return (holds | (powers == 0)[None, :]) & resolved
 
 
 def _finest_powers(mismatch, conclusive, quarter_noise) -> np.ndarray:
@@ -222,14 +219,6 @@ def _finest_powers(mismatch, conclusive, quarter_noise) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         room = np.nanmin(np.where(conclusive, mismatch, np.inf) / (FINEST_ROUNDING * quarter_noise), axis=0)
     return np.clip(np.floor(np.log(np.maximum(room, 1.0)) / np.log(REFINE_RATIO)), 0, DEEP_LEVELS)
-
-
-def _agrees_finest(finest, quarter: _Quarter, powers) -> np.ndarray:
-    """[m, k] whether the finest step's quotient lies within ``FINEST_HOLDS`` of the mismatch of the h/4 one
-    (trivially where the finest step is h/4 itself)."""
-    with np.errstate(invalid="ignore"):
-        holds = np.abs(finest - quarter.quotient) <= FINEST_HOLDS * quarter.mismatch
-    return holds | (powers == 0)[None, :]
 
 
 def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:

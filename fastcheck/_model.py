@@ -58,11 +58,6 @@ def variable_name(variable) -> str:
     return getattr(variable, "name", "variable").split(":")[0]
 
 
-def variable_value(variable) -> tf.Tensor:
-    """The value a check substitutes: what the variable's storage holds (a wrapper's latent value)."""
-    return stored_value(variable)
-
-
 @contextlib.contextmanager
 def preserved_variables(variables):
     """Restore every variable to its exact bytes afterwards, whatever happens inside, and every
@@ -152,9 +147,7 @@ def _loss_without_data(model, loss_fn, variables, training, sample_weight, preci
         trainable, every = list(model.trainable_variables), list(model.variables)
     else:
         trainable, every = _module_variables(model)
-    chosen = _chosen(variables, trainable, every)
-    names = [variable_name(v) for v in chosen]
-    values = [variable_value(v) for v in chosen]
+    chosen, names, values = _chosen(variables, trainable, every)
     own = python_function(loss_fn)  # a tf.function's graph would read the variables it captured
     if keras3:
         import keras
@@ -188,8 +181,9 @@ def _loss_without_data(model, loss_fn, variables, training, sample_weight, preci
     return ModelLoss(f, values, names, chosen, every, loss_fn, False, notes)
 
 
-def _chosen(variables, trainable, every) -> list:
-    """The variables to check: ``variables``, or every trainable one; each must be the model's."""
+def _chosen(variables, trainable, every) -> tuple[list, list, list]:
+    """The variables to check (``variables``, or every trainable one; each must be the model's), their names and
+    values."""
     chosen = list(variables) if variables is not None else trainable
     if not chosen:
         if every:
@@ -202,7 +196,7 @@ def _chosen(variables, trainable, every) -> list:
     for variable in chosen:
         if id(variable) not in known:
             raise ValueError(f"variables contains {variable_name(variable)!r}, which does not belong to the model.")
-    return chosen
+    return chosen, [variable_name(v) for v in chosen], [stored_value(v) for v in chosen]
 
 
 def _frozen_note(names, chosen) -> tuple:
@@ -210,8 +204,7 @@ def _frozen_note(names, chosen) -> tuple:
     return (FrozenChecked(tuple(frozen)),) if frozen else ()
 
 
-def _model_loss_function(model, loss_fn, data, variables=None, *, training: bool = False,
-                         sample_weight=None) -> ModelLoss:
+def _model_loss_function(model, loss_fn, data, variables, training: bool, sample_weight) -> ModelLoss:
     if takes_no_arguments(loss_fn) and not isinstance(loss_fn, str):
         raise ValueError("loss_fn takes no arguments (it computes the loss by itself, as model.training_loss does), "
                          "so data is unused; omit data: check_model(model, loss_fn).")
@@ -227,21 +220,17 @@ def _model_loss_function(model, loss_fn, data, variables=None, *, training: bool
     keras3 = _is_keras3(model)
     if keras3:
         trainable = list(model.trainable_variables)
-        non_trainable = list(model.non_trainable_variables)
-        every = trainable + non_trainable
+        every = trainable + list(model.non_trainable_variables)
     else:
         trainable, every = _module_variables(model)
     if not keras3 and training and not _accepts_training(model):
         raise ValueError(f"training=True, but {type(model).__name__}'s call takes no `training` argument, so the "
                          "model has no training mode to check; call check_model without training=True.")
     compute = loss_of_outputs(loss_fn, y, sample_weight, model)
-    chosen = _chosen(variables, trainable, every)
-    names = [variable_name(v) for v in chosen]
-    values = [variable_value(v) for v in chosen]
-    chosen_ids = {id(v) for v in chosen}
-    trainable_ids = {id(v) for v in trainable}
+    chosen, names, values = _chosen(variables, trainable, every)
+    checkable = {id(v) for v in [*chosen, *trainable]}
     # What a training-mode call updates (moving statistics, seed states): held at these values.
-    state_before = _saved([v for v in every if id(v) not in chosen_ids and id(v) not in trainable_ids]) if training else []
+    state_before = _saved([v for v in every if id(v) not in checkable]) if training else []
     generators = _tf_keras_random_generators(model)
 
     def real():
@@ -256,10 +245,9 @@ def _model_loss_function(model, loss_fn, data, variables=None, *, training: bool
     _assert_loss_runs(model, x, y, compute, every, training)
     if keras3:
         f = _keras3_loss(model, x, compute, every, trainable, chosen, training)
-        _assert_substitution_reaches_loss(f, real, chosen, values, names, every, keras3=True)
     else:
         f, names = _swapped_loss(model, x, compute, chosen, names, generators, training)
-        _assert_substitution_reaches_loss(f, real, chosen, values, names, every)
+    _assert_substitution_reaches_loss(f, real, chosen, values, names, every, keras3=keras3)
     notes = _frozen_note(names, chosen)
     if training:
         with preserved_variables(every):  # a tf_keras model updates its moving statistics in training mode
@@ -308,9 +296,7 @@ def _is_keras3(model) -> bool:
 
 
 def _module_variables(model) -> tuple[list, list]:
-    trainable = list(getattr(model, "trainable_variables", []) or [])
-    every = list(getattr(model, "variables", []) or [])
-    return trainable, every
+    return list(getattr(model, "trainable_variables", []) or []), list(getattr(model, "variables", []) or [])
 
 
 def _call(model, x, training: bool):
@@ -322,7 +308,7 @@ def _keras3_loss(model, x, compute, every, trainable, chosen, training, runner=N
     correspond one to one) computes it instead, with every fixed floating value cast to ``dtype``."""
     slots = {id(v): i for i, v in enumerate(every)}
     # Fixed values, not the variables: a seed state read at each call would move with the real call's updates.
-    fixed = [variable_value(v) for v in every]
+    fixed = [stored_value(v) for v in every]
     if dtype is not None:
         fixed = [tf.cast(value, dtype) if value.dtype.is_floating else value for value in fixed]
     count = len(trainable)
@@ -388,7 +374,7 @@ def _is_keras_layer(model) -> bool:
 def _inference_loss(model, x, compute, every, trainable, chosen):
     """The training=False loss at the point, to tell whether training=True changes anything."""
     if _is_keras3(model):
-        return _keras3_loss(model, x, compute, every, trainable, chosen, False)(*[variable_value(v) for v in chosen])
+        return _keras3_loss(model, x, compute, every, trainable, chosen, False)(*[stored_value(v) for v in chosen])
     with preserved_variables(every):
         return compute(_call(model, x, False))
 

@@ -62,8 +62,6 @@ XLA_SLOW_OPS = frozenset({"Betainc", "Igamma", "Igammac", "IgammaGradA"})
 XLA_SLOW_CPU_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Route:
     """The chosen execution path and chunk sizes for one plan (the executor replaces it on a fallback)."""
@@ -229,7 +227,6 @@ def joint_chunk(plan: Plan, path: str, chunk_rows: int, traced_seconds: float, p
     return int(min(sorted(candidates), key=cost))
 
 
-
 _LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
 # Ops whose output is their input's buffer under another shape: nothing new in the cache.
 _VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity", "IdentityN", "StopGradient", "EnsureShape",
@@ -332,12 +329,17 @@ def probe_graph(plan: Plan) -> Probe:
     downstream = tuple(sum(cost for mask, cost in by_mask.items() if mask >> i & 1) for i in range(len(values)))
     checked = sum(1 << s.position for s in plan.checked)
     checked_flops = sum(cost for mask, cost in by_mask.items() if mask & checked)
-    # Functions called from the graph (e.g. nested tf.functions) may hide loops.
-    op_types = {op.type for op in graph.get_operations()}
-    for function_def in graph.as_graph_def().library.function:
-        op_types |= {node.op for node in function_def.node_def}
+    op_types = graph_op_types(graph)
     return Probe(bool(op_types & _LOOP_OPS), max(elements, 1), max(flops, 1), function, frozenset(op_types), autograph,
                  _shared_bytes(graph), max(written, 1), downstream, checked_flops)
+
+
+def graph_op_types(graph) -> set:
+    """The op types of a traced graph and of the functions it calls (nested tf.functions may hide loops)."""
+    types = {op.type for op in graph.get_operations()}
+    for function_def in graph.as_graph_def().library.function:
+        types |= {node.op for node in function_def.node_def}
+    return types
 
 
 def _shared_bytes(graph) -> int:

@@ -92,32 +92,21 @@ def from_real_view(view: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return view
 
 
-def _epsilon(dtype: tf.DType) -> float:
-    return MACHINE_EPSILON[real_dtype(dtype)]
-
-
 def _is_differentiable(dtype: tf.DType) -> bool:
     return dtype.is_floating or dtype.is_complex
 
 
 def _leaf_names(structure, prefix: str = "") -> list[str]:
     """Names of the leaves of a nested output, in tf.nest.flatten order."""
-    if isinstance(structure, dict):
-        names = []
-        for key in sorted(structure):  # tf.nest flattens dicts by sorted key
-            names += _leaf_names(structure[key], f"{prefix}[{key!r}]")
-        return names
-    if isinstance(structure, (list, tuple)) and not hasattr(structure, "_fields"):
-        names = []
-        for i, item in enumerate(structure):
-            names += _leaf_names(item, f"{prefix}[{i}]")
-        return names
-    if isinstance(structure, tuple):  # namedtuple
-        names = []
-        for field in getattr(structure, "_fields", ()):
-            names += _leaf_names(getattr(structure, field), f"{prefix}.{field}")
-        return names
-    return [prefix]
+    if isinstance(structure, dict):  # tf.nest flattens dicts by sorted key
+        items = [(f"{prefix}[{key!r}]", structure[key]) for key in sorted(structure)]
+    elif isinstance(structure, (list, tuple)) and not hasattr(structure, "_fields"):
+        items = [(f"{prefix}[{i}]", item) for i, item in enumerate(structure)]
+    elif isinstance(structure, tuple):  # namedtuple
+        items = [(f"{prefix}.{field}", getattr(structure, field)) for field in getattr(structure, "_fields", ())]
+    else:
+        return [prefix]
+    return [name for path, item in items for name in _leaf_names(item, path)]
 
 
 def normalize_inputs(inputs, names=None) -> list[InputSpec]:
@@ -141,10 +130,8 @@ def normalize_inputs(inputs, names=None) -> list[InputSpec]:
                 # Python floats become float64, as numpy makes them: no precision the caller did not ask to lose.
                 value = tf.convert_to_tensor(np.asarray(item) if not hasattr(item, "dtype") else item)
         except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"inputs[{position}] of type {type(item).__name__} cannot be converted to a tensor ({error}); "
-                "pass a tf.Tensor, tf.Variable, numpy array or Python number."
-            ) from None
+            raise TypeError(f"inputs[{position}] of type {type(item).__name__} cannot be converted to a tensor "
+                            f"({error}); pass a tf.Tensor, tf.Variable, numpy array or Python number.") from None
         if tf.is_symbolic_tensor(value):
             raise TypeError(f"inputs[{position}] is a symbolic graph tensor: fastcheck evaluates f at concrete values; "
                             "pass a numpy array or an eager tensor (inside tf.Graph().as_default(), build the inputs "
@@ -157,10 +144,9 @@ def normalize_inputs(inputs, names=None) -> list[InputSpec]:
         specs.append(InputSpec(position, name, value, checked, variable))
     if not any(s.checked for s in specs):
         dtypes = ", ".join(s.dtype.name for s in specs) or "none"
-        raise TypeError(
-            f"None of the inputs is floating point (dtypes: {dtypes}), so there is nothing to check: "
-            "pass at least one float16/bfloat16/float32/float64 or complex input, e.g. tf.constant(x, tf.float64)."
-        )
+        raise TypeError(f"None of the inputs is floating point (dtypes: {dtypes}), so there is nothing to check: "
+                        "pass at least one float16/bfloat16/float32/float64 or complex input, e.g. "
+                        "tf.constant(x, tf.float64).")
     return specs
 
 
@@ -228,9 +214,7 @@ class Plan:
     @property
     def eval_dtype(self) -> tf.DType:
         """Least precise dtype on the numerical path: steps and noise come from it."""
-        if self.eval_upcast:
-            return tf.float64
-        return self.analytical_dtype
+        return tf.float64 if self.eval_upcast else self.analytical_dtype
 
     @functools.cached_property
     def row_epsilon(self) -> np.ndarray:
@@ -375,13 +359,10 @@ def _flatten_output(out, what: str, names: list[str] | None = None):
     for name, leaf in zip(names if names is not None else _leaf_names(out), leaves):
         if leaf is None:
             raise TypeError(f"f returned None at output{name} {what}: every output leaf must be a tensor.")
-        if isinstance(leaf, (tf.Tensor, tf.Variable, np.ndarray, np.generic, float, int)):
-            tensors.append(tf.convert_to_tensor(leaf))
-        else:
-            raise TypeError(
-                f"f returned a {type(leaf).__name__} at output{name} {what}: every output leaf must be a tensor "
-                "(tf.Tensor or numpy array)."
-            )
+        if not isinstance(leaf, (tf.Tensor, tf.Variable, np.ndarray, np.generic, float, int)):
+            raise TypeError(f"f returned a {type(leaf).__name__} at output{name} {what}: every output leaf must be a "
+                            "tensor (tf.Tensor or numpy array).")
+        tensors.append(tf.convert_to_tensor(leaf))
     return tensors
 
 
@@ -425,11 +406,8 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
             outputs.append(OutputSpec(f"output{name}", tuple(leaf.shape), leaf.dtype, offset, size))
             offset += size
     if not outputs:
-        raise TypeError(
-            "f returned no floating-point output (dtypes: "
-            + ", ".join(t.dtype.name for t in leaves)
-            + "): there is no derivative to check."
-        )
+        raise TypeError(f"f returned no floating-point output (dtypes: {', '.join(t.dtype.name for t in leaves)}): "
+                        "there is no derivative to check.")
 
     # Second call: cost of one evaluation, and a determinism check.
     start = time.perf_counter()
@@ -452,7 +430,7 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
         # allowed for.  A difference beyond sqrt(eps) of the output is beyond what any difference quotient could
         # tolerate: f is random (dropout, random ops).
         magnitude = float(np.max(np.abs(a))) if a.size and _is_differentiable(first.dtype) else 0.0
-        if diff <= np.sqrt(_epsilon(first.dtype)) * magnitude:
+        if diff <= np.sqrt(MACHINE_EPSILON[real_dtype(first.dtype)]) * magnitude:
             notes.append(CallNoise(name, diff))
             continue
         nondeterministic = (
@@ -547,9 +525,7 @@ def _safely(find):
 def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tuple[bool, np.ndarray, NumericalSide | None]:
     """(evaluate the numerical side in float64?, f at the point in that precision as float64, the event saying so)."""
     native = plan.native_output
-    low = [s for s in plan.checked if real_dtype(s.dtype) != tf.float64] + [
-        o for o in plan.outputs if real_dtype(o.dtype) != tf.float64
-    ]
+    low = [d for d in [s.dtype for s in plan.checked] + [o.dtype for o in plan.outputs] if real_dtype(d) != tf.float64]
     if config.precision == "native" or not low:
         return False, native, None
     if config.precision == "auto" and plan.n > UPCAST_MAX_ELEMENTS:

@@ -320,23 +320,17 @@ def tensorfloat32_op(function, signature) -> str | None:
     """The float32 MatMul/Conv op that a GPU with TF32 enabled runs in TensorFloat-32, or None."""
     if not tf.config.experimental.tensor_float_32_execution_enabled() or not tf.config.list_logical_devices("GPU"):
         return None
-    placed = _current_device()
-    if placed is not None and "GPU" not in placed.upper():
+    try:  # the device of the enclosing ``tf.device`` scope ("": TF's default placement, a GPU if one exists)
+        placed = tf.constant(0.0).device
+    except Exception:  # pragma: no cover - eager always has a device
+        placed = ""
+    if placed and "GPU" not in placed.upper():
         return None
     graph = function.get_concrete_function(*signature).graph
     for op_type, dtypes in _op_dtypes(graph):
         if op_type in _TF32_OPS and tf.float32 in dtypes:
             return op_type
     return None
-
-
-def _current_device() -> str | None:
-    """The device of the enclosing ``tf.device`` scope, if any (None: TF's default placement, a GPU if one exists)."""
-    try:
-        name = tf.constant(0.0).device
-    except Exception:  # pragma: no cover - eager always has a device
-        return None
-    return name or None
 
 
 def _op_dtypes(graph):

@@ -90,7 +90,6 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
                                                  sample_weight=sample_weight, precision=config.precision),
                              config.precision, UPCAST_MAX_ELEMENTS)
     title = "check_model (training=True)" if training else "check_model"
-    notes = loss.notes
     if_random = RANDOM_IN_TRAINING if training else None
     if config.order == 2:
         with preserved_variables(loss.every):  # gradient_function calls the loss once
@@ -98,12 +97,12 @@ def model_problem(model, loss_fn, data, variables, config: CheckConfig, *, train
             _assert_stateless_gradient(gradient, loss)
         return Problem(gradient, loss.values,
                        f"{title} (order=2: Hessian of the loss)", names=loss.names, protect=tuple(loss.every),
-                       notes=notes, if_random=if_random, computes_in=loss.computes_in, native=loss.native)
+                       notes=loss.notes, if_random=if_random, computes_in=loss.computes_in, native=loss.native)
     # Called inside the check, after the determinism test, with every variable restored afterwards.
     supplied = _supplied_gradients(loss.values, lambda *_: training_gradients(loss))
     return Problem(_summed(loss.f), loss.values, title, supplied=supplied, names=loss.names,
                    protect=tuple(loss.every), output_name="loss", kind="reverse",
-                   notes=(TapeGradient(), *notes), if_random=if_random,
+                   notes=(TapeGradient(), *loss.notes), if_random=if_random,
                    computes_in=loss.computes_in, native=loss.native)
 
 
@@ -113,8 +112,6 @@ def gradient_function(f: Callable, inputs, seed: int = 0) -> Callable:
     ``u`` is 1 for a scalar ``f`` (so the check of ``g`` is a check of the Hessian) and a fixed seeded random
     cotangent otherwise.  Checking ``g``'s Jacobian catches a custom gradient whose own gradient is wrong.
     """
-    if not callable(f):
-        raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
     values = [spec.value for spec in normalize_inputs(inputs)]  # as the check itself will see them
     leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(f(*values))]
     rng = np.random.default_rng(seed)

@@ -1,7 +1,6 @@
 """The result of a check as values: the verdict per pair over the storage each mode fills, the report and
 its JSON.  Its text is composed in ``_text``; what a check learnt on its way is ``_events``."""
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -29,10 +28,7 @@ from fastcheck._compare import (
 )
 from fastcheck._compare import diagnose as _diagnose
 from fastcheck._storage import Comparison, Element, Nonzeros, Projections, Storage, json_number
-from fastcheck._tables import (
-    RESOLUTION_RTOLS,
-    WORST_KEPT,
-)
+from fastcheck._tables import RESOLUTION_RTOLS, WORST_KEPT
 
 
 class GradientCheckError(AssertionError):
@@ -93,22 +89,11 @@ class PairReport:
 
     # -- the values, from the storage ----------------------------------------------------
 
-    @property
-    def numerical(self) -> np.ndarray:
-        return self.storage.numerical
-
-    @property
-    def analytical(self) -> np.ndarray:
-        return self.storage.analytical
-
-    @property
-    def band(self) -> np.ndarray:
-        return self.storage.band
-
-    @property
-    def status(self) -> np.ndarray:
-        """The ``_compare`` status of each value (fast mode: [k, 2], each probe's J d and u.J.d)."""
-        return self.storage.status
+    numerical = property(lambda self: self.storage.numerical)
+    analytical = property(lambda self: self.storage.analytical)
+    band = property(lambda self: self.storage.band)
+    status = property(lambda self: self.storage.status,
+                      doc="The ``_compare`` status of each value (fast mode: [k, 2], each probe's J d and u.J.d).")
 
     @property
     def sparse(self) -> bool:
@@ -120,15 +105,10 @@ class PairReport:
         """Judged by random projections (fast mode), not element by element."""
         return isinstance(self.storage, Projections)
 
-    @property
-    def rows(self) -> np.ndarray:
-        """Coloured mode's large pairs: the output element (flat) of every nonzero."""
-        return self._nonzeros().rows
-
-    @property
-    def cols(self) -> np.ndarray:
-        """Coloured mode's large pairs: the input element (flat) of every nonzero."""
-        return self._nonzeros().cols
+    rows = property(lambda self: self._nonzeros().rows,
+                    doc="Coloured mode's large pairs: the output element (flat) of every nonzero.")
+    cols = property(lambda self: self._nonzeros().cols,
+                    doc="Coloured mode's large pairs: the input element (flat) of every nonzero.")
 
     @property
     def jacobian_shape(self) -> tuple:
@@ -237,9 +217,8 @@ class PairReport:
                 continue
             with np.errstate(invalid="ignore"):
                 part = resolution(a, band, allowance(n, self.atol, self.rtol), status == OK)
-            resolved, tolerance = min(resolved, part[0]), min(tolerance, part[1])
-            with np.errstate(invalid="ignore"):
                 error = np.where(status == NONDIFFERENTIABLE, 0.0, np.abs(a - n))  # kinks: a is a one-sided value
+            resolved, tolerance = min(resolved, part[0]), min(tolerance, part[1])
             largest.append(largest_of(error))
             with np.errstate(invalid="ignore", divide="ignore"):
                 if chunk.relative:
@@ -321,8 +300,7 @@ class PairReport:
 
     @property
     def worst_element(self) -> Element | None:
-        found = self.worst(1)
-        return found[0] if found else None
+        return next(iter(self.worst(1)), None)
 
     def kinks(self) -> list[tuple[Element, float, float]]:
         """Elements at a kink of f: (element, left derivative, right derivative).  Fast mode names none:
@@ -347,7 +325,6 @@ class PairReport:
         comes from the localisation), the share of failing elements taken over all of them."""
         found = self.storage.sample()
         return None if found is None else _diagnose(*found, size=int(self.status.size))
-
 
     # -- JSON ----------------------------------------------------------------------------------
 
@@ -455,9 +432,7 @@ class GradientReport:
     path: str  # the path the evaluations ran on (eager, loop, graph, xla); the route chosen is a PathChosen event
     mode: str
     seconds: float
-    # What the check learnt on its way (``fastcheck._events``: fallbacks, chunking, the mode and path chosen
-    # and why, the precision and noise found), in order; ``notes`` is their text.
-    events: tuple = ()
+    events: tuple = ()  # what the check learnt on its way (see above)
     problems: list[str] = dataclasses.field(default_factory=list)
     title: str = "gradient check"
     # Seconds per stage: plan (structure, determinism), route (probe trace),
@@ -537,10 +512,5 @@ class GradientReport:
     def tolerance_bound(self) -> list:
         """Passing pairs that could not see a 1% error of their gradient because the tolerances themselves
         are that coarse there (atol against small gradients): decisive by the rule, and said so."""
-        found = []
-        for p in self.pairs:
-            if not p.ok or p.sparse or p.storage.decisive(p.rtol):
-                continue
-            if p.resolution > RESOLUTION_RTOLS * p.rtol:
-                found.append(p)
-        return found
+        return [p for p in self.pairs if p.ok and not p.sparse and not p.storage.decisive(p.rtol)
+                and p.resolution > RESOLUTION_RTOLS * p.rtol]

@@ -2,7 +2,6 @@
 small pairs), ``Nonzeros`` (coloured mode's large pairs) and ``Projections`` (fast mode's probes, each a
 ``Comparison``); ``_results.PairReport`` reads them all through ``chunks``, ``entry`` and ``sample``."""
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -64,7 +63,7 @@ class Dense:
     band: np.ndarray
     what: ClassVar[str] = "elements"
 
-    def chunks(self, bands: bool = True) -> Iterator[Chunk]:
+    def chunks(self) -> Iterator[Chunk]:
         """Blocks of whole rows, flattened (a copy of the block only where an array is not contiguous)."""
         if not self.status.size:
             return
@@ -124,11 +123,11 @@ class Nonzeros:
     numerical = property(lambda self: self._arrays()[3])
     band = property(lambda self: self._arrays()[4])
 
-    def chunks(self, bands: bool = True) -> Iterator[Chunk]:
+    def chunks(self) -> Iterator[Chunk]:
         for part in self._block.parts(self._start, self._stop):
-            values = self._block.values(part, bands=bands)
+            _, _, a, n, band = self._block.values(part, bands=True)
             at = slice(part.start - self._start, part.stop - self._start)
-            yield Chunk(at.start, self.status[at], values[2], values[3], values[4] if bands else None)
+            yield Chunk(at.start, self.status[at], a, n, band)
 
     def entry(self, k: int) -> tuple:
         rows, cols, a, n, band = self._block.values(np.array([self._start + k]), bands=True)
@@ -140,37 +139,29 @@ class Nonzeros:
     def sample(self) -> Sample | None:
         """The nonzeros that are not OK, plus three whose numerical value is nonzero (what
         ``_compare.diagnose``'s constant-factor test counts): it reads nothing else, except the
-        share of failing elements, which the pair takes over all nonzeros."""
+        share of failing elements, which the pair takes over all nonzeros.  Values are read only
+        up to where the three are found, and after it where a status is not OK (a passing check of
+        10^7 elements: one chunk, not every one)."""
         picked, values = [], []
         spare = 3
-        for chunk in self._chunks_to_sample():
-            keep = chunk.status != OK
+        for part in self._block.parts(self._start, self._stop):
+            status = self.status[part.start - self._start : part.stop - self._start]
+            if not spare and not status.any():  # OK is 0
+                continue
+            _, _, a, n = self._block.values(part)
+            keep = status != OK
             if spare:
-                extra = np.flatnonzero(~keep & np.isfinite(chunk.numerical) & (chunk.numerical != 0))[:spare]
+                extra = np.flatnonzero(~keep & np.isfinite(n) & (n != 0))[:spare]
                 keep[extra] = True
                 spare -= len(extra)
             where = np.flatnonzero(keep)
             if len(where):
-                picked.append(chunk.status[where])
-                values.append((chunk.analytical[where].astype(np.float64), chunk.numerical[where]))
+                picked.append(status[where])
+                values.append((a[where].astype(np.float64), n[where]))
         if not picked:
             return None
         a, n = (np.concatenate([v[k] for v in values]) for k in range(2))
         return a[None, :], n[None, :], np.concatenate(picked)[None, :]
-
-    def _chunks_to_sample(self) -> Iterator[Chunk]:
-        """``chunks`` without bands, from the first up to where three nonzero OK values are found, and
-        after it those with a status not OK: the chunks ``sample`` reads anything from (a passing
-        check of 10^7 elements: one chunk, not every one)."""
-        spare = 3
-        for part in self._block.parts(self._start, self._stop):
-            at = slice(part.start - self._start, part.stop - self._start)
-            status = self.status[at]
-            if spare or status.any():  # OK is 0
-                _, _, a, n = self._block.values(part)
-                if spare:
-                    spare -= min(spare, int(np.count_nonzero((status == OK) & np.isfinite(n) & (n != 0))))
-                yield Chunk(at.start, status, a, n, None)
 
     def facts(self) -> dict:
         return {"shape": [int(d) for d in self.jacobian_shape], "nonzeros": int(self.status.size)}
@@ -213,7 +204,7 @@ class Projections:
     analytical = property(lambda self: self.comparison.reverse[:, 0], doc="[k] the reverse-mode projections (J^T u).d.")
     band = property(lambda self: self.comparison.reverse[:, 2], doc="[k] the projections' allowances.")
 
-    def chunks(self, bands: bool = True) -> Iterator[Chunk]:
+    def chunks(self) -> Iterator[Chunk]:
         c = self.comparison
         yield Chunk(0, self.status[:, 0], c.forward_worst[:, 1], c.forward_worst[:, 2], c.forward_worst[:, 3], False)
         yield Chunk(len(c.reverse), self.status[:, 1], c.reverse[:, 0], c.reverse[:, 1], c.reverse[:, 2])

@@ -48,18 +48,13 @@ def needs_flattening(inputs, wrt) -> bool:
     return wrt is not None or any(_is_structured(item) for item in items)
 
 
-def _fields(item) -> tuple:
-    """A namedtuple's field names."""
-    return item._fields
-
-
 def _leaves(item, path: tuple, name: str, out: list) -> None:
     """(path, name, leaf) in tf.nest order; composites and literals are leaves."""
     if isinstance(item, dict):
         for key in sorted(item):  # tf.nest's order
             _leaves(item[key], (*path, key), f"{name}[{key!r}]", out)
-    elif hasattr(item, "_fields") and isinstance(item, tuple):
-        for field in _fields(item):
+    elif isinstance(item, tuple) and hasattr(item, "_fields"):
+        for field in item._fields:
             _leaves(getattr(item, field), (*path, field), f"{name}.{field}", out)
     elif isinstance(item, (list, tuple)) and not _is_literal(item):
         for i, sub in enumerate(item):
@@ -72,10 +67,7 @@ def _checkable(leaf) -> bool:
     """Whether a leaf is checked by default: floating or complex values (Python floats too)."""
     if isinstance(leaf, bool) or (isinstance(leaf, numbers.Integral) and not isinstance(leaf, np.generic)):
         return False
-    if isinstance(leaf, tf.SparseTensor):
-        leaf = leaf.values
-    elif isinstance(leaf, tf.RaggedTensor):
-        leaf = leaf.flat_values
+    leaf = _checked_part(leaf)
     dtype = getattr(leaf, "dtype", None)
     if dtype is None:
         dtype = np.asarray(leaf).dtype
@@ -101,7 +93,7 @@ def _rebuild(original, value):
 
 def dense_outputs(out):
     """f's output with sparse/ragged leaves replaced by their values / flat values."""
-    return tf.nest.map_structure(lambda leaf: _checked_part(leaf) if isinstance(leaf, _COMPOSITE) else leaf, out)
+    return tf.nest.map_structure(_checked_part, out)
 
 
 def _selected(wrt, leaves: list, several: bool) -> list[bool]:
@@ -162,7 +154,7 @@ def _pack(item, leaves):
             packed[key] = _pack(item[key], leaves)
         return type(item)(packed) if type(item) is not dict else packed
     if hasattr(item, "_fields") and isinstance(item, tuple):
-        return type(item)(*[_pack(getattr(item, field), leaves) for field in _fields(item)])
+        return type(item)(*[_pack(getattr(item, field), leaves) for field in item._fields])
     if isinstance(item, (list, tuple)) and not _is_literal(item):
         return type(item)(_pack(sub, leaves) for sub in item)
     return next(leaves)

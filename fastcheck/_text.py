@@ -42,23 +42,21 @@ VACUOUS_WARNING = (
 def vacuous_warnings(pairs: list) -> list[str]:
     """``[VACUOUS_WARNING]`` when no pair's derivatives, either side, has a nonzero entry."""
     # A coloured pair's arrays are read off its compressed storage only on request (0.5 GB each at 6.4e7 nonzeros).
-    dense = [p for p in pairs if not p.sparse]
-    if not pairs or len(dense) != len(pairs):
+    if not pairs or any(p.sparse for p in pairs):
         return []
-    for pair in dense:
-        # ndarray.any(): nonzero entries (NaN included) without an [m, n] temporary
-        if np.size(pair.numerical) == 0 or np.asarray(pair.numerical).any() or np.asarray(pair.analytical).any():
-            return []
-    return [VACUOUS_WARNING]
+    # ndarray.any(): nonzero entries (NaN included) without an [m, n] temporary
+    informative = any(np.size(p.numerical) == 0 or np.asarray(p.numerical).any() or np.asarray(p.analytical).any()
+                      for p in pairs)
+    return [] if informative else [VACUOUS_WARNING]
 
 
 def coarse_line(title: str, resolutions: tuple[float, float], rtol: float, fast: bool) -> str:
     """Why a pair whose every element (or probe) passes is undecidable: its resolution."""
     resolved, tolerance = resolutions
-    where = ("no probe resolves" if fast else "no element resolves")
+    unit = "probe" if fast else "element"
     fix = ("more probes (probes=...) or mode='full'" if fast else "a float64 numerical side (precision='float64'; "
            "check_model: a model its float64 copy can stand in for)")
-    return (f"  {title}: every {'probe' if fast else 'element'} passes, but {where} a relative error of its gradient "
+    return (f"  {title}: every {unit} passes, but no {unit} resolves a relative error of its gradient "
             f"below {resolved:.3g} (the tolerances alone would resolve {tolerance:.3g}; the limit is "
             f"{RESOLUTION_RTOLS:g} x rtol = {RESOLUTION_RTOLS * rtol:.3g}): the numerical side's error swamps the "
             f"allowance, and a gradient off by less than {resolved:.3g} of itself would pass unseen; undecidable, not "
@@ -84,15 +82,14 @@ def pair_details(pair) -> list[str]:
     return lines
 
 def _kink_lines(pair) -> list[str]:
-    lines = []
     kinks = pair.kinks()
-    for e, left, right in kinks[:3]:
-        lines.append(
-            f"  not differentiable at d {element_name(pair.output_name, e.output_index)} / d {element_name(pair.input_name, e.input_index)}: "
-            f"left derivative={left:.8g}, right derivative={right:.8g}, analytical={e.analytical:.8g} "
-            "(the steps cross a kink of f at or near the point: both one-sided derivatives settled, and the "
-            "analytical value is one of them or between them, within their uncertainty)"
-        )
+    lines = [
+        f"  not differentiable at d {element_name(pair.output_name, e.output_index)} / d {element_name(pair.input_name, e.input_index)}: "
+        f"left derivative={left:.8g}, right derivative={right:.8g}, analytical={e.analytical:.8g} "
+        "(the steps cross a kink of f at or near the point: both one-sided derivatives settled, and the "
+        "analytical value is one of them or between them, within their uncertainty)"
+        for e, left, right in kinks[:3]
+    ]
     if len(kinks) > 3:
         lines.append(f"  ... and {len(kinks) - 3} more elements at kinks")
     return lines
@@ -190,10 +187,8 @@ def report_text(report) -> str:
         f"max abs error {report.max_abs_error:.3g}, max rel error {report.max_rel_error:.3g} "
         f"[{report.path}, {report.mode} mode, {report.seconds:.2f} s]"
     ]
-    for problem in report.problems:
-        lines.append(f"  PROBLEM: {problem}")
-    for warning in report.warnings:
-        lines.append(f"  WARNING: {warning}")
+    lines += [f"  PROBLEM: {problem}" for problem in report.problems]
+    lines += [f"  WARNING: {warning}" for warning in report.warnings]
     # Wrong gradients first, then undecidable pairs, then passing ones; stable within each.
     failing = sorted(report.failures, key=lambda p: 0 if p.label == "FAIL" else 1)
     passing = [p for p in report.pairs if p.ok]
@@ -202,17 +197,12 @@ def report_text(report) -> str:
     if shown:
         width = max(len(p.title) for p in shown)
         lines.append(f"  {'pair'.ljust(width)}  status  {'max abs':>9}  {'max rel':>9}  {'rel norm':>9}  failed")
-        for p in shown:
-            lines.append(
-                f"  {p.title.ljust(width)}  {p.label:6}  "
-                f"{p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  {p.relative_norm_error:9.3g}  "
-                f"{p.failed_count}/{p.status.size}"
-            )
+        lines += [f"  {p.title.ljust(width)}  {p.label:6}  {p.max_abs_error:9.3g}  {p.max_rel_error:9.3g}  "
+                  f"{p.relative_norm_error:9.3g}  {p.failed_count}/{p.status.size}" for p in shown]
     if collapsed:
         lines.append(f"  ok: {len(passing)} {'more ' if failing else ''}pairs, max abs error "
                      f"{max(p.max_abs_error for p in passing):.3g}, max rel error "
-                     f"{max(p.max_rel_error for p in passing):.3g}; by layer"
-                     f"{_layer_groups([p.input_name for p in passing])}")
+                     f"{max(p.max_rel_error for p in passing):.3g}; by layer{_layer_groups(passing)}")
     # Undecidable fast-mode pairs say the same thing: past a few, one line for all of them.
     projections = [p for p in failing if p.projected and p.label != "FAIL"]
     probes_undecided = [p for p in projections if not p.coarse and p.undecided_probes]  # kinks no step resolves
@@ -225,13 +215,12 @@ def report_text(report) -> str:
     if summarised:
         lines.append(f"  undecidable: {sum(p.undecided_probes for p in probes_undecided)} probes over "
                      f"{len(probes_undecided)} pairs cross kinks of f that no step down to h/4**12 resolves"
-                     f"{_layer_groups([p.input_name for p in probes_undecided])}")
+                     f"{_layer_groups(probes_undecided)}")
     if coarse_summarised:
         resolutions = [p.resolution for p in coarse_pairs]
         lines.append(f"  undecidable: {len(coarse_pairs)} pairs pass every probe but resolve no relative error of "
                      f"their gradient below {min(resolutions):.3g} .. {max(resolutions):.3g} (coarser than "
-                     f"{RESOLUTION_RTOLS:g} rtols and than the tolerances alone)"
-                     f"{_layer_groups([p.input_name for p in coarse_pairs])}")
+                     f"{RESOLUTION_RTOLS:g} rtols and than the tolerances alone){_layer_groups(coarse_pairs)}")
     if probes_undecided:
         lines.append(f"  hint: {UNDECIDED_PROBES_HINT}")
     if not collapsed:
@@ -249,20 +238,19 @@ def report_text(report) -> str:
             lines.append(f"  {sum(p.count(NONDIFFERENTIABLE) for p in with_kinks)} elements in {len(with_kinks)} "
                          f"passing pairs sit at kinks of f, with the analytical value between the one-sided "
                          f"derivatives{'; e.g. ' + example if example else ''}")
-    for note in composed_notes(report.events, [p.input_name for p in report.pairs]):
-        lines.append(f"  note: {note}")
+    lines += [f"  note: {note}" for note in composed_notes(report.events, [p.input_name for p in report.pairs])]
     twinned = [p for p in report.pairs if p.float64_gradient]
     if twinned:
         lines.append(f"  note: {len(twinned)} pair(s) whose tolerances could not see a 1% error of their gradient "
-                     f"were judged through its float64 twin: {TWIN_RULE}{_layer_groups([p.input_name for p in twinned])}")
+                     f"were judged through its float64 twin: {TWIN_RULE}{_layer_groups(twinned)}")
     tolerance_bound = report.tolerance_bound
     if tolerance_bound:
         low, high = min(p.resolution for p in tolerance_bound), max(p.resolution for p in tolerance_bound)
         span = f"{low:.3g}" if low == high else f"{low:.3g} .. {high:.3g}"
         lines.append(f"  note: {len(tolerance_bound)} passing pair(s) resolve no relative error of their gradient "
-                     f"below {span}: their gradients are small against "
-                     f"atol, so a defect below atol passes by the tolerances themselves (not the numerics); pass "
-                     f"a smaller atol to judge them relatively{_layer_groups([p.input_name for p in tolerance_bound])}")
+                     f"below {span}: their gradients are small against atol, so a defect below atol passes by the "
+                     f"tolerances themselves (not the numerics); pass a smaller atol to judge them relatively"
+                     f"{_layer_groups(tolerance_bound)}")
     lines.append(f"  rule: {FAST_RULE if report.mode == 'fast' else RULE}")
     return "\n".join(lines)
 
@@ -283,8 +271,8 @@ UNDECIDED_PROBES_HINT = (
     "inputs with mode='full', which judges each element on its own.")
 
 
-def _layer_groups(names: list[str]) -> str:
-    """Names grouped by layer family, in order: ``": block_13* (9), ..."`` for block_13_expand/kernel, ...
+def _layer_groups(pairs: list) -> str:
+    """Pairs' input names grouped by layer family, in order: ``": block_13* (9), ..."`` for block_13_expand/kernel, ...
 
     A variable path's layer is everything before its last ``/``; its family is the
     layer's last segment up to its first token with a digit (``block_13`` of
@@ -292,6 +280,7 @@ def _layer_groups(names: list[str]) -> str:
     their variable's name, larger ones as ``family* (count)``; a leading path every
     name shares (a Sequential model's name) is said once.
     """
+    names = [p.input_name for p in pairs]
     shared = ""
     while names and all("/" in n[len(shared):] for n in names):
         head = names[0][len(shared):].split("/")[0] + "/"
@@ -422,14 +411,6 @@ def _log_det_convention(e) -> str:
             "a log-det defined in coordinates of the output by that chart's own volume factor")
 
 
-def _sample_not_checked(e) -> str:
-    if e.reason == "not reparameterized":
-        return f"sample not checked: {e.distribution} is not fully reparameterized (samples carry no gradient)"
-    return (f"sample not checked: {e.distribution}'s sampler {e.sampler}: an implicitly reparameterized sample's "
-            "gradient holds the CDF fixed, not the noise, so a difference quotient at a fixed seed is not its "
-            "derivative")
-
-
 def _nothing_to_check(e) -> str:
     empty = "f's outputs have" if e.outputs else "the checked inputs have"
     return (f"nothing to check: {empty} no elements, so the Jacobian has no entries ({e.m} output x {e.n} input "
@@ -446,10 +427,15 @@ _TRAINING = (
 
 def _said(event, spans: dict | None = None) -> str:
     """What ``event`` says, after its subject; ``spans``: numeric fields as ranges over a merged group."""
-    said = EVENT_TEXT.get(type(event))
+    return _text_of(EVENT_TEXT, event, "event")(dataclasses.replace(event, **spans) if spans else event)
+
+
+def _text_of(table: dict, fact, what: str) -> Callable[[Any], str]:
+    """``table``'s text function for the type of ``fact`` (an event, or a mode reason)."""
+    said = table.get(type(fact))
     if said is None:
-        raise TypeError(f"no text for event {event!r}")
-    return said(dataclasses.replace(event, **spans) if spans else event)
+        raise TypeError(f"no text for {what} {fact!r}")
+    return said
 
 
 def _counted(count: int, noun: str) -> str:
@@ -465,14 +451,11 @@ _FORWARD_PROBE = {
 
 
 def route_reason(why: events.RouteReason) -> str:
-    """Why routing chose its path, as a phrase."""
+    """Why routing chose its path, as a phrase (a repeated check's: its rule's, then why it skips its eager loop)."""
     if why.repeated:
-        return (_route_rule(why) + f"; check {why.repeated} of the same f: its kernels are traced once and reused by "
-                f"its later checks, instead of its eager loop (predicted {why.eager * 1e3:.0f} ms)")
-    return _route_rule(why)
-
-
-def _route_rule(why: events.RouteReason) -> str:
+        return (route_reason(dataclasses.replace(why, repeated=0)) + f"; check {why.repeated} of the same f: its "
+                f"kernels are traced once and reused by its later checks, instead of its eager loop (predicted "
+                f"{why.eager * 1e3:.0f} ms)")
     if why.rule == "small":
         return (f"small check: eager loop predicted {why.eager * 1e3:.0f} ms, tracing {why.traced * 1e3:.0f} ms"
                 + (" (the first trace in this process)" if why.first_trace else ""))
@@ -542,27 +525,14 @@ _FORWARD_NOT_CHECKED = {
 
 def mode_reasons(why: tuple) -> str:
     """The chain of reasons a mode was chosen for, as one phrase."""
-    return "; ".join(_mode_reason(reason) for reason in why)
-
-
-def _mode_reason(r) -> str:
-    said = MODE_REASON_TEXT.get(type(r))
-    if said is None:
-        raise TypeError(f"no text for mode reason {r!r}")
-    return said(r)
-
-
-def _full_fits(r) -> str:
-    if r.seconds is None:
-        return f"the full Jacobian ({r.entries:.3g} entries) fits memory_budget"
-    return (f"the full Jacobian ({r.entries:.3g} entries) fits memory_budget, and is predicted to take "
-            f"{r.seconds:.2g} s, within time_budget={r.budget:g} s")
+    return "; ".join(_text_of(MODE_REASON_TEXT, reason, "mode reason")(reason) for reason in why)
 
 
 # Each mode reason's text (``events.ModeChosen.why`` holds a chain of them).
 MODE_REASON_TEXT: dict[type, Callable[[Any], str]] = {
     events.Requested: lambda r: "as requested",
-    events.FullFits: _full_fits,
+    events.FullFits: lambda r: f"the full Jacobian ({r.entries:.3g} entries) fits memory_budget" + (
+        "" if r.seconds is None else f", and is predicted to take {r.seconds:.2g} s, within time_budget={r.budget:g} s"),
     events.FullTooLarge: lambda r: f"the full Jacobian has {r.entries:.3g} entries, more than {r.fitting:.3g} fit memory_budget",
     events.InputTooLarge: lambda r: f"an input has more than {r.limit} elements: 2n evaluations would take too long",
     events.FullTooSlow: lambda r: (
@@ -652,7 +622,11 @@ EVENT_TEXT: dict[type, Callable[[Any], str]] = {
     events.TrainingMode: lambda e: _TRAINING if e.changes else _TRAINING_UNCHANGED,
     events.ModelCopy: lambda e: (f"numerical side on a float64 copy of the model: {e.detail}" if e.copied else
                                  f"numerical side in the model's own precision: {e.detail}"),
-    events.SampleNotChecked: _sample_not_checked,
+    events.SampleNotChecked: lambda e: (
+        f"sample not checked: {e.distribution} is not fully reparameterized (samples carry no gradient)"
+        if e.reason == "not reparameterized" else
+        f"sample not checked: {e.distribution}'s sampler {e.sampler}: an implicitly reparameterized sample's "
+        "gradient holds the CDF fixed, not the noise, so a difference quotient at a fixed seed is not its derivative"),
     events.IdentitiesJudged: lambda e: (
         f"identities judged with atol={e.atol:g}, rtol={e.rtol:g} ({'as given' if e.given else e.dtype + ' defaults'}), "
         "plus the numerical Jacobian's band carried into log|det J| and y's rounding carried through the inverse"),

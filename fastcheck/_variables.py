@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 # Where a variable wrapper keeps the variable it reads: larq QuantizedVariable, tf_keras
 # AutoCastVariable, TFP DeferredTensor / TransformedVariable (GPflow Parameter).
@@ -54,7 +55,7 @@ def storage(variable):
 def _innermost(variable) -> list:
     """The wrapper hops from ``variable`` to its storage: [(wrapper, attribute, wrapped), ...]."""
     hops, seen = [], set()
-    while id(variable) not in seen and not isinstance(variable, _resource_variable_types()):
+    while id(variable) not in seen and not isinstance(variable, resource_variable_ops.BaseResourceVariable):
         seen.add(id(variable))
         attributes = vars(variable) if hasattr(variable, "__dict__") else {}
         name = next((n for n in WRAPPED_VARIABLE_ATTRIBUTES if isinstance(attributes.get(n), tf.Variable)), None)
@@ -63,12 +64,6 @@ def _innermost(variable) -> list:
         hops.append((variable, name, attributes[name]))
         variable = attributes[name]
     return hops
-
-
-def _resource_variable_types() -> tuple:
-    from tensorflow.python.ops import resource_variable_ops
-
-    return (resource_variable_ops.BaseResourceVariable,)
 
 
 def stored_value(variable) -> tf.Tensor:
@@ -108,16 +103,13 @@ def swapped(places, substitutes: dict):
                 continue
             value = substitutes[id(variable)]
             if hops:  # a wrapper: substitute inside it, once for all its places
-                wrapper, name, inner = hops[-1]
-                if id(inner) not in readings:
-                    _set(wrapper, name, reading(inner, value))
-                    done.append((wrapper, name, inner))
-            elif is_wrapper_slot(owner, key):
-                _set(owner, key, reading(variable, value))
-                done.append((owner, key, variable))
-            else:
-                _set(owner, key, value)
-                done.append((owner, key, variable))
+                owner, key, variable = hops[-1]
+                if id(variable) in readings:
+                    continue
+            if hops or is_wrapper_slot(owner, key):
+                value = reading(variable, value)
+            _set(owner, key, value)
+            done.append((owner, key, variable))
         yield
     finally:
         for owner, key, original in reversed(done):

@@ -26,7 +26,7 @@ from fastcheck._compare import allowance
 from fastcheck._config import MACHINE_EPSILON, precision_name
 from fastcheck._events import IdentitiesJudged, LogDetConvention, SampleNotChecked, SampleSeeded
 from fastcheck._plan import normalize_inputs
-from fastcheck._problem import Problem, function_problem
+from fastcheck._problem import function_problem
 from fastcheck._results import GradientReport, event_dict
 from fastcheck._text import VERDICT_LABELS, compose
 
@@ -224,7 +224,9 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
     """
     config = checked_config(options, "check_bijector")
     _tfp()
-    x = _floating_tensor(x, "x")
+    x = normalize_inputs([x])[0].value
+    if not x.dtype.is_floating:
+        raise TypeError(f"x must be floating (a bijector maps real numbers); got {x.dtype.name}.")
     name = type(bijector).__name__
     in_ndims, out_ndims = _event_ndims(bijector, x, event_ndims)
     title = f"check_bijector ({name}, event_ndims={in_ndims})"
@@ -253,10 +255,11 @@ def check_bijector(bijector, x, event_ndims: int, **options) -> BijectorReport:
             raise ValueError(f"{name} acts on lower-triangular matrices, but x has entries up to {outside:.3g} above "
                              "the diagonal (forward ignores them, inverse returns zeros there): pass x "
                              "lower-triangular, e.g. tf.linalg.band_part(x, -1, 0).")
-    forward = _titled(function_problem(lambda t: bijector.forward(tf.identity(t)), x, config),
-                      f"{title}: forward Jacobian")
-    log_det = _titled(function_problem(lambda t: bijector.forward_log_det_jacobian(tf.identity(t), event_ndims=in_ndims),
-                                       x, config), f"{title}: gradient of forward_log_det_jacobian")
+    forward = dataclasses.replace(function_problem(lambda t: bijector.forward(tf.identity(t)), x, config),
+                                  title=f"{title}: forward Jacobian")
+    log_det = dataclasses.replace(
+        function_problem(lambda t: bijector.forward_log_det_jacobian(tf.identity(t), event_ndims=in_ndims), x, config),
+        title=f"{title}: gradient of forward_log_det_jacobian")
     forward_report, log_det_report = run_check(forward, config), run_check(log_det, config)
 
     atol, rtol = config.tolerances(precision_name(x.dtype))
@@ -375,17 +378,6 @@ def _tfp():
     return tfp
 
 
-def _titled(problem: Problem, title: str) -> Problem:
-    return dataclasses.replace(problem, title=title)
-
-
-def _floating_tensor(value, what: str) -> tf.Tensor:
-    tensor = normalize_inputs([value])[0].value
-    if not tensor.dtype.is_floating:
-        raise TypeError(f"{what} must be floating (a bijector maps real numbers); got {tensor.dtype.name}.")
-    return tensor
-
-
 def _event_ndims(bijector, x: tf.Tensor, event_ndims) -> tuple[int, int]:
     """(input, output) event ndims, with errors that name the fix."""
     name = type(bijector).__name__
@@ -447,15 +439,11 @@ _CHART_WORDS = {"all": "all elements", "lower": "the lower-triangular elements (
                 "all but the last": "all but the last element"}
 
 
-def _mro_names(bijector) -> list[str]:
-    return [cls.__name__ for cls in type(bijector).__mro__]
-
-
 def _charts(bijector) -> tuple[str, str]:
     """(input chart, output chart) of a bijector: its class's (a subclass inherits them), swapped for
     ``Invert``, and for a ``Chain`` the first stage's input chart and the last stage's output chart
     (looking through stages with no chart that keep the event's rank: elementwise ones)."""
-    names = _mro_names(bijector)
+    names = [cls.__name__ for cls in type(bijector).__mro__]
     for name, chart_in, chart_out in _CHARTS:
         if name in names:
             return chart_in, chart_out
@@ -480,7 +468,7 @@ def _charts(bijector) -> tuple[str, str]:
 
 def _stages(bijector) -> list:
     """A Chain's stages in the order they are applied (nested Chains flattened); [bijector] otherwise."""
-    names = _mro_names(bijector)
+    names = [cls.__name__ for cls in type(bijector).__mro__]
     if "_Chain" in names and not any(name in names for name, _, _ in _CHARTS):
         return [inner for stage in reversed(bijector.bijectors) for inner in _stages(stage)]
     return [bijector]
@@ -550,9 +538,7 @@ def _in_chart(bijector, jacobians: np.ndarray, x: tf.Tensor, event_in: tuple,
         described = f"{_CHART_WORDS[chart_in]} of x to {_CHART_WORDS[chart_out]} of forward(x)"
         x_events = x.numpy().astype(np.float64).reshape(jacobians.shape[0], -1)
         return "chart", described, jacobians[:, rows] @ _embedding(chart_in, x_events, event_in)
-    if jacobians.shape[1] == jacobians.shape[2]:
-        return "square", "", jacobians
-    return "volume", "", jacobians
+    return ("square" if jacobians.shape[1] == jacobians.shape[2] else "volume"), "", jacobians
 
 
 def _log_det(jacobians: np.ndarray) -> np.ndarray:
