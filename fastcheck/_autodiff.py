@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_array_ops
 
+from fastcheck import _diagonal
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._kernels import pad
 from fastcheck._paths import EAGER, LOOP, compile_kernel
@@ -249,9 +250,12 @@ class AutodiffJacobian:
             return [_densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
         if len(leaves) == 1 and self.values is self.executor.native and self.executor.elementwise():
             try:
-                return self._elementwise_rows(tape, leaves[0], sources[0])
+                block = _diagonal.rows(lambda cotangent: eager_vjp(tape, leaves, sources, [cotangent])[0], leaves[0])
             except Exception:  # the row loop decides (and raises, if the gradient does)
-                pass
+                block = None
+            self.executor.elementwise_ran(block is not None, forward=False)
+            if block is not None:
+                return block
         try:
             return self._rows(leaves, sources, _Pace(limit, plan.m), lambda: (tape, leaves))
         except Exception:
@@ -264,17 +268,6 @@ class AutodiffJacobian:
                 return row_tape, outputs
 
             return self._rows(leaves, sources, _Pace(limit, plan.m), fresh)
-
-    @staticmethod
-    def _elementwise_rows(tape, leaf, source) -> list[np.ndarray]:
-        """The row loop's [m, m] block of an element-wise f (``_diagonal``) from two VJPs: the cotangent 1
-        gives each row's diagonal entry, the cotangent 0 each row's entries off it."""
-        dtype = leaf.dtype.as_numpy_dtype
-        on, off = (_densify(eager_vjp(tape, [leaf], [source], [tf.constant(np.full(leaf.shape.as_list(), value, dtype))])[0])
-                   .numpy().reshape(-1).astype(np.float64) for value in (1, 0))
-        block = np.repeat(off[None, :], off.size, axis=0)
-        np.fill_diagonal(block, on)
-        return [block]
 
     def _rows(self, leaves, sources, pace: _Pace, taped):
         """Reverse mode one output row at a time; ``taped()`` gives a (tape, leaves) pass to differentiate."""

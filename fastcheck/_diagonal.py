@@ -12,24 +12,26 @@ ops of its gradient, each Jacobian is diagonal and the eager loops' per-column a
 
 So the blocks are the eager loops' own numbers and every verdict is unchanged; the check only makes fewer calls.
 
-Whether f is element-wise is read from its graph, never from its values: f and its VJP are built once in a
-``FuncGraph`` (no ``tf.function``, no AutoGraph: a Python branch on a tensor value or a ``.numpy()`` fails there
-and f is not element-wise) and walked op by op with ``_sparsity``'s dependency rules, plus the element-wise gradient
-ops (``TanhGrad``, ...).  An op without a rule, a while loop, a py_function, a broadcast of the input: not
-element-wise, and the loops run as before.  The answer is cached with f's kernels (per f, signatures and
-configuration; dropped when f is collected), so a repeated check of f pays for it once.
+Whether f is element-wise is read from the ops these calls run, recorded as they run (TensorFlow's op callbacks:
+no graph is built, a few microseconds an op), never from the values they return.  Every op that reads a value
+derived from the moved input (from the cotangent, for the VJPs) must be one of ``_sparsity``'s element-wise ops, a
+flat identity (reshape, cast) or a reduction over no axes, with that value and its outputs of the input's n
+elements; an op without such a rule, a function call, a broadcast or a gather is not element-wise.  A value f reads
+through numpy (``.numpy()``, ``float(t)``) runs no op: it enters the ops as a constant.  So the two calls of each
+side (f at x + d and x - d; the VJPs of the cotangents 1 and 0) must run the same ops on the same constants, and a
+constant that depends on the moved values differs between them.  Where anything fails, the loops run as before:
+the two calls are the whole cost of finding out.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import op_callbacks
 
 from fastcheck._config import CheckConfig
-from fastcheck._kernels import cached, is_cached, plan_key
-from fastcheck._plan import Plan
-from fastcheck._sparsity import Dep, Tracer
-from fastcheck._tables import MIN_ELEMENTS, WALK_CALL_SECONDS
+from fastcheck._plan import EAGER_TENSOR, Plan
+from fastcheck._sparsity import ELEMENTWISE, FLAT_IDENTITY, NO_DEPENDENCE, REDUCTIONS
 
 # Element-wise ops besides _sparsity's (which walks forward graphs): the gradient kernels of element-wise ops, and
 # unary special functions.
@@ -38,93 +40,117 @@ GRADIENT_ELEMENTWISE = frozenset({
     "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad", "SoftsignGrad", "GeluGrad",
     "BesselI0e", "BesselI1e", "BesselI0", "BesselI1", "Polygamma", "Zeta", "Conj", "Real",
 })
+PER_ELEMENT = ELEMENTWISE | FLAT_IDENTITY | GRADIENT_ELEMENTWISE
 
 
-class _Walker(Tracer):
-    def op(self, op, ins: list) -> list:
-        if op.type in GRADIENT_ELEMENTWISE:
-            return [self.elementwise(op, ins, f"op {op.type} ({op.name})")]
-        return super().op(op, ins)
-
-
-def _walk(graph, source, target, n: int) -> bool:
-    """Whether each element of ``target`` (n elements) depends on the same element of ``source`` at most."""
-    walker = _Walker(n, 4 * n + 16, {internal.ref(): external for external, internal in graph.captures})
-    deps = walker.walk(graph, {source.ref(): Dep.identity(n, 0)})
-    dep = deps.get(target.ref())
-    if dep is None:  # no dependence at all: zero blocks, diagonal too
-        return True
-    if dep.size != n:
-        return False
-    if dep.offset == 0 and dep.group is None:
-        return True
-    indptr, cols = dep.explicit()
-    counts = np.diff(indptr)
-    if np.any(counts > 1):
-        return False
-    return bool(np.array_equal(np.asarray(cols, np.int64), np.repeat(np.arange(n, dtype=np.int64), counts)))
-
-
-def _placeholders(values):
-    return [tf.compat.v1.placeholder(v.dtype, v.shape) for v in values]
-
-
-def _leaf(plan: Plan, values):
-    (leaf,) = plan.output_leaves(values)
-    return leaf
-
-
-def _structure(plan: Plan, eval_values, native_values) -> bool:
-    """Whether f is element-wise in its checked input, forward (at the numerical side's dtypes) and backward (at
-    the native ones); see the module docstring.  f's output leaf itself, not ``call_flat``'s reshaped one: each
-    graph holds f's ops and a placeholder per input (graph ops cost ~0.3 ms each to build)."""
-    (spec,) = plan.checked
-    position, n = spec.position, spec.size
-    from tensorflow.python.framework import func_graph
-
-    try:
-        backward = func_graph.FuncGraph("fastcheck_elementwise_backward")
-        with backward.as_default():
-            values = _placeholders(native_values)
-            source = values[position]
-            with tf.GradientTape() as tape:
-                tape.watch(source)
-                y = _leaf(plan, values)
-            if y.shape.num_elements() != n:
-                return False
-            cotangent = tf.compat.v1.placeholder(y.dtype, y.shape)
-            grad = tape.gradient(y, source, output_gradients=cotangent, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            if isinstance(grad, tf.IndexedSlices) or grad.shape.num_elements() != n:
-                return False
-        if not _walk(backward, cotangent, grad, n):
-            return False
-        if not plan.eval_upcast:
-            return _walk(backward, source, y, n)
-        forward = func_graph.FuncGraph("fastcheck_elementwise_forward")
-        with forward.as_default():
-            values = _placeholders(eval_values)
-            y = _leaf(plan, values)
-        return y.shape.num_elements() == n and _walk(forward, values[position], y, n)
-    except Exception:  # f does not build as a graph, or an op has no rule (f's own exception leaves as itself)
-        return False
-
-
-def elementwise(plan: Plan, config: CheckConfig, eval_values, native_values) -> bool:
-    """Whether the eager loops may run as this module's few calls: one real checked input and one real output leaf
-    of as many elements, and f element-wise in it (cached per f).
-
-    The walk that finds out costs a few milliseconds: on the first check of f it runs only where the loops it could
-    spare cost more (``WALK_ELEMENTS``, ``WALK_CALL_SECONDS``); a repeated check of f walks once, and every later one
-    reads the cached answer."""
+def eligible(plan: Plan, config: CheckConfig) -> bool:
+    """Whether the eager loops may try the few calls: one real floating checked input and one real output leaf of
+    as many elements, at least ``DIAGONAL_MIN_ELEMENTS`` of them."""
     if len(plan.checked) != 1 or len(plan.outputs) != 1:
         return False
     spec, output = plan.checked[0], plan.outputs[0]
-    if (spec.is_complex or output.dtype.is_complex or spec.size != output.size or spec.size < MIN_ELEMENTS
-            or not spec.dtype.is_floating):
+    return (spec.dtype.is_floating and not output.dtype.is_complex and spec.size == output.size
+            and spec.size >= config.table("DIAGONAL_MIN_ELEMENTS"))
+
+
+class _Recording:
+    """The eager ops run while it is active: (type, inputs, outputs), the tensors themselves (held, so that no
+    tensor's id is reused while the record lives)."""
+
+    def __enter__(self) -> list:
+        self.ops: list = []
+        op_callbacks.add_op_callback(self._record)
+        return self.ops
+
+    def __exit__(self, *exc) -> None:
+        op_callbacks.remove_op_callback(self._record)
+
+    def _record(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if graph is None:  # an op built into a graph (f tracing a tf.function) runs later, as one call op
+            self.ops.append((op_type, tuple(inputs), tuple(outputs)))
+
+
+def _constants(ops: list, source, target, n: int) -> list | None:
+    """For each op of ``ops`` that reads a value derived from ``source``: its type and the inputs it reads that are
+    not (its constants); None where one of those ops is not element-wise over n elements or ``target`` is not
+    derived from ``source``."""
+    derived = {id(source)}
+    found = []
+    for kind, inputs, outputs in ops:
+        reads = [id(t) in derived for t in inputs]
+        if not any(reads) or kind in NO_DEPENDENCE:
+            continue
+        flat = kind in PER_ELEMENT or (kind in REDUCTIONS and not reads[1] and _size(inputs[1]) == 0)
+        if not flat or any(_size(t) != n for t, read in zip(inputs, reads) if read) or any(_size(t) != n for t in outputs):
+            return None
+        found.append((kind, [t for t, read in zip(inputs, reads) if not read]))
+        derived.update(id(t) for t in outputs)
+    return found if id(target) in derived else None
+
+
+def _size(tensor) -> int | None:
+    return tensor._num_elements()  # an eager tensor's count, without building its TensorShape
+
+
+def _same(first: list | None, second: list | None) -> bool:
+    """Whether two calls ran the same element-wise ops on the same constants (the same objects, or the same bits)."""
+    if first is None or second is None or len(first) != len(second):
         return False
-    key = plan_key(plan, config) + ("elementwise",)
-    cheap = spec.size < config.table("WALK_ELEMENTS") and plan.call_seconds < WALK_CALL_SECONDS
-    if not is_cached(key) and cheap and not is_cached(key + ("seen",)):
-        cached(key + ("seen",), lambda: True)  # f's first check: the loops are cheaper than the walk
-        return False
-    return bool(cached(key, lambda: _structure(plan, eval_values, native_values)))
+    for (kind, constants), (other_kind, others) in zip(first, second):
+        if kind != other_kind or len(constants) != len(others):
+            return False
+        for a, b in zip(constants, others):
+            if a is b:
+                continue
+            try:
+                if a.dtype != b.dtype or a.shape != b.shape or a.numpy().tobytes() != b.numpy().tobytes():
+                    return False
+            except Exception:  # a resource or variant handle: no bits to compare
+                return False
+    return True
+
+
+def differences(plan: Plan, values: list, position: int, flat: np.ndarray, shape, idx, delta, centre: np.ndarray):
+    """The eager loop's (plus, minus) [m, len(idx)] for an element-wise f from two calls of f, every column of
+    ``idx`` moved at once (``values``: the call's inputs, ``flat`` input ``position`` flattened); None where the
+    calls show f is not element-wise in that input."""
+    k = len(idx)
+    cols = np.arange(k)
+    sides, found = [], []
+    for sign in (1, -1):
+        moved = flat.copy()
+        moved[idx] = flat[idx] + (sign * np.asarray(delta, np.float64)).astype(flat.dtype)
+        values[position] = source = tf.constant(moved.reshape(shape))
+        with _Recording() as ops:
+            result = plan.call(values, untaped=True)
+        leaves = [leaf for leaf, kept in zip(tf.nest.flatten(result), plan.leaf_is_output) if kept]
+        if len(leaves) != 1 or type(leaves[0]) is not EAGER_TENSOR:
+            return None
+        found.append(_constants(ops, source, leaves[0], plan.m))
+        y = plan.flat_numpy(result, plan.eval_upcast)
+        block = np.repeat(centre[:, None], k, axis=1)
+        block[idx, cols] = y[idx]
+        sides.append(block)
+    return tuple(sides) if _same(*found) else None
+
+
+def rows(vjp, leaf) -> list[np.ndarray] | None:
+    """The row loop's [m, m] block of an element-wise f from two VJPs (``vjp(cotangent)``: the gradient tensor):
+    the cotangent 1 gives each row's diagonal entry, the cotangent 0 each row's entries off it; None where the VJPs
+    are not element-wise in the cotangent."""
+    n = leaf.shape.num_elements()
+    grads, found = [], []
+    for value in (1, 0):
+        cotangent = tf.constant(np.full(leaf.shape.as_list(), value, leaf.dtype.as_numpy_dtype))
+        with _Recording() as ops:
+            grad = vjp(cotangent)
+        if type(grad) is not EAGER_TENSOR:  # IndexedSlices (a gather's gradient), or no gradient
+            return None
+        found.append(_constants(ops, cotangent, grad, n))
+        grads.append(grad.numpy().reshape(-1).astype(np.float64))
+    if not _same(*found):
+        return None
+    on, off = grads
+    block = np.repeat(off[None, :], off.size, axis=0)
+    np.fill_diagonal(block, on)
+    return [block]

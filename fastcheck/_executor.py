@@ -30,13 +30,12 @@ from collections.abc import Hashable
 import numpy as np
 import tensorflow as tf
 
-from fastcheck import _paths
+from fastcheck import _diagonal, _paths
 from fastcheck._calibration import EAGER, Calibration, shared_calibration
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
-from fastcheck._diagonal import elementwise
 from fastcheck._distribute import Share, spread_for
 from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory, OwnKernel
-from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, pad, plan_key
+from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, pad, plan_key, remember
 from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._pfor import converted
 from fastcheck._plan import Plan, first_line, measure_precision, view
@@ -297,7 +296,7 @@ class Executor:
     @property
     def ran_elementwise(self) -> bool:
         """Whether the eager loops made ``_diagonal``'s few calls in this check (routing learns nothing from them)."""
-        return bool(self.memo.get("elementwise"))
+        return bool(self.memo.get("elementwise ran"))
 
     def note(self, event) -> None:
         self.events.append(event)
@@ -504,11 +503,21 @@ class Executor:
         return None if _paths.graph_op_types(concrete.graph) & _paths._LOOP_OPS else kernel
 
     def elementwise(self) -> bool:
-        """Whether the eager loops may make ``_diagonal``'s few calls (f element-wise in its one checked input;
-        found once per f, signatures and configuration)."""
-        if self.path != EAGER or self.share is not None or not self.route.traceable:
+        """Whether the eager loops may try ``_diagonal``'s few calls (f of one checked input and one output of as many
+        elements, not yet shown in this check not to be element-wise)."""
+        if self.path != EAGER or self.share is not None or self.memo.get("elementwise") is False:
             return False
-        return self.once("elementwise", lambda: elementwise(self.plan, self.config, self.values, self.native))
+        return self.once("eligible", lambda: _diagonal.eligible(self.plan, self.config))
+
+    def elementwise_ran(self, ran: bool, forward: bool = True) -> None:
+        """Record what ``_diagonal``'s calls found: a forward that is not element-wise is not tried again in this
+        check; one that is stays on the eager path when f is checked again (``_paths``)."""
+        if ran:
+            self.memo["elementwise ran"] = True
+        if forward:
+            self.memo["elementwise"] = ran
+            if ran:
+                remember(plan_key(self.plan, self.config) + ("elementwise",), True)
 
     def _centre(self) -> np.ndarray:
         """f at x on the numerical side, as the eager loop calls it (flat, float64): planning's evaluation at the
@@ -528,7 +537,11 @@ class Executor:
         m = self.plan.m
         idx = np.asarray(idx)
         if len(idx) > 1 and self.elementwise() and np.unique(idx).size == len(idx):
-            return self._elementwise_differences(position, idx, delta, flat, shape, dtype)
+            sides = _diagonal.differences(self.plan, list(self.values), position, flat, shape, idx, delta, self._centre())
+            self.elementwise_ran(sides is not None)
+            if sides is not None:
+                d = np.asarray(delta, np.float64).astype(dtype)
+                return (*sides, (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64))
         pluses, minuses = np.empty((m, len(idx))), np.empty((m, len(idx)))
         spans = np.empty(len(idx))
         values = list(self.values)
@@ -553,23 +566,6 @@ class Executor:
                 "fastcheck needs outputs whose shapes do not depend on input values."
             )
         return y
-
-    def _elementwise_differences(self, position, idx, delta, flat, shape, dtype):
-        """``_eager_differences`` of an element-wise f (``_diagonal``): every column of ``idx`` moved in one call
-        per side; output j of it is output j of the one-column call, the others are f(x)."""
-        k = len(idx)
-        centre = self._centre()
-        values = list(self.values)
-        cols = np.arange(k)
-        sides = []
-        for sign in (1, -1):
-            y = self._moved_call(values, position, flat, shape, idx, (sign * np.asarray(delta, np.float64)).astype(dtype))
-            block = np.repeat(centre[:, None], k, axis=1)
-            block[idx, cols] = y[idx]
-            sides.append(block)
-        d = np.asarray(delta, np.float64).astype(dtype)
-        spans = (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64)
-        return sides[0], sides[1], spans
 
     # -- noise tables ----------------------------------------------------------
 

@@ -45,7 +45,19 @@ tf.get_logger().addFilter(_QuietInternalRetracing())
 
 def plan_key(plan: Plan, config: CheckConfig) -> tuple:
     """What a compiled kernel depends on: f (by identity, see the module docstring), signatures, precision, the
-    compile settings."""
+    compile settings (worked out once for the last plan and configuration: a check asks for it several times)."""
+    last_plan, last_config, key = _last_key
+    if plan is last_plan() and config is last_config:
+        return key
+    key = _plan_key(plan, config)
+    _last_key[:] = [weakref.ref(plan), config, key]  # not the plan's tensors kept alive until the next check
+    return key
+
+
+_last_key: list = [lambda: None, None, ()]
+
+
+def _plan_key(plan: Plan, config: CheckConfig) -> tuple:
     f = plan.f.function if isinstance(plan.f, WeakCall) else plan.f
     f_key = (id(f.__func__), id(f.__self__)) if hasattr(f, "__func__") and hasattr(f, "__self__") else id(f)
     _evict_when_collected(f, f_key)

@@ -255,7 +255,7 @@ class Plan:
         return tuple((as_float64(s.real_view) if self.eval_upcast else s.real_view) if s.checked else s.value
                      for s in self.inputs)
 
-    def _call(self, values: list[tf.Tensor], untaped: bool = False):
+    def call(self, values: list[tf.Tensor], untaped: bool = False):
         """f's raw result for one value per input (checked complex inputs given as real views).
 
         ``untaped``: no tape differentiates the call, so an eager real view becomes complex through numpy (the same
@@ -274,7 +274,7 @@ class Plan:
 
     def output_leaves(self, values: list[tf.Tensor]) -> list[tf.Tensor]:
         """The floating output leaves of f as real views, unreshaped and uncast (for eager tapes)."""
-        leaves = tf.nest.flatten(self._call(values))
+        leaves = tf.nest.flatten(self.call(values))
         return [to_real_view(tf.convert_to_tensor(leaf)) for leaf, is_output in zip(leaves, self.leaf_is_output) if is_output]
 
     def call_flat(self, values: list[tf.Tensor], upcast: bool = False) -> tf.Tensor:
@@ -290,8 +290,11 @@ class Plan:
     def call_flat_numpy(self, values: list[tf.Tensor], upcast: bool = False) -> np.ndarray:
         """``call_flat`` for the eager loop: the same numbers as a numpy vector, with no TensorFlow op besides f's
         own (a reshape or cast op costs as much as a small f)."""
+        return self.flat_numpy(self.call(values, untaped=True), upcast)
+
+    def flat_numpy(self, result, upcast: bool = False) -> np.ndarray:
+        """f's raw ``result`` as ``call_flat_numpy`` gives it."""
         target = np.float64 if upcast else self.native_flat_dtype.as_numpy_dtype
-        result = self._call(values, untaped=True)
         if type(result) is EAGER_TENSOR and not result.dtype.is_complex and self.leaf_is_output == [True]:
             return result.numpy().astype(target, copy=False).reshape(-1)  # one real tensor: nothing to walk
         pieces = []

@@ -189,14 +189,9 @@ VJP_LOOP_SECONDS = 0.05  # row colours x one eager call of f up to which coloure
 # On the eager path the line kernel (``_executor``) is traced only where the calls it saves are predicted to cost
 # this many times its tracing: the routing's trace estimate is a whole check's, and some f trace far slower.
 LINE_MARGIN = 2.0
-MIN_ELEMENTS = 2  # ``_diagonal``: below this many elements the loops are as cheap as the structure's graph
-# ``_diagonal``'s structure walk (f and its VJP built as graphs and read op by op) took 3.5 ms for a one-op f over
-# 6 elements, where the eager loops it spares cost ~1 ms: on the first check of an f it runs only from WALK_ELEMENTS
-# elements (about where the spared loops cost more; by size, not by a timing, so a check makes the same calls of f
-# on every run); a later check of the same f walks (once; the answer is cached with f's kernels).  An f whose one
-# call takes WALK_CALL_SECONDS or more (a TFP special function) is walked at any size: its 2n + m calls cost more.
-WALK_ELEMENTS = 32
-WALK_CALL_SECONDS = 1e-3
+# ``_diagonal``: an element-wise f's two calls of each side replace the loops' 2n calls and m VJPs from this many
+# elements (at 1 the loops make as many); its ops are recorded as they run, so trying costs no more than the calls.
+DIAGONAL_MIN_ELEMENTS = 2
 # autodiff="auto" probes forward mode (``_full``) only on traced checks of at least this many first-sweep
 # evaluations: below, the ForwardAccumulator's helper traces cost a third of the check or more, for a side training
 # does not use and that cannot see custom gradients.
@@ -301,6 +296,6 @@ FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis need
 # The tunables a check reads from its options (``CheckConfig.table``), so ``tables={name: value}`` overrides them
 # for that check: for experiments with a threshold, and for tests that reach a branch (coloured mode's sampled
 # noise, its sparse report, a check too large to hold) on a small problem.
-CONFIGURABLE = frozenset({"NOISE_ALL", "SCREEN_ELEMENTS", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "WALK_ELEMENTS",
+CONFIGURABLE = frozenset({"NOISE_ALL", "SCREEN_ELEMENTS", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "DIAGONAL_MIN_ELEMENTS",
                           "REPEAT_TRACE_CHECKS", "REPEAT_TRACE_SECONDS"})
 

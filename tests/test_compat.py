@@ -177,9 +177,9 @@ def test_bfloat16_scalars_as_tensorflows_own_test_writes_them():
 
 
 def test_repeated_call_at_numpy_values_reuses_what_it_learnt():
-    # TensorFlow's tests pass numpy arrays: new tensors on every call. A repeated call at the same values
-    # finds f's element-wise structure again (a few calls of f instead of 2n + m), and a call at other
-    # values differentiates there.
+    # TensorFlow's tests pass numpy arrays: new tensors on every call. Every call finds f's element-wise
+    # structure (a few calls of f instead of 2n + m: fewer than n), and a call at other values differentiates
+    # there.
     calls = []
 
     def f(x):
@@ -193,7 +193,7 @@ def test_repeated_call_at_numpy_values_reuses_what_it_learnt():
         theoretical, numerical = fastcheck.compute_gradient(f, [x.copy()], delta=1e-3)
         counts.append(len(calls))
         np.testing.assert_allclose(np.diag(theoretical[0]), 2 * np.cos(x).reshape(-1), rtol=1e-12)
-    assert counts[2] < counts[0] / 2, counts
+    assert max(counts) < x.size / 2, counts
     other = x + 0.5
     theoretical, numerical = fastcheck.compute_gradient(f, [other], delta=1e-3)
     np.testing.assert_allclose(np.diag(theoretical[0]), 2 * np.cos(other).reshape(-1), rtol=1e-12)
