@@ -50,7 +50,7 @@ from fastcheck._colours import (
 )
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._diagnosis import kernel_failure
-from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary
+from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary, Hint
 from fastcheck._executor import Executor, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA
 from fastcheck._plan import Plan, first_line, with_noise
@@ -64,14 +64,6 @@ from fastcheck._tables import (
     REFINE_LEVELS,
     XLA_MIN_EVALUATIONS,
 )
-
-INCONSISTENT_HINT = ("the reverse-mode gradient disagrees with f's Jacobian along a dense random cotangent (see the "
-                     "problem above), although its values at the pattern's nonzeros may agree: look for a missing "
-                     "transpose, gradient written to the wrong element, or a gradient that ignores dy; mode='full' on "
-                     "a smaller input names the elements.")
-WRONG_PATTERN_HINT = ("the sparsity pattern misses dependencies of f (see the problem above): each colour's "
-                      "difference and VJP mixes in entries outside it, so these elements are undecidable, not wrong.")
-
 
 # -- the report -------------------------------------------------------------------------------------
 
@@ -106,8 +98,8 @@ def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str,
                 storage = Nonzeros(block, lo, hi, output.offset, (output.size, spec.size))
             pair = PairReport(output_name or output.name, spec.name, output_shape, input_shape, storage, atol, rtol,
                               one_sided=one_sided, side=side, inconsistent=block.inconsistent)
-            pair.hint = (WRONG_PATTERN_HINT if block.wrong_pattern else INCONSISTENT_HINT if block.inconsistent
-                         else pair.diagnose())
+            pair.cause = (Hint("wrong pattern") if block.wrong_pattern else Hint("inconsistent") if block.inconsistent
+                          else pair.diagnose())
             pairs.append(pair)
     return pairs
 

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fastcheck._events import Hint
 from fastcheck._tables import (
     FACTOR_ELEMENTS,
     FLAT_ROUNDINGS,
@@ -477,56 +478,24 @@ def relative_norm_error(numerical: np.ndarray, analytical: np.ndarray) -> float:
     return float(np.linalg.norm(n - a) / (np.linalg.norm(n) + np.linalg.norm(a) + 1e-8))
 
 
-FLAT_HINT = ("f's output does not move beyond its rounding at these elements while the analytical gradient is not "
-             "zero: f is piecewise constant there (a quantizer, sign, round, a staircase: the analytical value is then "
-             "a surrogate gradient, e.g. a straight-through estimator, which no difference quotient can check), or "
-             "float32 rounding inside f swallows the change (check with a float64 numerical side); if f should not "
-             "depend on these elements, the gradient flows where f does not.")
-
-
-NONFINITE_CAUSE = ("a classic cause is tf.where(cond, g(x), 0) with g non-finite on the discarded branch; make the "
-                   "input to g safe too (the double-where trick).")
-
-
-def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, size: int | None = None) -> str | None:
-    """A one-line guess at the kind of defect, from the pattern of failing elements.
+def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, size: int | None = None) -> Hint | None:
+    """A guess at the kind of defect, from the pattern of failing elements (its text: ``_text.HINTS``).
 
     ``size``: how many elements the arrays stand for, when they are a sample of the pair's (every failing element
     and a few others: coloured mode's large pairs); default, their own size.
     """
     bad = status == MISMATCH
     if np.any(status == ANALYTICAL_NONFINITE):
-        return "the analytical gradient is NaN/Inf where f is smooth: " + NONFINITE_CAUSE
-    if np.any(status == NUMERICAL_NONFINITE) and not bad.any():
-        return ("f is not finite at or next to the point, so the derivative there cannot be checked numerically; "
-                "move the point inside f's domain.")
-    if np.any(status == DISCONTINUOUS) and not bad.any():
-        return ("f jumps at the point (its difference quotients grow like 1/step): it has no derivative there to "
-                "check; check at a point away from the jump.")
-    if np.any(status == UNRESOLVED_KINK) and not bad.any():
-        return ("every step crossed a kink of f (e.g. ReLU inputs at or within a step of 0) and the analytical value "
-                "lies outside the one-sided derivatives: several kinks closer together than any step give that, as "
-                "does a kink closer than the smallest step float32 rounding allows, so these elements are "
-                "undecidable, not wrong; check at a point away from the kinks (e.g. nonzero biases or trained "
-                "weights), or with a float64 numerical side (f must then accept float64 inputs: build its constants "
-                "in the inputs' dtype).")
-    if np.any(status == FLAT) and not bad.any():
-        return FLAT_HINT
-    if np.any(status == UNRESOLVED) and not bad.any():
-        return ("the central differences did not settle at any step tried (down to 4**12 times smaller than the "
-                "first, or, for a noisy f, up to the largest step its noise allows), or f's measured noise is as "
-                "large as f itself there (sin at 1e20: neighbouring inputs lie periods apart): f varies on a scale "
-                "far below the step, or its noise or rounding swamps every step (float32 where f' is near 0 and f "
-                "is not); pass a smaller eps where f varies below the step, check with a float64 numerical side "
-                "where its rounding swamps it (f must then accept float64 inputs: build its constants in the "
-                "inputs' dtype), or check at a point where f is smoother.")
+        return Hint("analytical not finite")
+    for code in (NUMERICAL_NONFINITE, DISCONTINUOUS, UNRESOLVED_KINK, FLAT, UNRESOLVED):
+        if np.any(status == code) and not bad.any():
+            return Hint(STATUS_NAMES[code])
     if not bad.any():
         return None
     a, n = analytical[bad], numerical[bad]
     total = int(bad.sum())
     if np.all(np.abs(a) <= 1e-12 * np.maximum(np.abs(n), 1e-300)) or np.all(a == 0):
-        return ("the analytical gradient is zero where the numerical one is not: a missing chain-rule term, a "
-                "misplaced tf.stop_gradient, or a variable that does not reach the gradient.")
+        return Hint("zero")
     # Least-squares factor between the failing entries: a = c * n explains a sign flip (c = -1) or a lost constant
     # (c != 1) even when a few entries are noisy.
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -536,14 +505,14 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, 
     # (total >= min(FACTOR_ELEMENTS, nonzero finite entries), without a pass over them when total suffices.)
     fitted = total >= FACTOR_ELEMENTS or total >= int(np.count_nonzero(numerical[np.isfinite(numerical)]))
     if fitted and residual < 0.02 and abs(factor + 1) < 0.02:
-        return "the analytical gradient has the wrong sign."
+        return Hint("sign")
     if fitted and residual < 0.02 and abs(factor - 1) > 1e-3:
-        return f"the analytical gradient is off by a constant factor of {factor:.4g} (a missing or extra constant in the derivative)."
+        return Hint("factor", factor=factor)
     if analytical.shape[0] == analytical.shape[1] and analytical.shape[0] > 1 and _transposed(analytical, numerical, bad):
-        return "the analytical Jacobian equals the transpose of the numerical one (a transposed matmul in the gradient?)."
+        return Hint("transposed")
     size = status.size if size is None else size
     if total <= max(1, size // 100):
-        return f"only {total} of {size} elements differ: look at indexing or a special case near the worst element."
+        return Hint("few", count=total, size=size)
     return None
 
 

@@ -500,3 +500,20 @@ class EagerUnsplit:
 
     what: str
     multi: bool
+
+
+# --- a pair's verdict explained
+
+
+@dataclasses.dataclass(frozen=True)
+class Hint:
+    """What explains a pair's verdict, for its hint line (``_text.HINTS`` by ``kind``): the kind of defect, or of
+    undecidability, its strategy found, with its numbers; ``spread``: fast mode's defect showed in no single block
+    of the region it reports."""
+
+    kind: str
+    count: int = 0
+    size: int = 0
+    factor: float = 0.0
+    first: tuple = ()
+    spread: bool = False

@@ -37,11 +37,11 @@ tested again with the measured noise and precision, refined.
 
 **Localisation** (``_localise``).  A group that still fails is bisected over its inputs, every part that shows the
 defect followed (worst first, at most ``MAX_LOCALISED_INPUTS`` inputs; further failing groups fail as groups,
-``CAPPED_HINT``).  An input reached this way gets its own k probes (as if it were the only input) and then the
+``_text.HINTS['capped']``).  An input reached this way gets its own k probes (as if it were the only input) and then the
 within-input bisection: probes restricted to each of 8 blocks (contiguous in the flattened input, i.e. slabs along
 the leading axes), recursively, down to a region small enough for an element-by-element check, whose worst element
-is reported with the region.  A group whose defect shows in no single part is undecidable (``NOT_SHOWN_HINT``,
-``WITHIN_PARTS_HINT``), as is a localised element where f does not move (``_flat``, ``FLAT_HINT``).  Each input's
+is reported with the region.  A group whose defect shows in no single part is undecidable (hints "not shown",
+"within parts"), as is a localised element where f does not move (``_flat``: hint "flat element").  Each input's
 pair holds the probes that decided it (its group's when the group passed, those of the part that cleared it or its
 own when it was localised) and states its resolution: the smallest relative error of its gradient that its probes
 flag, from its share ``(J^T u)_k . d_k`` of each projection.
@@ -58,7 +58,7 @@ import tensorflow as tf
 
 from fastcheck import _compare, _flat
 from fastcheck._directions import F64, Joint, _normal, _vjp
-from fastcheck._events import FastSummary
+from fastcheck._events import FastSummary, Hint
 from fastcheck._executor import Executor, measured, timed
 from fastcheck._plan import Plan
 from fastcheck._refine import LADDER, Evaluate, Line, Rungs, confirmation, descend
@@ -80,30 +80,6 @@ from fastcheck._tables import (
 
 # Stateless seeds (seed, SEEDS[...] + i) of the probes, per purpose.
 SEEDS = {"screen": 0, "groups": 1 << 20, "own": 2 << 20, "blocks": 3 << 20, "twin": 4 << 20}
-
-LOCALISED_HINT = ("a directional derivative disagrees: the gradient of the named input is wrong in the region "
-                  "shown; check that region with mode='full' on a slice, starting at the worst element.")
-THROUGHOUT = (" Every block of the input fails its probes: the gradient is wrong throughout it; the region shown is "
-              "where it is worst.")
-NOT_SHOWN_HINT = ("the projections over these inputs together fail, but no part of them is shown wrong: neither fresh "
-                  "probes of each part nor the failing probe split over the parts fail as a wrong gradient would (a "
-                  "wrong gradient's error is linear: the split probe's errors add up to the whole one's); the failure "
-                  "comes from kinks the probes cross (a float32 f over ReLUs) or sits at the tolerance. Check these "
-                  "inputs with mode='full', or in float64.")
-WITHIN_PARTS_HINT = ("the projections over these inputs together fail, but every probe of every part of them passes "
-                     "(the group's allowance grows less than the sum of its parts'): no part, and so no element, is "
-                     "shown to be wrong -- close to the tolerance, or kinks crossed (a float32 f over ReLUs); check "
-                     "these inputs with mode='full', or in float64.")
-REGION_PASSES_HINT = ("probes through the region shown disagree, but none of its elements is shown wrong on its own "
-                      "(the worst one found is within its allowance, or sits at a kink of f, judged as mode='full' "
-                      "judges kinks): the disagreement may come from kinks the probes cross (a float32 f over ReLUs) "
-                      "or sit at the tolerance; check the input with mode='full' (on a slice).")
-FLAT_HINT = ("the probes' disagreement leads to an element where f does not move: " + _compare.FLAT_HINT)
-NONFINITE_HINT = ("the reverse-mode gradient is NaN/Inf at {count} of this input's elements (the first at {first}) "
-                  "where f's differences are finite: " + _compare.NONFINITE_CAUSE)
-CAPPED_HINT = ("the projections over this group of inputs fail; localisation stopped after {count} failing inputs: "
-               "check the group's inputs with mode='full' (check_model: variables=[...]).")
-
 
 # -- f along joint directions ------------------------------------------------------
 
@@ -446,18 +422,19 @@ def check_fast(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     pairs = []
     for index, spec in enumerate(joint.specs):
         probes, hint, region, worst, side = decided.get(index, (results[group_of[index]], None, None, None, "forward"))
-        if hint is FLAT_HINT:  # f does not move at the element the probes' disagreement leads to: undecidable
+        kind = None if hint is None else hint.kind
+        if kind == "flat element":  # f does not move at the element the probes' disagreement leads to: undecidable
             probes = probes.not_shown(_compare.FLAT)
-        if hint is REGION_PASSES_HINT:
+        if kind == "region passes":
             # The probes' disagreement, followed into a region, shows in none of its elements: no wrong
             # element to name, so undecidable (the element-wise rule passes what is there), not a FAIL.
             probes = probes.not_shown(_compare.UNRESOLVED)
         if hint is None and np.any(probes.kind == _compare.ANALYTICAL_NONFINITE):  # its share is not finite
             bad = np.flatnonzero(~np.isfinite(gradient[joint.offsets[index] : joint.offsets[index + 1]].numpy()))
             first = [int(i) for i in np.unravel_index(bad[0], tuple(spec.real_view.shape))]
-            hint = NONFINITE_HINT.format(count=len(bad), first=first)
+            hint = Hint("gradient not finite", count=len(bad), first=tuple(first))
         storage = Projections(probes, probes.resolution(index), region=region, found=worst, found_by=side)
-        pairs.append(PairReport("u.J.d", spec.name, (), tuple(spec.real_view.shape), storage, atol, rtol, hint=hint,
+        pairs.append(PairReport("u.J.d", spec.name, (), tuple(spec.real_view.shape), storage, atol, rtol, cause=hint,
                                 side="reverse" if supplied is None else "supplied", float64_gradient=index in twinned))
     notes = []
     if len(joint.specs) > 1:
@@ -520,7 +497,7 @@ def _twinned(joint: Joint, inputs: list, u, gradient, tolerances) -> tuple[dict,
         if mine.wrong and (worst is None or worst.status != _compare.STATUS_NAMES[_compare.MISMATCH]):
             # A twin's disagreement FAILs only at an element shown wrong on its own (full mode's twin is
             # element-wise): probes through a float64 ReLU network sit at its rule's edge (ratios 1.02-1.06).
-            hint = REGION_PASSES_HINT  # check_fast judges its probes undecidable
+            hint = Hint("region passes")  # check_fast judges its probes undecidable
         decided[index] = (mine, hint, region, worst, side)
     return decided, joint
 
@@ -575,8 +552,8 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
     restricted to it fail, or, failing that, when the group's failing probe itself restricted to it does: a wrong
     gradient's error is linear in the direction, so the split probe's errors add up to the whole one's and the part
     holding a wrong element carries its error undiluted, against a smaller allowance.  A group whose failure shows
-    in no part is undecidable (``WITHIN_PARTS_HINT`` where every probe of every part passed outright,
-    ``NOT_SHOWN_HINT`` otherwise), never a FAIL without an input it names: the whole direction can cross kinks the
+    in no part is undecidable (hint "within parts" where every probe of every part passed outright,
+    "not shown" otherwise), never a FAIL without an input it names: the whole direction can cross kinks the
     parts' do not (a correct float32 ReLU MLP).
     """
     k = joint.config.probes
@@ -591,7 +568,7 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
         _, _, group, flagged, own, direction = heapq.heappop(pending)
         if len(leaves) >= MAX_LOCALISED_INPUTS:
             for index in group:
-                decided[index] = (flagged, CAPPED_HINT.format(count=MAX_LOCALISED_INPUTS), None, None, "forward")
+                decided[index] = (flagged, Hint("capped", count=MAX_LOCALISED_INPUTS), None, None, "forward")
             continue
         if len(group) == 1:
             leaves.append((group[0], flagged, own))
@@ -612,7 +589,7 @@ def _localise(joint: Joint, seed: int, u, gradient, failing: list, atol, rtol) -
             found = compare(joint, directions, u, gradient, atol, rtol, forward_side=forward_side)
             within = within and bool(np.all(found.score <= 1))
         if not found.wrong:
-            hint = WITHIN_PARTS_HINT if within else NOT_SHOWN_HINT
+            hint = Hint("within parts") if within else Hint("not shown")
             flagged = flagged.not_shown(_compare.UNRESOLVED)
             for index in group:
                 decided[index] = (flagged, hint, None, None, "forward")
@@ -649,7 +626,7 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
     forward_side = _forward_failed(result)  # follow only the side(s) that failed
     m, n, offset = joint.plan.m, spec.size, int(joint.offsets[index])
     region_max = int(max(1, min(REGION_MAX, joint.config.budget // max(1, 40 * m))))
-    hint = LOCALISED_HINT
+    hint = Hint("localised")
     low, high, level = 0, n, 0
     while high - low > region_max:
         edges = np.linspace(low, high, min(BLOCKS, high - low) + 1).astype(int)
@@ -668,16 +645,14 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
         if not found.wrong:
             break  # the defect no longer shows in any one block: report the region so far
         if level == 0 and len(blocks) > 1 and np.all(found.defect > 1):
-            hint = LOCALISED_HINT + THROUGHOUT
+            hint = Hint("throughout")
         level += 1
         low, high = blocks[int(np.argmax(found.defect))]
     shape = tuple(spec.real_view.shape)
     at = lambda flat: tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()  # noqa: E731
     region = (at(low), at(high - 1))
     if high - low > region_max:
-        hint = (f"{hint} The defect did not show in any single block of the region; it may be "
-                "spread thinly over it or close to the tolerance: rerun with more probes or mode='full' on a slice.")
-        return hint, region, None, "forward"
+        return dataclasses.replace(hint, spread=True), region, None, "forward"
     # Element by element inside the region: each numerical Jacobian column against its J e_j and (J^T u)_j.
     scale = joint.scale.numpy()[offset:]
 
@@ -722,8 +697,8 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
     if shown and _flat_element(joint, spec.position, int(columns[column]),
                                int(found.forward_worst[column][0]) if side == "forward" else None,
                                first, int(columns[column] - low), side, float(a / unit)):
-        return FLAT_HINT, region, dataclasses.replace(worst, status=_compare.STATUS_NAMES[_compare.FLAT]), side
-    return (hint if shown else REGION_PASSES_HINT), region, worst, side
+        return Hint("flat element"), region, dataclasses.replace(worst, status=_compare.STATUS_NAMES[_compare.FLAT]), side
+    return (hint if shown else Hint("region passes")), region, worst, side
 
 
 def _flat_element(joint: Joint, position: int, column: int, row: int | None, first: Comparison, at: int, side: str,

@@ -353,7 +353,7 @@ def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[Pair
                               Dense(n_rows, a_rows, s_rows, b_rows), atol, rtol, side=side, float64_gradient=used)
             pair.one_sided = {(r - output.offset, c): v for (r, c), v in one_sided.items()
                               if output.offset <= r < output.offset + output.size}
-            pair.hint = pair.diagnose() if (s_rows != _compare.OK).any() else None  # a hint explains what is not OK
+            pair.cause = pair.diagnose() if (s_rows != _compare.OK).any() else None  # a hint explains what is not OK
             pairs.append(pair)
     return pairs
 

@@ -27,6 +27,7 @@ from fastcheck._compare import (
     resolution,
 )
 from fastcheck._compare import diagnose as _diagnose
+from fastcheck._events import Hint
 from fastcheck._storage import Comparison, Element, Nonzeros, Projections, Storage, json_number
 from fastcheck._tables import RESOLUTION_RTOLS, WORST_KEPT
 
@@ -72,7 +73,7 @@ class PairReport:
     storage: Storage
     atol: float
     rtol: float
-    hint: str | None = None
+    cause: Hint | None = None  # what explains the verdict; ``hint`` is its text
     # (row, column) -> (left, right) one-sided derivatives, for elements at a kink
     one_sided: dict = dataclasses.field(default_factory=dict)
     # Which autodiff side ``analytical`` holds: "reverse" (VJPs, what training uses),
@@ -89,6 +90,7 @@ class PairReport:
 
     # -- the values, from the storage ----------------------------------------------------
 
+    hint = property(lambda self: _text.hint_text(self.cause), doc="What explains the verdict, as a sentence (or None).")
     numerical = property(lambda self: self.storage.numerical)
     analytical = property(lambda self: self.storage.analytical)
     band = property(lambda self: self.storage.band)
@@ -320,7 +322,7 @@ class PairReport:
         """Fast mode: probes whose refinement could not decide (kinks, or jumps, that no step resolves)."""
         return int(np.sum(np.any(np.isin(self.status, UNDECIDED), axis=1))) if self.projected else 0
 
-    def diagnose(self) -> str | None:
+    def diagnose(self) -> Hint | None:
         """``_compare.diagnose`` on what the storage samples of its values (fast mode: none, its hint
         comes from the localisation), the share of failing elements taken over all of them."""
         found = self.storage.sample()

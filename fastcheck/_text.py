@@ -63,6 +63,88 @@ def coarse_line(title: str, resolutions: tuple[float, float], rtol: float, fast:
             f"ok. Try {fix}.")
 
 
+# A pair's hint, by the kind of what explains its verdict (``_events.Hint``: ``_compare.diagnose``'s guess from the
+# failing elements, coloured mode's pattern problems, fast mode's localisation), composed from the hint's fields.
+FLAT_CAUSE = (
+    "f's output does not move beyond its rounding at these elements while the analytical gradient is not zero: f is "
+    "piecewise constant there (a quantizer, sign, round, a staircase: the analytical value is then a surrogate "
+    "gradient, e.g. a straight-through estimator, which no difference quotient can check), or float32 rounding inside "
+    "f swallows the change (check with a float64 numerical side); if f should not depend on these elements, the "
+    "gradient flows where f does not.")
+NONFINITE_CAUSE = ("a classic cause is tf.where(cond, g(x), 0) with g non-finite on the discarded branch; make the "
+                   "input to g safe too (the double-where trick).")
+LOCALISED = ("a directional derivative disagrees: the gradient of the named input is wrong in the region shown; check "
+             "that region with mode='full' on a slice, starting at the worst element.")
+HINTS = {
+    "analytical not finite": "the analytical gradient is NaN/Inf where f is smooth: " + NONFINITE_CAUSE,
+    "numerical not finite": ("f is not finite at or next to the point, so the derivative there cannot be checked "
+                             "numerically; move the point inside f's domain."),
+    "f jumps here": ("f jumps at the point (its difference quotients grow like 1/step): it has no derivative there to "
+                     "check; check at a point away from the jump."),
+    "kinks no step resolves": (
+        "every step crossed a kink of f (e.g. ReLU inputs at or within a step of 0) and the analytical value lies "
+        "outside the one-sided derivatives: several kinks closer together than any step give that, as does a kink "
+        "closer than the smallest step float32 rounding allows, so these elements are undecidable, not wrong; check "
+        "at a point away from the kinks (e.g. nonzero biases or trained weights), or with a float64 numerical side "
+        "(f must then accept float64 inputs: build its constants in the inputs' dtype)."),
+    "f does not move here": FLAT_CAUSE,
+    "numerical derivative unresolved": (
+        "the central differences did not settle at any step tried (down to 4**12 times smaller than the first, or, "
+        "for a noisy f, up to the largest step its noise allows), or f's measured noise is as large as f itself "
+        "there (sin at 1e20: neighbouring inputs lie periods apart): f varies on a scale far below the step, or its "
+        "noise or rounding swamps every step (float32 where f' is near 0 and f is not); pass a smaller eps where f "
+        "varies below the step, check with a float64 numerical side where its rounding swamps it (f must then "
+        "accept float64 inputs: build its constants in the inputs' dtype), or check at a point where f is smoother."),
+    "zero": ("the analytical gradient is zero where the numerical one is not: a missing chain-rule term, a misplaced "
+             "tf.stop_gradient, or a variable that does not reach the gradient."),
+    "sign": "the analytical gradient has the wrong sign.",
+    "factor": ("the analytical gradient is off by a constant factor of {factor:.4g} (a missing or extra constant in "
+               "the derivative)."),
+    "transposed": ("the analytical Jacobian equals the transpose of the numerical one (a transposed matmul in the "
+                   "gradient?)."),
+    "few": "only {count} of {size} elements differ: look at indexing or a special case near the worst element.",
+    # coloured mode
+    "inconsistent": ("the reverse-mode gradient disagrees with f's Jacobian along a dense random cotangent (see the "
+                     "problem above), although its values at the pattern's nonzeros may agree: look for a missing "
+                     "transpose, gradient written to the wrong element, or a gradient that ignores dy; mode='full' on "
+                     "a smaller input names the elements."),
+    "wrong pattern": ("the sparsity pattern misses dependencies of f (see the problem above): each colour's "
+                      "difference and VJP mixes in entries outside it, so these elements are undecidable, not wrong."),
+    # fast mode's localisation
+    "localised": LOCALISED,
+    "throughout": LOCALISED + (" Every block of the input fails its probes: the gradient is wrong throughout it; the "
+                               "region shown is where it is worst."),
+    "not shown": ("the projections over these inputs together fail, but no part of them is shown wrong: neither fresh "
+                  "probes of each part nor the failing probe split over the parts fail as a wrong gradient would (a "
+                  "wrong gradient's error is linear: the split probe's errors add up to the whole one's); the failure "
+                  "comes from kinks the probes cross (a float32 f over ReLUs) or sits at the tolerance. Check these "
+                  "inputs with mode='full', or in float64."),
+    "within parts": ("the projections over these inputs together fail, but every probe of every part of them passes "
+                     "(the group's allowance grows less than the sum of its parts'): no part, and so no element, is "
+                     "shown to be wrong -- close to the tolerance, or kinks crossed (a float32 f over ReLUs); check "
+                     "these inputs with mode='full', or in float64."),
+    "region passes": ("probes through the region shown disagree, but none of its elements is shown wrong on its own "
+                      "(the worst one found is within its allowance, or sits at a kink of f, judged as mode='full' "
+                      "judges kinks): the disagreement may come from kinks the probes cross (a float32 f over ReLUs) "
+                      "or sit at the tolerance; check the input with mode='full' (on a slice)."),
+    "flat element": "the probes' disagreement leads to an element where f does not move: " + FLAT_CAUSE,
+    "gradient not finite": ("the reverse-mode gradient is NaN/Inf at {count} of this input's elements (the first at "
+                            "{first}) where f's differences are finite: " + NONFINITE_CAUSE),
+    "capped": ("the projections over this group of inputs fail; localisation stopped after {count} failing inputs: "
+               "check the group's inputs with mode='full' (check_model: variables=[...])."),
+}
+SPREAD = (" The defect did not show in any single block of the region; it may be spread thinly over it or close to "
+          "the tolerance: rerun with more probes or mode='full' on a slice.")
+
+
+def hint_text(hint: events.Hint | None) -> str | None:
+    """A pair's hint line (without its prefix), from what explains its verdict."""
+    if hint is None:
+        return None
+    text = HINTS[hint.kind].format(count=hint.count, size=hint.size, factor=hint.factor, first=list(hint.first))
+    return text + SPREAD if hint.spread else text
+
+
 def element_name(name: str, index: tuple) -> str:
     return f"{name}[{', '.join(map(str, index))}]" if index else name
 

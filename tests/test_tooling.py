@@ -111,3 +111,19 @@ def test_every_test_the_design_names_exists():
     named = set(re.findall(r"`(test_\w+)`", (root / "docs" / "design.md").read_text()))
     defined = {m for path in root.glob("tests/**/*.py") for m in re.findall(r"^def (test_\w+)", path.read_text(), re.M)}
     assert len(named) >= 20 and not named - defined, sorted(named - defined)
+
+
+def test_every_hint_is_a_fact_whose_text_is_composed_in_one_place():
+    """Strategies hand a pair's hint over as a fact (``_events.Hint``: its kind and numbers); ``_text.HINTS`` holds
+    every hint's text: each kind a module names has its text there, and each text there is a kind some module
+    names (``_compare.diagnose`` names the undecidable statuses by their ``STATUS_NAMES``)."""
+    from fastcheck import _compare, _text
+
+    named = set()
+    for path in (ROOT / "fastcheck").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Hint"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                named.add(node.args[0].value)
+    assert named and named <= set(_text.HINTS), named - set(_text.HINTS)
+    assert set(_text.HINTS) - named <= set(_compare.STATUS_NAMES.values()), set(_text.HINTS) - named
