@@ -125,3 +125,21 @@ def test_a_gradient_read_through_numpy_is_not_elementwise():
     x = tf.constant([0.1, 0.5, -0.3, 0.9], tf.float64)
     loops, fast, loop_calls, calls = _reports(g, [x])
     assert fast.verdict == "fail" and _same(loops, fast)
+
+
+@pytest.mark.parametrize("name", ["gelu", "mish", "hard_silu", "log1mexp", "where", "lambertw"])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_library_functions_take_the_few_calls_with_the_loops_numbers(name, dtype):
+    # Keras activations and TFP functions as users call them: element-wise ones make the few calls, bit for bit
+    # the loops' Jacobians; lambertw (a while_loop inside) is not read as element-wise and runs the loops.
+    import keras
+    import tensorflow_probability as tfp
+
+    f = {"gelu": keras.activations.gelu, "mish": keras.activations.mish, "hard_silu": keras.activations.hard_silu,
+         "log1mexp": lambda t: tfp.math.log1mexp(-tf.abs(t) - 0.1),
+         "where": lambda t: tf.where(t > 0, tf.sqrt(tf.abs(t)), tf.zeros_like(t)),
+         "lambertw": lambda t: tfp.math.lambertw(tf.abs(t))}[name]
+    x = tf.constant(np.random.default_rng(0).normal(size=(3, 4)), dtype)
+    loops, fast, loop_calls, calls = _reports(f, [x])
+    assert fast.path == "eager" and _same(loops, fast) and fast.verdict == "pass", str(fast)
+    assert (calls >= loop_calls) == (name == "lambertw"), (loop_calls, calls)
