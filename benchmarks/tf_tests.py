@@ -996,8 +996,9 @@ def once_markdown(record: dict) -> str:
     if "floor" in record:
         ms = record["floor"]
         lines += ["", f"The eager floor (``eager_floor``, five 6-element float32 unary ops, warm): fastcheck "
-                  f"{ms['fastcheck']:.2f} ms a check, compute_gradient {ms['compute_gradient']:.2f} ms, and the eager "
-                  f"calls of f and VJPs a full check of them makes, alone, {ms['floor']:.2f} ms."]
+                  f"{ms['fastcheck']:.2f} ms a check, compute_gradient {ms['compute_gradient']:.2f} ms, and the calls "
+                  f"of f and VJPs of the eager loops (2n + 4 calls of f, m VJPs; an element-wise f's check now makes 2 "
+                  f"calls a side and 2 VJPs instead), alone, {ms['floor']:.2f} ms."]
     first = next(iter(record["summary"].values()))
     lines += ["", f"Verdicts that differ from the test's own assertion: {', '.join(first['all']['disagreements']) or 'none'}",
               "", "| case | group | " + " | ".join(f"verdict s, tf s ({name})" for name in record["passes"]) + " | verdict |",
@@ -1040,7 +1041,9 @@ def eager_floor(rounds: int = 5) -> dict:
     """Milliseconds per check of five 6-element float32 unary ops (a new f each time, every kernel warm; the median
     of ``rounds`` rounds of 20 checks): fastcheck, compute_gradient, and the eager calls a full check of them
     makes and nothing else -- f three times at x and once in float64 (planning), 2n float64 calls (the
-    differences), one taped call and m VJPs (reverse mode).  fastcheck less the floor is its own cost."""
+    differences), one taped call and m VJPs (reverse mode).  These unary ops are element-wise: since
+    ``_diagonal`` reads that from the ops they run, fastcheck makes 2 calls a side and 2 VJPs instead of the loops,
+    so its time can fall below this floor."""
     import tensorflow as tf
 
     import fastcheck
