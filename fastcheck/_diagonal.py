@@ -127,6 +127,8 @@ def differences(plan: Plan, values: list, position: int, flat: np.ndarray, shape
         if len(leaves) != 1 or type(leaves[0]) is not EAGER_TENSOR:
             return None
         found.append(_constants(ops, source, leaves[0], plan.m))
+        if found[-1] is None:  # not element-wise, or not of m elements: the loops run (and say why, if f changed)
+            return None
         y = plan.flat_numpy(result, plan.eval_upcast)
         block = np.repeat(centre[:, None], k, axis=1)
         block[idx, cols] = y[idx]
