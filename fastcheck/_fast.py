@@ -36,8 +36,8 @@ f's noise is measured only when some group fails (measuring only widens allowanc
 tested again with the measured noise and precision, refined.
 
 **Localisation** (``_localise``).  A group that still fails is bisected over its inputs, every part that shows the
-defect followed (worst first, at most ``MAX_LOCALISED_INPUTS`` inputs; further failing groups fail as groups,
-``_text.HINTS['capped']``).  An input reached this way gets its own k probes (as if it were the only input) and then the
+defect followed (worst first, at most ``MAX_LOCALISED_INPUTS`` inputs; further failing groups fail as groups, hint
+"capped").  An input reached this way gets its own k probes (as if it were the only input) and then the
 within-input bisection: probes restricted to each of 8 blocks (contiguous in the flattened input, i.e. slabs along
 the leading axes), recursively, down to a region small enough for an element-by-element check, whose worst element
 is reported with the region.  A group whose defect shows in no single part is undecidable (hints "not shown",
