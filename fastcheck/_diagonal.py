@@ -33,7 +33,7 @@ from fastcheck._config import CheckConfig
 from fastcheck._plan import EAGER_TENSOR, Plan
 from fastcheck._sparsity import ELEMENTWISE, FLAT_IDENTITY, NO_DEPENDENCE, REDUCTIONS
 
-# Element-wise ops besides _sparsity's (which walks forward graphs): the gradient kernels of element-wise ops, and
+# Element-wise ops besides _sparsity's (forward ops): the gradient kernels of element-wise ops, and
 # unary special functions.
 GRADIENT_ELEMENTWISE = frozenset({
     "TanhGrad", "SigmoidGrad", "SqrtGrad", "RsqrtGrad", "ReciprocalGrad", "InvGrad", "ReluGrad", "Relu6Grad",

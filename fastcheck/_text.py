@@ -460,7 +460,7 @@ def _coloured_summary(e) -> str:
             + f"; {_counted(e.evaluations, 'evaluation')} of f; "
             + "; ".join(f"{b.input}'s pattern checked by {_counted(b.probes, 'random dense probe')}" if b.probes
                         else f"{b.input}'s pattern (each output element on its own input element) trusted from "
-                             "f's graph, as the element-wise walk trusts it" for b in e.blocks))
+                             "f's graph, as the eager path's element-wise calls trust it" for b in e.blocks))
     if e.noise_rows is not None:
         failing, sampled, moved = e.noise_rows
         text += (f"; f's noise measured on the {failing} output(s) of failing nonzeros and {sampled} sampled "
