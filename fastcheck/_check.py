@@ -98,7 +98,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
         inconsistent = list(outcome.inconsistent)
         learnt = executor.calibration
-        if mode == "full" and not rerun and not executor.ran_elementwise and not executor.chosen.repeated:
+        if mode == "full" and not rerun and not executor.elementwise_sides and not executor.chosen.repeated:
             # What routing predicted, against what it cost: later checks route by it (not an element-wise f's few
             # calls, which say nothing of an eager loop's 2n + m; nor a repeated check's, whose kernels were traced
             # before).
@@ -408,6 +408,8 @@ def run_events(outcome: Outcome, executor, config, mode: str, why: tuple, proble
     found = [*plan.notes, *problem_events, *_precision_events(plan, config, outcome.atol, outcome.rtol),
              events.ModeChosen(mode, why), events.PathChosen(route.path, route.reason, mode != "full"),
              *executor.events, *outcome.notes]
+    if executor.elementwise_sides:
+        found.append(events.ElementwiseCalls(plan.checked[0].name, executor.elementwise_sides))
     for spec in plan.checked:
         chunk = executor.chunks.get(spec.position, spec.size)
         if mode == "full" and route.path != "eager" and 0 < chunk < spec.size:

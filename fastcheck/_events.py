@@ -78,6 +78,15 @@ class OwnKernel:
     input: str
 
 
+@dataclasses.dataclass(frozen=True)
+class ElementwiseCalls:
+    """f is element-wise in ``input``, read from the ops its calls ran (``_diagonal``): on the ``sides``
+    ("reverse", "numerical") the eager loops made two VJPs, or two calls of f a side, instead of one per element."""
+
+    input: str
+    sides: tuple
+
+
 # --- the plan: determinism, precision, noise
 
 

@@ -294,9 +294,10 @@ class Executor:
         return self.route.path
 
     @property
-    def ran_elementwise(self) -> bool:
-        """Whether the eager loops made ``_diagonal``'s few calls in this check (routing learns nothing from them)."""
-        return bool(self.memo.get("elementwise ran"))
+    def elementwise_sides(self) -> tuple:
+        """The sides ("reverse", "numerical") on which the eager loops made ``_diagonal``'s few calls in this check
+        (routing learns nothing from such a check)."""
+        return tuple(self.memo.get("elementwise sides", ()))
 
     def note(self, event) -> None:
         self.events.append(event)
@@ -512,8 +513,9 @@ class Executor:
     def elementwise_ran(self, ran: bool, forward: bool = True) -> None:
         """Record what ``_diagonal``'s calls found: a forward that is not element-wise is not tried again in this
         check; one that is stays on the eager path when f is checked again (``_paths``)."""
-        if ran:
-            self.memo["elementwise ran"] = True
+        side = "numerical" if forward else "reverse"
+        if ran and side not in self.memo.setdefault("elementwise sides", []):
+            self.memo["elementwise sides"].append(side)
         if forward:
             self.memo["elementwise"] = ran
             if ran:

@@ -658,6 +658,9 @@ EVENT_TEXT: dict[type, Callable[[Any], str]] = {
     events.JointKernelDropped: lambda e: (
         "numerical differences: with every checked input batched at once, vectorized_map converts some op of f "
         "with a while_loop; one kernel per input instead"),
+    events.ElementwiseCalls: lambda e: "f is element-wise in it (read from the ops its calls ran): " + "; ".join(
+        {"reverse": "2 VJPs instead of one per output element",
+         "numerical": "2 calls of f a side instead of one per element"}[side] for side in e.sides),
     events.OwnKernel: lambda e: (
         "its later differences ran on a kernel of its own: a call of the one kernel evaluates every op of f that "
         "depends on a checked input, its own only the ops that follow it"),

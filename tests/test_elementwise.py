@@ -6,6 +6,7 @@ import weakref
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import events_of
 
 import fastcheck
 
@@ -143,3 +144,19 @@ def test_library_functions_take_the_few_calls_with_the_loops_numbers(name, dtype
     loops, fast, loop_calls, calls = _reports(f, [x])
     assert fast.path == "eager" and _same(loops, fast) and fast.verdict == "pass", str(fast)
     assert (calls >= loop_calls) == (name == "lambertw"), (loop_calls, calls)
+
+
+def test_the_report_says_which_sides_made_the_few_calls():
+    @tf.custom_gradient
+    def mixed(t):
+        y = tf.tanh(t)
+        return y, lambda g: tf.reverse(g, [0]) * (1 - y * y)  # its gradient mixes elements: the rows' loop
+
+    x = tf.constant([0.1, 0.5, -0.3, 0.9], tf.float64)
+    (both,) = events_of(fastcheck.check_gradients(tf.tanh, x), "ElementwiseCalls")
+    (forward,) = events_of(fastcheck.check_gradients(mixed, x), "ElementwiseCalls")
+    assert both.sides == ("reverse", "numerical") and forward.sides == ("numerical",)
+    assert "input: f is element-wise in it" in "\n".join(fastcheck.check_gradients(tf.tanh, x).notes)
+    assert not events_of(fastcheck.check_gradients(tf.math.cumsum, x), "ElementwiseCalls")
+    assert not events_of(fastcheck.check_gradients(tf.tanh, x, tables={"DIAGONAL_MIN_ELEMENTS": 10**9}),
+                         "ElementwiseCalls")
