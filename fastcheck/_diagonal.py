@@ -89,7 +89,8 @@ def _constants(ops: list, source, target, n: int) -> list | None:
 
 
 def _size(tensor) -> int | None:
-    return tensor._num_elements()  # an eager tensor's count, without building its TensorShape
+    count = getattr(tensor, "_num_elements", None)  # an eager tensor's count, without building its TensorShape
+    return count() if count is not None else tensor.shape.num_elements()
 
 
 def _same(first: list | None, second: list | None) -> bool:
