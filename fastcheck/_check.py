@@ -424,6 +424,8 @@ def _precision_events(plan, config, atol: float, rtol: float) -> list:
         given = config.atol is not None or config.rtol is not None
         found.append(events.PrecisionFound(plan.precision_reason, plan.precision, atol, rtol, given))
     epsilon = MACHINE_EPSILON[plan.eval_dtype]
+    if plan.noise is not None and plan.noise.tables:
+        found.append(events.NoiseTables(plan.noise.tables, plan.noise.batched))
     if plan.noise is not None and plan.noise_epsilon > epsilon:
         found.append(events.NoiseMeasured(plan.noise.relative, plan.eval_dtype.name, epsilon))
     return found

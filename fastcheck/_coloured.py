@@ -54,7 +54,7 @@ from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary, H
 from fastcheck._executor import Executor, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA
 from fastcheck._plan import Plan, first_line, with_noise
-from fastcheck._precision import Noise, measure_noise
+from fastcheck._precision import measure_noise
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense, Nonzeros
 from fastcheck._tables import (
@@ -335,7 +335,7 @@ def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tupl
     noise = measure_noise(evaluate, subset, list(range(len(subset))), plan.eval_output[rows], eps, repeat)
     sigma = np.zeros(m)
     sigma[rows] = noise.sigma
-    plan = with_noise(plan, Noise(sigma, noise.relative))
+    plan = with_noise(plan, dataclasses.replace(noise, sigma=sigma))
     return plan, (len(failing), len(rows) - len(failing), sum(len(c) for c in columns))
 
 

@@ -151,6 +151,15 @@ class NoiseMeasured:
     epsilon: float
 
 
+@dataclasses.dataclass(frozen=True)
+class NoiseTables:
+    """f's noise was measured from ``tables`` tables (f along a line through x, both sides), ``batched`` of them
+    each one call of a traced loop, the others point by point."""
+
+    tables: int
+    batched: int
+
+
 # --- mode and path
 
 

@@ -56,6 +56,8 @@ class Noise:
 
     sigma: np.ndarray  # [m] standard deviation of each output's rounding noise
     relative: float  # ||sigma|| / ||f(x)||: the relative noise of f as a whole
+    tables: int = 0  # the tables evaluated (both sides of a line through x each)
+    batched: int = 0  # of them, those evaluated as one call of a traced loop (``line``), not point by point
 
     def floored(self, y0: np.ndarray) -> Noise:
         """The noise with every output's at least ``relative * |f_i|`` and the outputs' RMS noise: for an f known
@@ -70,7 +72,7 @@ class Noise:
         typical = float(np.sqrt(np.mean(self.sigma[finite] ** 2))) if finite.any() else 0.0
         with np.errstate(invalid="ignore"):
             floor = np.maximum(self.relative * np.where(np.isfinite(y0), np.abs(y0), 0.0), typical)
-        return Noise(np.maximum(self.sigma, floor), self.relative)
+        return dataclasses.replace(self, sigma=np.maximum(self.sigma, floor))
 
 
 def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, epsilon: float,
@@ -89,14 +91,14 @@ def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, 
     # another that f quantises (x cast to bfloat16).
     groups = [[p] for p in positions] if len(positions) <= SEPARATE_INPUTS else [list(positions)]
     sigma = np.zeros(y0.shape)
+    along = _Line(evaluate, values, line)
     for group in groups:
         # Random integer weights 1..3 with random signs (integers keep the points exact): with signs alone, an
         # output fed equally by two inputs (bilinear interpolation) cancels along half of all directions.
         for _ in range(NOISE_DIRECTIONS):
             signs = {p: rng.choice([-1.0, 1.0], size=bases[p].shape) * rng.integers(1, 4, size=bases[p].shape)
                      for p in group}
-            sigma = np.maximum(sigma, _noise_along(_Line(evaluate, values, line), {p: bases[p] for p in group}, signs,
-                                                   y0, epsilon))
+            sigma = np.maximum(sigma, _noise_along(along, {p: bases[p] for p in group}, signs, y0, epsilon))
     if repeat is not None:
         with np.errstate(invalid="ignore"):
             sigma = np.maximum(sigma, np.abs(np.asarray(repeat, np.float64) - y0) / math.sqrt(2))
@@ -104,7 +106,7 @@ def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, 
     finite = np.isfinite(y0)
     size = float(np.linalg.norm(y0[finite])) if finite.any() else 0.0
     relative = float(np.linalg.norm(sigma[finite]) / size) if size > 0 else 0.0
-    return Noise(sigma, relative)
+    return Noise(sigma, relative, along.tables, along.batched)
 
 
 def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
@@ -270,12 +272,15 @@ class _Line:
 
     def __init__(self, evaluate, values, line=None):
         self.evaluate, self.values, self.line = evaluate, values, line
+        self.tables = self.batched = 0  # what ``Noise`` reports of how it was measured
 
     def sides(self, bases, steps) -> list[np.ndarray]:
         ts = np.arange(1, NOISE_SIDE + 1)
+        self.tables += 1
         if self.line is not None:  # one batched call for both tables
             found = self.line({p: steps[p].astype(base.dtype) for p, base in bases.items()}, ts)
             if found is not None:
+                self.batched += 1
                 return [np.asarray(found[0], np.float64), np.asarray(found[1], np.float64)]
         return [self._along(bases, steps, ts * side) for side in (1, -1)]
 

@@ -186,6 +186,9 @@ JOINT_MIN_CHUNK = 8
 EAGER_SECONDS = 0.25
 EAGER_LOOP_SECONDS = 30.0
 VJP_LOOP_SECONDS = 0.05  # row colours x one eager call of f up to which coloured VJPs run one colour per call
+# f's noise tables each run as one call of a traced loop over their points where that pays (``_executor.noise_line``;
+# the same numbers as f called point by point); 0 measures every table point by point.
+NOISE_LINE = 1
 # On the eager path the line kernel (``_executor``) is traced only where the calls it saves are predicted to cost
 # this many times its tracing: the routing's trace estimate is a whole check's, and some f trace far slower.
 LINE_MARGIN = 2.0
@@ -296,6 +299,6 @@ FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis need
 # The tunables a check reads from its options (``CheckConfig.table``), so ``tables={name: value}`` overrides them
 # for that check: for experiments with a threshold, and for tests that reach a branch (coloured mode's sampled
 # noise, its sparse report, a check too large to hold) on a small problem.
-CONFIGURABLE = frozenset({"NOISE_ALL", "SCREEN_ELEMENTS", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "DIAGONAL_MIN_ELEMENTS",
+CONFIGURABLE = frozenset({"NOISE_ALL", "NOISE_LINE", "SCREEN_ELEMENTS", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "DIAGONAL_MIN_ELEMENTS",
                           "REPEAT_TRACE_CHECKS", "REPEAT_TRACE_SECONDS"})
 

@@ -675,6 +675,10 @@ EVENT_TEXT: dict[type, Callable[[Any], str]] = {
     events.NoiseMeasured: lambda e: (
         f"f's evaluations carry relative noise {e.relative:.2g} (measured; {e.dtype} rounds at {e.epsilon:.2g}): "
         "noise allowances follow it, and columns it swamps are re-estimated at larger steps"),
+    events.NoiseTables: lambda e: f"f's noise measured from {_counted(e.tables, 'table')} of f along lines through x" + (
+        ", each one call of a traced loop" if e.batched == e.tables else
+        f", {e.batched} of them one call of a traced loop each, the others point by point" if e.batched else
+        ", point by point"),
     events.ModeChosen: lambda e: f"mode: {e.mode} ({mode_reasons(e.why)})",
     events.PathChosen: lambda e: (
         f"path: {e.path} ({route_reason(e.reason)}"

@@ -43,24 +43,6 @@ def fresh_routing_calibration():
         yield
 
 
-@pytest.fixture
-def noise_measurements(monkeypatch):
-    """Every noise measurement of the checks that follow: (whether a batched line was given, the sigma
-    it measured, the sigma measured point by point at the same plan)."""
-    from fastcheck import _executor
-
-    measured = []
-    original = _executor.measure_precision
-
-    def both(plan, line=None):
-        lined = original(plan, line)
-        measured.append((line is not None, lined.noise.sigma, original(plan).noise.sigma))
-        return lined
-
-    monkeypatch.setattr(_executor, "measure_precision", both)
-    return measured
-
-
 def events_of(report, kind: str) -> list:
     """The report's events of one kind (``to_dict``'s "kind": the event's type name, ``fastcheck._events``)."""
     return [event for event in report.events if type(event).__name__ == kind]

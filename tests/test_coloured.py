@@ -569,18 +569,24 @@ def test_a_gradient_that_runs_once_per_pass_is_checked_on_the_eager_path():
     assert set(np.argwhere(pair.statuses == "mismatch")[:, 1].tolist()) == {77}
 
 
-def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(noise_measurements):
+def test_noise_tables_run_through_the_colour_kernel_bit_for_bit():
     # The noise tables of a coloured check are batched calls of the colour kernel; the noise they
-    # measure equals the point-by-point measurement's, and the check stays on its traced path.
+    # measure equals the point-by-point measurement's (NOISE_LINE=0: the same bands, bit for bit), and the
+    # check stays on its traced path.
     x = tf.constant(RNG.normal(size=(1, 8, 8, 4)), tf.float32)
     kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
-    report = fastcheck.check_gradients(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x,
-                                       mode="coloured", jit_compile=False)
+    f = _column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2)
+    report = fastcheck.check_gradients(f, x, mode="coloured", jit_compile=False)
     assert report.verdict == "fail" and report.path == "graph", str(report)
     assert not events_of(report, "FellBack"), report.notes
-    ((lined, batched, pointwise),) = noise_measurements
-    assert lined
-    np.testing.assert_array_equal(batched, pointwise)
+    (tables,) = events_of(report, "NoiseTables")
+    assert tables.batched == tables.tables > 0, tables
+    pointwise = fastcheck.check_gradients(f, x, mode="coloured", jit_compile=False, tables={"NOISE_LINE": 0})
+    assert [(e.tables, e.batched) for e in events_of(pointwise, "NoiseTables")] == [(tables.tables, 0)]
+    assert pointwise.verdict == report.verdict and len(pointwise.pairs) == len(report.pairs)
+    for p, q in zip(report.pairs, pointwise.pairs):
+        for a, b in ((p.band, q.band), (p.numerical, q.numerical), (p.status, q.status)):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_explicit_coloured_mode_refuses_what_it_cannot_hold():

@@ -1,5 +1,6 @@
 """Verdict truth: the gradient training uses, in the precision f really computes, at hard points."""
 
+import dataclasses
 import time
 
 import keras
@@ -10,6 +11,7 @@ from conftest import events_of
 from test_real_networks import PlantedScale  # x * scale, its custom gradient's d/dscale times a factor
 
 import fastcheck
+from fastcheck.testing import Calibration
 
 RNG = np.random.default_rng(7)
 
@@ -589,7 +591,7 @@ def test_a_memory_budget_that_splits_the_noisy_columns_refit_changes_no_result()
 
 
 @pytest.mark.parametrize("route", ["graph", "eager"])
-def test_noise_tables_are_one_traced_call_each_and_equal_the_point_by_point_noise(route, noise_measurements):
+def test_noise_tables_are_one_traced_call_each_and_equal_the_point_by_point_noise(route):
     # f's noise (measured when an element fails) is 100-250 evaluations of f; each table of 16 runs
     # as one traced loop over its points, with f's own kernels: the same noise as f called point by
     # point.  On the eager path the loop is traced where its calls would cost twice the tracing.
@@ -605,9 +607,20 @@ def test_noise_tables_are_one_traced_call_each_and_equal_the_point_by_point_nois
         y = tf.tanh(tf.linalg.matvec(w, x))
         return y, lambda dy: 1.1 * tf.linalg.matvec(w, dy * (1 - y * y), transpose_a=True)  # 10% off
 
-    report = fastcheck.check_gradients(f, tf.constant(RNG.normal(size=5), tf.float32),
-                                       jit_compile=False if route == "graph" else "auto")
+    x = tf.constant(RNG.normal(size=5), tf.float32)
+    options = {"jit_compile": False if route == "graph" else "auto", "calibration": Calibration()}
+    report = fastcheck.check_gradients(f, x, **options)
     assert report.verdict == "fail" and report.path == route, str(report)
-    ((lined, batched, pointwise),) = noise_measurements
-    assert lined
-    np.testing.assert_array_equal(batched, pointwise)
+    (tables,) = events_of(report, "NoiseTables")
+    assert tables.batched == tables.tables > 0, tables
+    # The same check with every table point by point (NOISE_LINE=0): the same noise, so the same bands, bit for bit.
+    pointwise = fastcheck.check_gradients(f, x, tables={"NOISE_LINE": 0}, **options)
+    assert pointwise.path == route and events_of(pointwise, "NoiseTables") == [dataclasses.replace(tables, batched=0)]
+    _assert_same_pairs(report, pointwise)
+
+
+def _assert_same_pairs(a, b):
+    assert a.verdict == b.verdict and len(a.pairs) == len(b.pairs)
+    for p, q in zip(a.pairs, b.pairs):
+        for x, y in ((p.band, q.band), (p.numerical, q.numerical), (p.status, q.status)):
+            np.testing.assert_array_equal(x, y)
