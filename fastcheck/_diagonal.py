@@ -25,6 +25,8 @@ the two calls are the whole cost of finding out.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_callbacks
@@ -53,39 +55,51 @@ def eligible(plan: Plan, config: CheckConfig) -> bool:
             and spec.size >= config.table("DIAGONAL_MIN_ELEMENTS"))
 
 
-class _Recording:
-    """The eager ops run while it is active: (type, inputs, outputs), the tensors themselves (held, so that no
-    tensor's id is reused while the record lives)."""
+class _Reads:
+    """While active (TensorFlow's op callbacks, eager ops only): for each op that reads a value derived from
+    ``source``, its type and the inputs it reads that are not derived (its constants); ``found`` None once such an
+    op is not element-wise over n elements.  Derived values are followed by weak reference (an id alone could be
+    reused by a later tensor once its own is freed), so recording holds no more of f's intermediates than f does;
+    the constants are held, to be compared with another call's."""
 
-    def __enter__(self) -> list:
-        self.ops: list = []
-        op_callbacks.add_op_callback(self._record)
-        return self.ops
+    def __init__(self, source, n: int):
+        self.n = n
+        self.found: list | None = []
+        self.derived = {id(source): weakref.ref(source)}
+
+    def __enter__(self) -> _Reads:
+        op_callbacks.add_op_callback(self._op)
+        return self
 
     def __exit__(self, *exc) -> None:
-        op_callbacks.remove_op_callback(self._record)
+        op_callbacks.remove_op_callback(self._op)
 
-    def _record(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
-        if graph is None:  # an op built into a graph (f tracing a tf.function) runs later, as one call op
-            self.ops.append((op_type, tuple(inputs), tuple(outputs)))
+    def of(self, target) -> list | None:
+        """The constants, or None where an op was not element-wise or ``target`` is not derived from the source."""
+        return self.found if self.found is not None and self._is_derived(target) else None
 
+    def _is_derived(self, tensor) -> bool:
+        ref = self.derived.get(id(tensor))
+        return ref is not None and ref() is tensor
 
-def _constants(ops: list, source, target, n: int) -> list | None:
-    """For each op of ``ops`` that reads a value derived from ``source``: its type and the inputs it reads that are
-    not (its constants); None where one of those ops is not element-wise over n elements or ``target`` is not
-    derived from ``source``."""
-    derived = {id(source)}
-    found = []
-    for kind, inputs, outputs in ops:
-        reads = [id(t) in derived for t in inputs]
-        if not any(reads) or kind in NO_DEPENDENCE:
-            continue
-        flat = kind in PER_ELEMENT or (kind in REDUCTIONS and not reads[1] and _size(inputs[1]) == 0)
-        if not flat or any(_size(t) != n for t, read in zip(inputs, reads) if read) or any(_size(t) != n for t in outputs):
+    def _op(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        # An op built into a graph (f tracing a tf.function) runs later, as one call op.
+        if graph is not None or self.found is None:
             return None
-        found.append((kind, [t for t, read in zip(inputs, reads) if not read]))
-        derived.update(id(t) for t in outputs)
-    return found if id(target) in derived else None
+        try:
+            reads = [self._is_derived(t) for t in inputs]
+            if not any(reads) or op_type in NO_DEPENDENCE:
+                return None
+            flat = op_type in PER_ELEMENT or (op_type in REDUCTIONS and not reads[1] and _size(inputs[1]) == 0)
+            if (not flat or any(_size(t) != self.n for t, read in zip(inputs, reads) if read)
+                    or any(_size(t) != self.n for t in outputs)):
+                self.found = None
+                return None
+            self.found.append((op_type, [t for t, read in zip(inputs, reads) if not read]))
+            self.derived.update((id(t), weakref.ref(t)) for t in outputs)
+        except Exception:  # an input this reading does not know: not shown element-wise
+            self.found = None
+        return None
 
 
 def _size(tensor) -> int | None:
@@ -122,12 +136,12 @@ def differences(plan: Plan, values: list, position: int, flat: np.ndarray, shape
         moved = flat.copy()
         moved[idx] = flat[idx] + (sign * np.asarray(delta, np.float64)).astype(flat.dtype)
         values[position] = source = tf.constant(moved.reshape(shape))
-        with _Recording() as ops:
+        with _Reads(source, plan.m) as reads:
             result = plan.call(values, untaped=True)
         leaves = [leaf for leaf, kept in zip(tf.nest.flatten(result), plan.leaf_is_output) if kept]
         if len(leaves) != 1 or type(leaves[0]) is not EAGER_TENSOR:
             return None
-        found.append(_constants(ops, source, leaves[0], plan.m))
+        found.append(reads.of(leaves[0]))
         if found[-1] is None:  # not element-wise, or not of m elements: the loops run (and say why, if f changed)
             return None
         y = plan.flat_numpy(result, plan.eval_upcast)
@@ -145,11 +159,11 @@ def rows(vjp, leaf) -> list[np.ndarray] | None:
     grads, found = [], []
     for value in (1, 0):
         cotangent = tf.constant(np.full(leaf.shape.as_list(), value, leaf.dtype.as_numpy_dtype))
-        with _Recording() as ops:
+        with _Reads(cotangent, n) as reads:
             grad = vjp(cotangent)
         if type(grad) is not EAGER_TENSOR:  # IndexedSlices (a gather's gradient), or no gradient
             return None
-        found.append(_constants(ops, cotangent, grad, n))
+        found.append(reads.of(grad))
         grads.append(grad.numpy().reshape(-1).astype(np.float64))
     if not _same(*found):
         return None
