@@ -21,8 +21,8 @@ normalisations over a small axis, stencils):
 5. the pattern check: random dense probes ``J d`` (numerical) against the pattern-restricted ``sum N_ij d_j``; mass
    outside the pattern (confirmed at a quarter of the step) is a *problem* of the report -- the pattern is wrong
    --, not a gradient verdict.  A traced diagonal pattern is trusted instead, as the eager path's
-   element-wise calls (``_diagonal``) trust the same rules; a dense random cotangent checks the reverse-mode gradient itself
-   (``_coloured_judge._vjp_problems``) in every case.
+   element-wise calls (``_diagonal``) trust the same rules; a dense random cotangent checks the reverse-mode
+   gradient itself (``_coloured_judge._vjp_problems``) in every case.
 
 The evaluations (steps 2 and 3) are ``_colours``; the rule and the probes (4 and 5) ``_coloured_judge``.
 

@@ -431,8 +431,8 @@ def _probe_signs(seed: int, count: int):
 
 def _pattern_probes(block: _Block, source: str) -> int:
     """Random dense probes of ``block``'s pattern: none for a traced diagonal one, trusted as the eager path's
-    element-wise calls (``_diagonal``) trust the rules of the ops they run (its probe would cost as much as its sweep); ``PATTERN_PROBES``
-    for every other pattern (a given one above all)."""
+    element-wise calls (``_diagonal``) trust the rules of the ops they run (its probe would cost as much as its
+    sweep); ``PATTERN_PROBES`` for every other pattern (a given one above all)."""
     return 0 if source == TRACED and block.pattern.diagonal else PATTERN_PROBES
 
 

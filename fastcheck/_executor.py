@@ -542,7 +542,8 @@ class Executor:
         m = self.plan.m
         idx = np.asarray(idx)
         if len(idx) > 1 and self.elementwise() and np.unique(idx).size == len(idx):
-            sides = _diagonal.differences(self.plan, list(self.values), position, flat, shape, idx, delta, self._centre())
+            sides = _diagonal.differences(self.plan, list(self.values), position, flat, shape, idx, delta,
+                                          self._centre())
             self.elementwise_ran(sides is not None)
             if sides is not None:
                 d = np.asarray(delta, np.float64).astype(dtype)

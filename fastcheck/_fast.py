@@ -697,7 +697,8 @@ def _localise_within(joint: Joint, index: int, seed: int, u, gradient, result: C
     if shown and _flat_element(joint, spec.position, int(columns[column]),
                                int(found.forward_worst[column][0]) if side == "forward" else None,
                                first, int(columns[column] - low), side, float(a / unit)):
-        return Hint("flat element"), region, dataclasses.replace(worst, status=_compare.STATUS_NAMES[_compare.FLAT]), side
+        flat = dataclasses.replace(worst, status=_compare.STATUS_NAMES[_compare.FLAT])
+        return Hint("flat element"), region, flat, side
     return (hint if shown else Hint("region passes")), region, worst, side
 
 
