@@ -15,9 +15,9 @@ So the blocks are the eager loops' own numbers and every verdict is unchanged; t
 Whether f is element-wise is read from the ops these calls run, recorded as they run (TensorFlow's op callbacks:
 no graph is built, a few microseconds an op), never from the values they return.  Every op that reads a value
 derived from the moved input (from the cotangent, for the VJPs) must be one of ``_sparsity``'s element-wise ops, a
-flat identity (reshape, cast) or a reduction over no axes, with that value and its outputs of the input's n
-elements; an op without such a rule, a function call, a broadcast or a gather is not element-wise.  A value f reads
-through numpy (``.numpy()``, ``float(t)``) runs no op: it enters the ops as a constant.  So the two calls of each
+flat identity (reshape, cast) or a reduction over axes of size 1 (or none), with that value and its outputs of the
+input's n elements; an op without such a rule, a function call, a broadcast or a gather is not element-wise.  A
+value f reads through numpy (``.numpy()``, ``float(t)``) runs no op: it enters the ops as a constant.  So the two calls of each
 side (f at x + d and x - d; the VJPs of the cotangents 1 and 0) must run the same ops on the same constants, and a
 constant that depends on the moved values differs between them.  Where anything fails, the loops run as before:
 the two calls are the whole cost of finding out.
@@ -90,7 +90,9 @@ class _Reads:
             reads = [self._is_derived(t) for t in inputs]
             if not any(reads) or op_type in NO_DEPENDENCE:
                 return None
-            flat = op_type in PER_ELEMENT or (op_type in REDUCTIONS and not reads[1] and _size(inputs[1]) == 0)
+            # A reduction of n elements to n reduces axes of size 1 alone (a broadcast gradient's Sum over a leading
+            # 1): each output element is one input element's.
+            flat = op_type in PER_ELEMENT or (op_type in REDUCTIONS and not any(reads[1:]))
             if (not flat or any(_size(t) != self.n for t, read in zip(inputs, reads) if read)
                     or any(_size(t) != self.n for t in outputs)):
                 self.found = None

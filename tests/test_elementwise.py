@@ -48,6 +48,17 @@ def test_same_jacobians_as_the_loops(op, dtype):
     assert fast.path == "eager" and _same(loops, fast)
 
 
+def test_a_broadcast_gradients_sum_over_a_leading_axis_of_one_is_elementwise():
+    # 1.1 * t: Mul's gradient sums the cotangent over the axes t shares with the scalar by broadcasting, here the
+    # leading 1 (BroadcastGradientArgs names it): a reduction of n elements to n, one element each (TensorFlow's
+    # own binary-op tests check such an f).  The VJPs make the few calls, with the row loop's numbers.
+    x = tf.constant([[[0.1, 0.5], [-0.3, 0.9], [1.7, -2.2]]])
+    loops, fast, loop_calls, calls = _reports(lambda t: 1.1 * tf.multiply(t, tf.cos(x)), [x])
+    assert calls < loop_calls and _same(loops, fast)
+    (few,) = events_of(fast, "ElementwiseCalls")
+    assert set(few.sides) == {"reverse", "numerical"}
+
+
 def test_a_gradient_that_mixes_elements_is_not_elementwise():
     @tf.custom_gradient
     def mixed(t):
