@@ -9,6 +9,7 @@ ops of its gradient, each Jacobian is diagonal and the eager loops' per-column a
 * analytical side: one VJP with the cotangent ``1`` gives every diagonal entry (row i's one-hot VJP computes
   element i from the same values), one VJP with the cotangent ``0`` every entry off the diagonal (element j of row
   i's VJP sees a zero cotangent: ``0``, or NaN where the gradient's factor is not finite, as the row loop gives it).
+  A gradient that ignores its cotangent (sign's zeros) is the same value in both VJPs, and in every row.
 
 So the blocks are the eager loops' own numbers and every verdict is unchanged; the check only makes fewer calls.
 
@@ -75,8 +76,12 @@ class _Reads:
         op_callbacks.remove_op_callback(self._op)
 
     def of(self, target) -> list | None:
-        """The constants, or None where an op was not element-wise or ``target`` is not derived from the source."""
-        return self.found if self.found is not None and self._is_derived(target) else None
+        """The constants, or None where an op was not element-wise.  A ``target`` not derived from the source (a
+        gradient that ignores its cotangent: sign's zeros) is one constant: the same in every call, it is every
+        row's (every column's) value."""
+        if self.found is None:
+            return None
+        return self.found if self._is_derived(target) else [("independent", [target])]
 
     def _is_derived(self, tensor) -> bool:
         ref = self.derived.get(id(tensor))

@@ -59,6 +59,23 @@ def test_a_broadcast_gradients_sum_over_a_leading_axis_of_one_is_elementwise():
     assert set(few.sides) == {"reverse", "numerical"}
 
 
+# sign's own gradient (zeros); a wrong one, alike in every row (ones: every entry off the diagonal wrong too)
+@pytest.mark.parametrize("forward, gradient, verdict", [(tf.sign, tf.zeros_like, "pass"),
+                                                        (lambda t: 2.0 * t, tf.ones_like, "fail")])
+def test_a_gradient_that_ignores_its_cotangent_is_elementwise(forward, gradient, verdict):
+    # Every row's VJP is the same value: the two VJPs give it bit for bit, and the row loop's block is that value in
+    # every row.
+    @tf.custom_gradient
+    def f(t):
+        return forward(t), lambda g: gradient(t)
+
+    x = tf.constant([[0.3, -1.5, 0.25], [2.0, -3.5, 1e-3]])
+    loops, fast, _, _ = _reports(f, [x])
+    assert _same(loops, fast) and fast.verdict == verdict
+    (few,) = events_of(fast, "ElementwiseCalls")
+    assert set(few.sides) == {"reverse", "numerical"}
+
+
 def test_a_gradient_that_mixes_elements_is_not_elementwise():
     @tf.custom_gradient
     def mixed(t):
