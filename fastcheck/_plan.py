@@ -30,7 +30,14 @@ from fastcheck._config import (
 )
 from fastcheck._events import CallNoise, LowPrecisionOp, NumericalSide, TensorFloat32
 from fastcheck._precision import Noise, low_precision_op, measure_noise, tensorfloat32_op
-from fastcheck._tables import CALL_TIMING_LIMIT, EQUAL_BLOCK, NOISY_EPSILONS, UPCAST_MAX_ELEMENTS
+from fastcheck._tables import (
+    CALL_TIMING_LIMIT,
+    EAGER_CERTAIN,
+    EQUAL_BLOCK,
+    NOISY_EPSILONS,
+    UPCAST_MAX_ELEMENTS,
+    VJP_CALLS,
+)
 
 
 @dataclasses.dataclass
@@ -416,9 +423,11 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
     start = time.perf_counter()
     again = _flatten_output(_call_user(f, native, "the inputs (second call)"), "on the second call", names)
     call_seconds = time.perf_counter() - start
-    if call_seconds < CALL_TIMING_LIMIT:
+    n = sum(s.size for s in specs if s.checked)
+    if call_seconds < CALL_TIMING_LIMIT and (2 * n + VJP_CALLS * min(n, offset) + 1) * call_seconds >= EAGER_CERTAIN:
         # The second call of a fresh process still pays one-time costs (kernel lookup, allocator growth): the faster
-        # of two calls is the steady cost routing needs.
+        # of two calls is the steady cost routing needs -- unless even this one puts the check's eager loops below
+        # every routing threshold (EAGER_CERTAIN).
         start = time.perf_counter()
         _call_user(f, native, "the inputs (third call)")
         call_seconds = min(call_seconds, time.perf_counter() - start)
@@ -573,6 +582,8 @@ def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> N
         eps = max(eps, PRECISION_EPSILON[plan.declared[0]])
     with np.errstate(invalid="ignore", over="ignore"):
         difference = np.abs(upcast - native)
+        if np.all(difference <= 64 * eps * np.abs(native)):  # within the allowance below, without its RMS term
+            return None
         finite = np.isfinite(native)
         scale = np.abs(native) + np.sqrt(np.mean(np.square(native[finite]))) if finite.any() else 0
         allowed = 64 * eps * scale
