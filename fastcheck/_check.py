@@ -20,8 +20,8 @@ from fastcheck._diagnosis import describe_nonfinite
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._kernels import count_check, kernel_plan, plan_key, remember
-from fastcheck._paths import EAGER, EAGER_SECONDS, Route, choose_route
+from fastcheck._kernels import kernel_plan, learn, plan_key
+from fastcheck._paths import EAGER, Route, choose_route
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
@@ -105,7 +105,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             seconds = sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical"))
             learnt = learnt.learn_from(executor.chosen, executor.path, seconds)
             if executor.path == EAGER and config.jit_compile == "auto":  # for this problem's repeated checks
-                remember(plan_key(plan, config) + (EAGER_SECONDS,), seconds)
+                learn(plan_key(plan, config), eager_seconds=seconds)
         found = run_events(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
@@ -231,7 +231,7 @@ def _planned(problem: Problem, config: CheckConfig) -> Plan:
 
 def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:
     with timed(timings, "route"):
-        checks = count_check(plan_key(plan, config)) if config.jit_compile == "auto" else 1
+        checks = learn(plan_key(plan, config), checks=1).checks if config.jit_compile == "auto" else 1
         route, calibration = choose_route(plan, config, _received(config), checks)
         return Executor(plan, config, route, calibration)
 

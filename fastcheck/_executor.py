@@ -35,7 +35,7 @@ from fastcheck._calibration import EAGER, Calibration, shared_calibration
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._distribute import Share, spread_for
 from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory, OwnKernel
-from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, pad, plan_key, remember
+from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, learn, pad, plan_key
 from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._pfor import converted
 from fastcheck._plan import Plan, first_line, measure_precision, view
@@ -522,7 +522,7 @@ class Executor:
         if forward:
             self.memo["elementwise"] = ran
             if ran:
-                remember(plan_key(self.plan, self.config) + ("elementwise",), True)
+                learn(plan_key(self.plan, self.config), elementwise=True)
 
     def _centre(self) -> np.ndarray:
         """f at x on the numerical side, as the eager loop calls it (flat, float64): planning's evaluation at the

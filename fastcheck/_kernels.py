@@ -4,7 +4,8 @@ A check's kernels (the differences, the autodiff rows, fast mode's probes, colou
 ``tf.function``s of f.  They are kept in one LRU cache keyed by ``plan_key`` (f by identity), so a repeated check of
 f traces nothing; they hold f through ``WeakCall``, so the cache never keeps f alive, and f's kernels leave the
 cache when f is collected (so a later function at the same address never meets them, and a suite checking a fresh
-lambda per test does not accumulate graphs).
+lambda per test does not accumulate graphs).  Beside them, one typed record of what the checks learnt of the problem
+(``Known``: how many checks, a failed trace, the last eager loop's seconds, an element-wise f), read by routing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 import inspect
 import re
 import weakref
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -185,27 +187,34 @@ def _put(key: tuple, value) -> None:
         _cache.popitem(last=False)
 
 
-def remember(key: tuple, value) -> None:
-    """Keep ``value`` under ``key`` beside f's kernels, and drop it with them: what routing learnt of the
-    problem (its trace failed, and why; what its last eager loop took)."""
-    _put(key, value)
-
-
 def is_cached(key: tuple) -> bool:
     return key in _cache
 
 
-def peek(key: tuple, default=None):
-    """The cached value of ``key``, or ``default``; makes nothing."""
-    return _cache.get(key, default)
+@dataclasses.dataclass(frozen=True)
+class Known:
+    """What this process's checks learnt of one problem (``plan_key``: f, signatures, configuration), kept beside its
+    kernels and dropped with them; routing reads it (``_paths``), each check adds to it (``learn``)."""
+
+    checks: int = 0  # checks of it routed so far, the current one included
+    untraceable: Any = None  # the RouteReason its failed trace gave: it would fail again
+    eager_seconds: float = 0.0  # what its last eager loop took (route, analytical and numerical stages)
+    elementwise: bool = False  # its eager loops made ``_diagonal``'s few calls
 
 
-def count_check(key: tuple) -> int:
-    """How many checks of a problem (``plan_key``) this process has routed, this one included, while its kernels'
-    cache entries live."""
-    count = int(_cache.get(key + ("checks",), 0)) + 1
-    _put(key + ("checks",), count)
-    return count
+def known(key: tuple) -> Known:
+    """What was learnt of the problem ``key`` (nothing yet: ``Known()``)."""
+    return _cache.get(key + (Known,), Known())
+
+
+def learn(key: tuple, **facts) -> Known:
+    """The problem's record with ``facts`` replaced, kept; ``checks=1`` counts one more check."""
+    record = known(key)
+    if "checks" in facts:
+        facts["checks"] += record.checks
+    record = dataclasses.replace(record, **facts)
+    _put(key + (Known,), record)
+    return record
 
 
 def pad(values: np.ndarray, size: int) -> np.ndarray:

@@ -22,7 +22,7 @@ import tensorflow as tf
 from fastcheck._calibration import EAGER, Calibration  # EAGER: the fourth path, named where its costs are learnt
 from fastcheck._config import CheckConfig
 from fastcheck._events import ChunkReason, RouteReason
-from fastcheck._kernels import cached, peek, plan_key, remember
+from fastcheck._kernels import cached, known, learn, plan_key
 from fastcheck._pfor import LOOPED_WHEN_JOINT
 from fastcheck._plan import Plan
 from fastcheck._raised import Raised
@@ -98,7 +98,7 @@ class Route:
 def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, checks: int = 1) -> tuple[Route, Calibration]:
     """The route for ``plan``, predicted by ``calibration``, and the calibration after routing (which traced f's
     probe, unless it chose the eager path for a small check); ``checks``: this check's number among the process's
-    checks of the same problem (``_kernels.count_check``)."""
+    checks of the same problem (``_kernels.Known.checks``)."""
     n, m = plan.n, plan.m
     predicted_eager, predicted_traced = calibration.predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
     small = config.jit_compile == "auto" and predicted_eager < predicted_traced
@@ -107,9 +107,9 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
         return Route(EAGER, RouteReason("small", predicted_eager, predicted_traced, first_trace=not calibration.traced),
                      {s.position: s.size for s in plan.checked}, m, 0,
                      predicted=(predicted_eager, predicted_traced)), calibration
-    untraceable = plan_key(plan, config) + ("untraceable",)
-    if peek(untraceable) is not None:  # this f, these signatures: its trace failed before, it would again
-        return Route(EAGER, peek(untraceable), {s.position: s.size for s in plan.checked}, m, 0,
+    failed = known(plan_key(plan, config)).untraceable
+    if failed is not None:  # this f, these signatures: its trace failed before, it would again
+        return Route(EAGER, failed, {s.position: s.size for s in plan.checked}, m, 0,
                      traceable=False), calibration
     calibration = calibration.after_trace()
     try:
@@ -121,7 +121,7 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
         # it there as well, and then it leaves the check as itself.
         cause: BaseException = error.error if isinstance(error, Raised) else error
         reason = RouteReason("untraceable", error=f"{type(cause).__name__}: {_why(cause)}")
-        remember(untraceable, reason)
+        learn(plan_key(plan, config), untraceable=reason)
         return Route(EAGER, reason, {s.position: s.size for s in plan.checked}, m, 0, traceable=False), calibration
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
@@ -183,20 +183,16 @@ def _why(error: BaseException) -> str:
     return (line[len(prefix):] if line.startswith(prefix) else line)[:120]
 
 
-# Beside a problem's kernels: what its last eager loop took (route, analytical and numerical stages, seconds).
-EAGER_SECONDS = "eager seconds"
-
-
 def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: int) -> int:
     """``checks`` (this check's number among the checks of the same problem: f, signatures, configuration) when it
     is the ``REPEAT_TRACE_CHECKS``-th or later and its eager loop is predicted, or was measured by an earlier check
-    of it (``EAGER_SECONDS``), at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again (at
+    of it (``Known.eager_seconds``), at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again (at
     several points, in a loop, in property tests), and its traced kernels, paid for once, make each later check a
     few batched calls.  An f whose element-wise structure is known stays eager: its eager check is a few calls."""
-    key = plan_key(plan, config)
-    eager = max(predicted_eager, peek(key + (EAGER_SECONDS,), 0.0))
+    record = known(plan_key(plan, config))
+    eager = max(predicted_eager, record.eager_seconds)
     if (checks < config.table("REPEAT_TRACE_CHECKS") or eager < config.table("REPEAT_TRACE_SECONDS")
-            or peek(key + ("elementwise",))):
+            or record.elementwise):
         return 0
     return checks
 

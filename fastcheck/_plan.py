@@ -30,14 +30,7 @@ from fastcheck._config import (
 )
 from fastcheck._events import CallNoise, LowPrecisionOp, NumericalSide, TensorFloat32
 from fastcheck._precision import Noise, low_precision_op, measure_noise, tensorfloat32_op
-from fastcheck._tables import (
-    CALL_TIMING_LIMIT,
-    EAGER_CERTAIN,
-    EQUAL_BLOCK,
-    NOISY_EPSILONS,
-    UPCAST_MAX_ELEMENTS,
-    VJP_CALLS,
-)
+from fastcheck._tables import CALL_TIMING_LIMIT, EQUAL_BLOCK, NOISY_EPSILONS, UPCAST_MAX_ELEMENTS
 
 
 @dataclasses.dataclass
@@ -423,11 +416,9 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
     start = time.perf_counter()
     again = _flatten_output(_call_user(f, native, "the inputs (second call)"), "on the second call", names)
     call_seconds = time.perf_counter() - start
-    n = sum(s.size for s in specs if s.checked)
-    if call_seconds < CALL_TIMING_LIMIT and (2 * n + VJP_CALLS * min(n, offset) + 1) * call_seconds >= EAGER_CERTAIN:
+    if call_seconds < CALL_TIMING_LIMIT:
         # The second call of a fresh process still pays one-time costs (kernel lookup, allocator growth): the faster
-        # of two calls is the steady cost routing needs -- unless even this one puts the check's eager loops below
-        # every routing threshold (EAGER_CERTAIN).
+        # of two calls is the steady cost routing needs.
         start = time.perf_counter()
         _call_user(f, native, "the inputs (third call)")
         call_seconds = min(call_seconds, time.perf_counter() - start)

@@ -160,10 +160,6 @@ REPEAT_TRACE_SECONDS = 0.005
 EAGER_LEARN_SECONDS = 0.02  # an eager check teaches it only where its predicted loop takes this long
 EQUAL_BLOCK = 1 << 18  # bytes per block of ``_plan``'s bitwise comparison of two calls: in cache, no output-sized temporary
 CALL_TIMING_LIMIT = 0.01  # seconds: a third call times f when one call is cheaper than this (``_plan``)
-# ... and when the check's eager loops (2n + VJP_CALLS min(n, m) + 1 calls) at the second call's time would take this
-# long: below it every routing choice is the eager loop whatever the third call shows (tracing, 80 ms; a repeated f's
-# trace, REPEAT_TRACE_SECONDS; learning from an eager check, EAGER_LEARN_SECONDS), and a small check saves a call of f.
-EAGER_CERTAIN = 0.002
 # Where XLA does not pay: three rules, one per kind of work, in different units (not one number).
 # Routing (``_paths.choose_route``): below XLA_MIN_WORK element-evaluations of batched work XLA's compile time
 # (0.2-0.4 s on CPU) does not pay off.  Measured cold on TF 2.21 CPU: graph mode wins on dense tanh(W x) up to
