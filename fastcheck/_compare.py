@@ -471,13 +471,6 @@ def _below_quantum(levels: list, y0: np.ndarray, sigma: np.ndarray) -> list:
     return result
 
 
-def relative_norm_error(numerical: np.ndarray, analytical: np.ndarray) -> float:
-    """||n - a|| / (||n|| + ||a|| + 1e-8), over finite entries."""
-    finite = np.isfinite(numerical) & np.isfinite(analytical)
-    n, a = numerical[finite], analytical[finite]
-    return float(np.linalg.norm(n - a) / (np.linalg.norm(n) + np.linalg.norm(a) + 1e-8))
-
-
 def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, size: int | None = None) -> Hint | None:
     """A guess at the kind of defect, from the pattern of failing elements (its text: ``_text.HINTS``).
 

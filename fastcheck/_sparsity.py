@@ -129,15 +129,6 @@ class Dep:
         injective = self.injective and np.bincount(picked, minlength=1).max(initial=0) <= 1
         return Dep(indptr, self.cols, injective, group=group)
 
-    def explicit(self) -> tuple[np.ndarray, np.ndarray]:
-        """(indptr, cols) per element: the groups expanded (callers check the budget first)."""
-        if self.group is None:
-            return self.indptr, self.cols
-        counts = self.counts
-        indptr = np.zeros(self.size + 1, np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        return indptr, self.cols[ranges(self.indptr[self.group], counts)]
-
 
 def _inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(distinct sorted keys, index of each key among them), by sorting (see ``sorted_unique``)."""
