@@ -87,6 +87,15 @@ class ElementwiseCalls:
     sides: tuple
 
 
+@dataclasses.dataclass(frozen=True)
+class RowsColoured:
+    """The eager row loop took ``colours`` VJPs for f's ``rows`` output rows, one per row colour of f's traced
+    sparsity pattern (``_autodiff._row_coloured``)."""
+
+    rows: int
+    colours: int
+
+
 # --- the plan: determinism, precision, noise
 
 

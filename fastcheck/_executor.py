@@ -513,6 +513,15 @@ class Executor:
             return False
         return self.once("eligible", lambda: _diagonal.eligible(self.plan, self.config))
 
+    def rows_coloured(self, colours: int) -> None:
+        """Record that the eager row loop took one VJP per row colour (``_autodiff._row_coloured``)."""
+        self.memo["row colours"] = colours
+
+    @property
+    def row_colours(self) -> int:
+        """The VJPs the eager row loop's colours took in this check (0: it ran row by row, or not at all)."""
+        return int(self.memo.get("row colours", 0))
+
     def elementwise_ran(self, ran: bool, forward: bool = True) -> None:
         """Record what ``_diagonal``'s calls found: a forward that is not element-wise is not tried again in this
         check; one that is stays on the eager path when f is checked again (``_paths``)."""

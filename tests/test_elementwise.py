@@ -188,3 +188,50 @@ def test_the_report_says_which_sides_made_the_few_calls():
     assert not events_of(fastcheck.check_gradients(tf.math.cumsum, x), "ElementwiseCalls")
     assert not events_of(fastcheck.check_gradients(tf.tanh, x, tables={"DIAGONAL_MIN_ELEMENTS": 10**9}),
                          "ElementwiseCalls")
+
+
+# -- the row loop by row colours (``_autodiff._row_coloured``) ---------------------------------------------------
+
+KERNEL_2X2 = tf.constant(np.random.default_rng(4).normal(size=(2, 2, 3, 2)), tf.float32)
+
+
+def _coloured_and_loop(f, x):
+    """(the check with the row loop coloured whatever its length, the row loop's check), both on the eager path (a
+    calibration whose traces cost 1000 times the constants')."""
+    from fastcheck.testing import Calibration
+
+    eager = Calibration(traced_ratios=(1000.0,))
+    coloured = fastcheck.check_gradients(f, x, tables={"ROW_COLOUR_SECONDS": 0.0}, calibration=eager)
+    loop = fastcheck.check_gradients(f, x, tables={"ROW_COLOUR_SECONDS": 1e9}, calibration=eager)
+    return coloured, loop
+
+
+def test_an_eager_row_loop_takes_one_vjp_per_row_colour_with_the_loops_numbers():
+    # A depthwise convolution (as TensorFlow's own test): 96 rows, 8 row colours; every nonzero is the loop's.
+    x = tf.constant(np.random.default_rng(5).normal(size=(1, 4, 4, 3)), tf.float32)
+    coloured, loop = _coloured_and_loop(lambda t: tf.nn.depthwise_conv2d(t, KERNEL_2X2, [1, 1, 1, 1], "SAME"), x)
+    assert coloured.path == loop.path == "eager" and coloured.ok and loop.ok
+    (note,) = events_of(coloured, "RowsColoured")
+    assert note.rows == 96 and note.colours < 96 // 2 and not events_of(loop, "RowsColoured")
+    assert _same(coloured, loop)
+
+
+def test_a_gradient_leaking_outside_fs_pattern_fails_as_in_the_row_loop():
+    # Output (0, 0) reads x's top-left 2x2 window only; this gradient also sends 1e-3 of every row's cotangent to
+    # x's last element.  Coloured VJPs read only the pattern's nonzeros: the random cotangent's VJP shows the leak,
+    # and the row loop runs.
+    x = tf.constant(np.random.default_rng(6).normal(size=(1, 4, 4, 1)), tf.float32)
+    kernel = tf.constant([[[[0.5]], [[-1.0]]], [[[2.0]], [[0.25]]]], tf.float32)
+
+    @tf.custom_gradient
+    def leaky(t):
+        def grad(dy):
+            true = tf.compat.v1.nn.conv2d_backprop_input(tf.shape(t), kernel, dy, [1, 1, 1, 1], "VALID")
+            return true + 1e-3 * tf.reduce_sum(dy) * tf.reshape(tf.one_hot(15, 16), t.shape)
+
+        return tf.nn.conv2d(t, kernel, 1, "VALID"), grad
+
+    coloured, loop = _coloured_and_loop(leaky, x)
+    assert coloured.verdict == loop.verdict == "fail" and _same(coloured, loop)
+    assert not events_of(coloured, "RowsColoured")
+    np.testing.assert_array_equal(coloured.pairs[0].status, loop.pairs[0].status)
