@@ -16,13 +16,12 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_array_ops
 
-from fastcheck import _colouring, _diagonal, _sparsity
-from fastcheck._config import MACHINE_EPSILON
+from fastcheck import _diagonal, _eager_colours
 from fastcheck._executor import Batch, Executor, view
-from fastcheck._kernels import cached, pad, plan_key
+from fastcheck._kernels import pad
 from fastcheck._paths import EAGER, LOOP, compile_kernel
 from fastcheck._plan import EAGER_TENSOR, Plan, first_line
-from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS, ROW_COLOUR_SHARE
+from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS
 
 ZERO = tf.UnconnectedGradients.ZERO
 _EAGER = object()  # what a batch's eager fallback returns: the eager loops take over
@@ -257,9 +256,22 @@ class AutodiffJacobian:
             self.executor.elementwise_ran(block is not None, forward=False)
             if block is not None:
                 return block
-        if self.executor.path == EAGER and self.values is self.executor.native:
-            block = _row_coloured(self.executor, tape, leaves, sources)
+        found = (_eager_colours.structure(plan, self.config, self.executor.native, plan.m)
+                 if self.executor.path == EAGER and self.values is self.executor.native else None)
+        if found is not None and sum(leaf.shape.num_elements() for leaf in leaves) == plan.m:
+            def vjp(weights: np.ndarray) -> list[np.ndarray]:
+                cotangents, start = [], 0
+                for leaf in leaves:
+                    size = leaf.shape.num_elements()
+                    cotangents.append(tf.constant(weights[start : start + size].reshape(leaf.shape.as_list())
+                                                  .astype(leaf.dtype.as_numpy_dtype)))
+                    start += size
+                return [_densify(g).numpy().reshape(-1).astype(np.float64)
+                        for g in eager_vjp(tape, leaves, sources, cotangents)]
+
+            block = _eager_colours.rows(plan, self.config, found, vjp)
             if block is not None:
+                self.executor.coloured("reverse", int(found.row_labels.max()) + 1)
                 return block
         try:
             return self._rows(leaves, sources, _Pace(limit, plan.m), lambda: (tape, leaves))
@@ -291,71 +303,6 @@ class AutodiffJacobian:
                 if pace.over():
                     return None
         return [np.stack(row).astype(np.float64) for row in rows]
-
-
-def _row_coloured(executor: Executor, tape, leaves: list, sources: list) -> list[np.ndarray] | None:
-    """The eager row loop's blocks [m, n_k] from one VJP per row colour of f's traced pattern, or None (the loop
-    runs): rows that share no column of any checked input share a VJP, whose cotangent is their sum, and each
-    structural nonzero is read from its row's colour.  Every term a row of another colour adds to a column is an
-    exact zero (the pattern says it does not reach it), so the nonzeros are the loop's numbers.
-
-    Only where the loop would be long (``ROW_COLOUR_SECONDS``, at two calls of f a row), f traces with a pattern
-    whose colours are at most ``ROW_COLOUR_SHARE`` of the rows, and every output and checked input is real.  A VJP of
-    a random signed cotangent w checks what the pattern leaves out: where w's VJP and w times the blocks differ by
-    more than their rounding (or by atol / 2), or a value is not finite, the loop runs -- a gradient leaking outside
-    f's pattern (a wrong one) shows there, as the loop shows it."""
-    plan, config = executor.plan, executor.config
-    sizes = [leaf.shape.num_elements() for leaf in leaves]
-    if (2 * plan.m * plan.call_seconds < config.table("ROW_COLOUR_SECONDS") or sum(sizes) != plan.m
-            or any(not leaf.dtype.is_floating for leaf in leaves) or any(s.is_complex for s in plan.checked)):
-        return None
-    structure = cached(plan_key(plan, config) + ("row colours",), lambda: _row_structure(executor))
-    if structure is None:
-        return None
-    patterns, labels = structure
-    colours = int(labels.max()) + 1
-    offsets = np.cumsum([0, *sizes])
-
-    def vjp(weights: np.ndarray) -> list[np.ndarray]:
-        cotangents = [tf.constant(weights[start:stop].reshape(leaf.shape).astype(leaf.dtype.as_numpy_dtype))
-                      for leaf, start, stop in zip(leaves, offsets[:-1], offsets[1:])]
-        return [_densify(g).numpy().reshape(-1).astype(np.float64) for g in eager_vjp(tape, leaves, sources, cotangents)]
-
-    compressed = [np.stack(parts) for parts in zip(*(vjp((labels == c).astype(np.float64)) for c in range(colours)))]
-    blocks = []
-    for pattern, values in zip(patterns, compressed):
-        block = np.zeros(pattern.shape)
-        rows, cols = pattern.rows, pattern.cols
-        block[rows, cols] = values[labels[rows], cols]
-        blocks.append(block)
-    signs = np.random.default_rng(config.seed + 7919).choice([-1.0, 1.0], plan.m)
-    atol = config.tolerances(plan.precision)[0]
-    eps = MACHINE_EPSILON[plan.analytical_dtype]
-    with np.errstate(invalid="ignore", over="ignore"):
-        for block, direct, values in zip(blocks, vjp(signs), compressed):
-            allowed = np.minimum(64 * eps * (np.abs(block).sum(axis=0) + np.abs(direct)), atol / 2)
-            if not (np.isfinite(values).all() and np.all(np.abs(signs @ block - direct) <= allowed)):
-                return None
-    executor.rows_coloured(colours)
-    return blocks
-
-
-def _row_structure(executor: Executor) -> tuple | None:
-    """(f's traced pattern per checked input, its row colours), or None where f does not trace, an op has no
-    dependency rule, or the colours are too many to pay (kept beside f's kernels: a repeated check traces nothing)."""
-    plan = executor.plan
-    try:
-        function = tf.function(lambda *vs: plan.call_flat(list(vs)), autograph=False)
-        graph = function.get_concrete_function(*[tf.TensorSpec(v.shape, v.dtype) for v in executor.native]).graph
-        m, dep = _sparsity.trace(graph, [(s.position, s.size) for s in plan.checked])
-        patterns = _sparsity.traced_patterns(m, dep, [s.size for s in plan.checked])
-        shape = tuple(plan.outputs[0].shape) if len(plan.outputs) == 1 else (plan.m,)
-        labels = _colouring.row_colour(patterns, shape, executor.config.seed)
-    except Exception:  # noqa: BLE001 -- no pattern (an op without a rule, an untraceable f): the loop runs
-        return None
-    if m != plan.m or not labels.size or int(labels.max()) + 1 > ROW_COLOUR_SHARE * plan.m:
-        return None
-    return patterns, labels
 
 
 def _flat_numpy(plan: Plan, leaves) -> np.ndarray:

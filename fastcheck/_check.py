@@ -98,7 +98,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
         inconsistent = list(outcome.inconsistent)
         learnt = executor.calibration
-        if (mode == "full" and not rerun and not executor.elementwise_sides and not executor.row_colours
+        if (mode == "full" and not rerun and not executor.elementwise_sides and not executor.colours
                 and not executor.chosen.repeated):
             # What routing predicted, against what it cost: later checks route by it (not an element-wise f's few
             # calls, which say nothing of an eager loop's 2n + m; nor a repeated check's, whose kernels were traced
@@ -411,8 +411,8 @@ def run_events(outcome: Outcome, executor, config, mode: str, why: tuple, proble
              *executor.events, *outcome.notes]
     if executor.elementwise_sides:
         found.append(events.ElementwiseCalls(plan.checked[0].name, executor.elementwise_sides))
-    if executor.row_colours:
-        found.append(events.RowsColoured(plan.m, executor.row_colours))
+    if executor.colours:
+        found.append(events.EagerColours(plan.m, plan.n, tuple(sorted(executor.colours.items()))))
     for spec in plan.checked:
         chunk = executor.chunks.get(spec.position, spec.size)
         if mode == "full" and route.path != "eager" and 0 < chunk < spec.size:

@@ -88,12 +88,13 @@ class ElementwiseCalls:
 
 
 @dataclasses.dataclass(frozen=True)
-class RowsColoured:
-    """The eager row loop took ``colours`` VJPs for f's ``rows`` output rows, one per row colour of f's traced
-    sparsity pattern (``_autodiff._row_coloured``)."""
+class EagerColours:
+    """The eager loops took one call per colour of f's traced sparsity pattern (``_eager_colours``): ``sides`` maps
+    "reverse" (VJPs for the ``rows``) and "numerical" (pairs of calls of f for the ``columns``) to the colours."""
 
     rows: int
-    colours: int
+    columns: int
+    sides: tuple  # ((side, colours), ...)
 
 
 # --- the plan: determinism, precision, noise

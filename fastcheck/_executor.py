@@ -30,7 +30,7 @@ from collections.abc import Hashable
 import numpy as np
 import tensorflow as tf
 
-from fastcheck import _diagonal, _paths
+from fastcheck import _diagonal, _eager_colours, _paths
 from fastcheck._calibration import EAGER, Calibration, shared_calibration
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._distribute import Share, spread_for
@@ -513,14 +513,15 @@ class Executor:
             return False
         return self.once("eligible", lambda: _diagonal.eligible(self.plan, self.config))
 
-    def rows_coloured(self, colours: int) -> None:
-        """Record that the eager row loop took one VJP per row colour (``_autodiff._row_coloured``)."""
-        self.memo["row colours"] = colours
+    def coloured(self, side: str, colours: int) -> None:
+        """Record that an eager loop (``side``: "reverse", "numerical") took one call per colour of f's pattern."""
+        self.memo.setdefault("colours", {})[side] = max(colours, self.memo.get("colours", {}).get(side, 0))
 
     @property
-    def row_colours(self) -> int:
-        """The VJPs the eager row loop's colours took in this check (0: it ran row by row, or not at all)."""
-        return int(self.memo.get("row colours", 0))
+    def colours(self) -> dict:
+        """The eager loops that took one call per colour of f's traced pattern (``_eager_colours``) in this check:
+        side -> the most colours one took (empty: none did)."""
+        return dict(self.memo.get("colours", {}))
 
     def elementwise_ran(self, ran: bool, forward: bool = True) -> None:
         """Record what ``_diagonal``'s calls found: a forward that is not element-wise is not tried again in this
@@ -557,6 +558,15 @@ class Executor:
             if sides is not None:
                 d = np.asarray(delta, np.float64).astype(dtype)
                 return (*sides, (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64))
+        found = (_eager_colours.structure(self.plan, self.config, list(self.native), len(idx), trace=False)
+                 if len(idx) > 1 and np.unique(idx).size == len(idx) else None)
+        sides = None if found is None else _eager_colours.differences(
+            self.plan, found, list(self.values), position, flat, shape, idx, delta, self._centre())
+        if sides is not None:
+            self.coloured("numerical", len(np.unique(found.column_labels[
+                [s.position for s in self.plan.checked].index(position)][idx])))
+            d = np.asarray(delta, np.float64).astype(dtype)
+            return (*sides, (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64))
         pluses, minuses = np.empty((m, len(idx))), np.empty((m, len(idx)))
         spans = np.empty(len(idx))
         values = list(self.values)

@@ -41,7 +41,7 @@ class _QuietInternalRetracing:
         return not ("triggered tf.function retracing" in message and _OWN_KERNELS.search(message))
 
 
-_OWN_KERNELS = re.compile(r"(_kernel|probe_graph|_row_structure|reverse_jvp|Directional)[^ ]*\.<locals>|fastcheck\.")
+_OWN_KERNELS = re.compile(r"(_kernel|probe_graph|reverse_jvp|Directional)[^ ]*\.<locals>|fastcheck\.")
 tf.get_logger().addFilter(_QuietInternalRetracing())
 
 

@@ -160,11 +160,11 @@ REPEAT_TRACE_SECONDS = 0.005
 EAGER_LEARN_SECONDS = 0.02  # an eager check teaches it only where its predicted loop takes this long
 EQUAL_BLOCK = 1 << 18  # bytes per block of ``_plan``'s bitwise comparison of two calls: in cache, no output-sized temporary
 CALL_TIMING_LIMIT = 0.01  # seconds: a third call times f when one call is cheaper than this (``_plan``)
-# The eager row loop takes one VJP per row colour of f's traced pattern (``_autodiff._row_coloured``) where the loop
-# would take this long at two calls of f a row (tracing f and its pattern: 4-8 ms for TensorFlow's convolution tests)
-# and the colours are at most this share of the rows (a depthwise convolution's 96 rows: 8 to 16 colours).
-ROW_COLOUR_SECONDS = 0.01
-ROW_COLOUR_SHARE = 0.5
+# The eager loops take one call per colour of f's traced pattern (``_eager_colours``) where a loop would take this long
+# at two calls of f a row or column (tracing f and its pattern: 4-8 ms for TensorFlow's convolution tests) and the
+# colours are at most this share of its rows or columns (a depthwise convolution's 96 rows: 8 to 16 colours).
+EAGER_COLOUR_SECONDS = 0.01
+COLOUR_SHARE = 0.5
 # Where XLA does not pay: three rules, one per kind of work, in different units (not one number).
 # Routing (``_paths.choose_route``): below XLA_MIN_WORK element-evaluations of batched work XLA's compile time
 # (0.2-0.4 s on CPU) does not pay off.  Measured cold on TF 2.21 CPU: graph mode wins on dense tanh(W x) up to
@@ -305,5 +305,5 @@ FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis need
 # for that check: for experiments with a threshold, and for tests that reach a branch (coloured mode's sampled
 # noise, its sparse report, a check too large to hold) on a small problem.
 CONFIGURABLE = frozenset({"NOISE_ALL", "NOISE_LINE", "SCREEN_ELEMENTS", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "DIAGONAL_MIN_ELEMENTS",
-                          "REPEAT_TRACE_CHECKS", "REPEAT_TRACE_SECONDS", "ROW_COLOUR_SECONDS"})
+                          "REPEAT_TRACE_CHECKS", "REPEAT_TRACE_SECONDS", "EAGER_COLOUR_SECONDS"})
 

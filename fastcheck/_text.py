@@ -661,9 +661,11 @@ EVENT_TEXT: dict[type, Callable[[Any], str]] = {
     events.ElementwiseCalls: lambda e: "f is element-wise in it (read from the ops its calls ran): " + "; ".join(
         {"reverse": "2 VJPs instead of one per output element",
          "numerical": "2 calls of f a side instead of one per element"}[side] for side in e.sides),
-    events.RowsColoured: lambda e: (
-        f"reverse mode: {e.rows} rows from {e.colours} VJPs, one per row colour of f's traced sparsity pattern (rows "
-        "that share no input element share a VJP), checked against one VJP of a random cotangent"),
+    events.EagerColours: lambda e: "eager loops by f's traced sparsity pattern: " + "; ".join(
+        {"reverse": f"{e.rows} rows from {colours} VJPs (rows that share no input element share one; checked by a VJP "
+                    "of a random cotangent)",
+         "numerical": f"at most {colours} pairs of calls of f for {e.columns} columns (columns that share no output "
+                      "move together)"}[side] for side, colours in e.sides),
     events.OwnKernel: lambda e: (
         "its later differences ran on a kernel of its own: a call of the one kernel evaluates every op of f that "
         "depends on a checked input, its own only the ops that follow it"),

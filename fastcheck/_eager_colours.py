@@ -1,0 +1,130 @@
+"""The eager loops by f's traced sparsity pattern: rows, and columns, that share nothing share a call.
+
+Where the eager path's loops would be long (``EAGER_COLOUR_SECONDS`` at two calls of f a row or column), f is traced
+once for its Jacobian's structural pattern (``_sparsity``, as coloured mode reads it; kept beside f's kernels) and
+coloured (``_colouring``):
+
+* reverse mode (``rows``): rows that share no input element share one VJP, whose cotangent is their sum; each
+  nonzero is read from its row's colour.  Every term another row of the colour adds to a column is an exact zero
+  (the pattern says it does not reach it), so the nonzeros are the row loop's numbers bit for bit.  What the pattern
+  leaves out is checked by one VJP of a random signed cotangent w: where it differs from w times the blocks by more
+  than their rounding (or atol / 2), or a value is not finite, the loop runs -- a gradient leaking outside f's
+  pattern (a wrong one) shows there, as the loop shows it.
+* numerical side (``differences``): columns that share no output move together in one call of f a side.  An
+  output reads one moved column at most, so its value is bit for bit the one-column call's; an output no moved
+  column reaches is f at x (the centre), as that call gives it.
+
+At most ``COLOUR_SHARE`` of the rows (columns) in colours; real outputs and checked inputs only.  Anything else
+-- f does not trace, an op without a dependency rule -- leaves the loops as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from fastcheck import _colouring, _sparsity
+from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._kernels import cached, is_cached, plan_key
+from fastcheck._plan import Plan
+from fastcheck._tables import COLOUR_SHARE
+
+
+class Structure(NamedTuple):
+    """f's traced pattern per checked input, its row colours [m] and each input's column colours [n_k]."""
+
+    patterns: list
+    row_labels: np.ndarray
+    column_labels: list
+
+
+def structure(plan: Plan, config: CheckConfig, native: Sequence, elements: int, trace: bool = True) -> Structure | None:
+    """f's ``Structure`` where the loop over ``elements`` rows or columns would be long enough to pay for tracing
+    f, else None (traced once per f and signature: kept beside its kernels, None included).  ``trace=False``: only
+    a structure found before (the numerical side reads the one the rows' loop traced: f's ops without a dependency
+    rule -- a fused cross-entropy, 3-D pooling, a solve -- would make tracing for the columns alone a loss)."""
+    if (2 * elements * plan.call_seconds < config.table("EAGER_COLOUR_SECONDS")
+            or any(o.dtype.is_complex for o in plan.outputs) or any(s.is_complex for s in plan.checked)):
+        return None
+    key = plan_key(plan, config) + ("eager colours",)
+    if not trace and not is_cached(key):
+        return None
+    return cached(key, lambda: _eager_colours_kernel(plan, config, native))
+
+
+def _eager_colours_kernel(plan: Plan, config: CheckConfig, native: Sequence) -> Structure | None:
+    try:
+        function = tf.function(lambda *vs: plan.call_flat(list(vs)), autograph=False)
+        graph = function.get_concrete_function(*[tf.TensorSpec(v.shape, v.dtype) for v in native]).graph
+        m, dep = _sparsity.trace(graph, [(s.position, s.size) for s in plan.checked])
+        patterns = _sparsity.traced_patterns(m, dep, [s.size for s in plan.checked])
+        shape = tuple(plan.outputs[0].shape) if len(plan.outputs) == 1 else (plan.m,)
+        rows = _colouring.row_colour(patterns, shape, config.seed)
+        columns = [_colouring.colour(p, tuple(s.real_view.shape), config.seed) for p, s in zip(patterns, plan.checked)]
+    except Exception:  # noqa: BLE001 -- no pattern (an op without a rule, an untraceable f): the loops run
+        return None
+    return Structure(patterns, rows, columns) if m == plan.m else None
+
+
+def _colours(labels: np.ndarray) -> int:
+    return int(labels.max()) + 1 if labels.size else 0
+
+
+def rows(plan: Plan, config: CheckConfig, found: Structure, vjp: Callable[[np.ndarray], list]) -> list | None:
+    """The row loop's blocks [m, n_k] from one VJP per row colour (``vjp(weights [m])``: the flat gradient per checked
+    input, float64), or None where the colours are too many or the random cotangent's VJP disagrees (see above)."""
+    labels = found.row_labels
+    colours = _colours(labels)
+    if not colours or colours > COLOUR_SHARE * plan.m:
+        return None
+    compressed = [np.stack(parts) for parts in zip(*(vjp((labels == c).astype(np.float64)) for c in range(colours)))]
+    blocks = []
+    for pattern, values in zip(found.patterns, compressed):
+        block = np.zeros(pattern.shape)
+        nonzero_rows, nonzero_cols = pattern.rows, pattern.cols
+        block[nonzero_rows, nonzero_cols] = values[labels[nonzero_rows], nonzero_cols]
+        blocks.append(block)
+    signs = np.random.default_rng(config.seed + 7919).choice([-1.0, 1.0], plan.m)
+    atol = config.tolerances(plan.precision)[0]
+    eps = MACHINE_EPSILON[plan.analytical_dtype]
+    with np.errstate(invalid="ignore", over="ignore"):
+        for block, direct, values in zip(blocks, vjp(signs), compressed):
+            allowed = np.minimum(64 * eps * (np.abs(block).sum(axis=0) + np.abs(direct)), atol / 2)
+            if not (np.isfinite(values).all() and np.all(np.abs(signs @ block - direct) <= allowed)):
+                return None
+    return blocks
+
+
+def differences(plan: Plan, found: Structure, values: list, position: int, flat: np.ndarray, shape, idx, delta,
+                centre: np.ndarray) -> tuple | None:
+    """The eager loop's (plus, minus) [m, len(idx)] from two calls of f per column colour among ``idx`` (distinct
+    columns of input ``position``, ``flat`` its values in the evaluation dtype, moved by ``delta``), or None where
+    the colours are too many or f's outputs changed shape."""
+    k = [s.position for s in plan.checked].index(position)
+    pattern, labels = found.patterns[k], found.column_labels[k][idx]
+    colours = np.unique(labels)
+    if len(colours) > COLOUR_SHARE * len(idx):
+        return None
+    nonzero_rows, nonzero_cols = pattern.rows, pattern.cols
+    order = np.argsort(nonzero_cols, kind="stable")  # the pattern by columns: each column's rows
+    by_column, starts = nonzero_rows[order], np.searchsorted(nonzero_cols[order], np.arange(pattern.shape[1] + 1))
+    offsets = np.asarray(delta, np.float64).astype(flat.dtype)
+    sides = []
+    for sign in (1, -1):
+        block = np.repeat(centre[:, None], len(idx), axis=1)
+        for colour in colours:
+            chosen = np.flatnonzero(labels == colour)
+            moved = flat.copy()
+            moved[idx[chosen]] = flat[idx[chosen]] + sign * offsets[chosen]
+            values[position] = tf.constant(moved.reshape(shape))
+            y = plan.call_flat_numpy(values, plan.eval_upcast)
+            if y.shape != (plan.m,):
+                return None  # the loop raises, naming the element
+            for column, j in zip(chosen, idx[chosen]):
+                reached = by_column[starts[j] : starts[j + 1]]
+                block[reached, column] = y[reached]
+        sides.append(block)
+    return tuple(sides)
