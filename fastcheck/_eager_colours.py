@@ -101,8 +101,8 @@ def rows(plan: Plan, config: CheckConfig, found: Structure, vjp: Callable[[np.nd
 def differences(plan: Plan, found: Structure, values: list, position: int, flat: np.ndarray, shape, idx, delta,
                 centre: np.ndarray) -> tuple | None:
     """The eager loop's (plus, minus) [m, len(idx)] from two calls of f per column colour among ``idx`` (distinct
-    columns of input ``position``, ``flat`` its values in the evaluation dtype, moved by ``delta``), or None where
-    the colours are too many or f's outputs changed shape."""
+    columns of input ``position``, ``flat`` its values in the evaluation dtype, moved by ``delta``), and the number
+    of colours; None where the colours are too many or f's outputs changed shape."""
     k = [s.position for s in plan.checked].index(position)
     pattern, labels = found.patterns[k], found.column_labels[k][idx]
     colours = np.unique(labels)
@@ -127,4 +127,4 @@ def differences(plan: Plan, found: Structure, values: list, position: int, flat:
                 reached = by_column[starts[j] : starts[j + 1]]
                 block[reached, column] = y[reached]
         sides.append(block)
-    return tuple(sides)
+    return (*sides, len(colours))

@@ -551,20 +551,8 @@ class Executor:
         flat = base.reshape(-1)
         m = self.plan.m
         idx = np.asarray(idx)
-        if len(idx) > 1 and self.elementwise() and np.unique(idx).size == len(idx):
-            sides = _diagonal.differences(self.plan, list(self.values), position, flat, shape, idx, delta,
-                                          self._centre())
-            self.elementwise_ran(sides is not None)
-            if sides is not None:
-                d = np.asarray(delta, np.float64).astype(dtype)
-                return (*sides, (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64))
-        found = (_eager_colours.structure(self.plan, self.config, list(self.native), len(idx), trace=False)
-                 if len(idx) > 1 and np.unique(idx).size == len(idx) else None)
-        sides = None if found is None else _eager_colours.differences(
-            self.plan, found, list(self.values), position, flat, shape, idx, delta, self._centre())
+        sides = self._shortcut(position, flat, shape, idx, delta) if np.unique(idx).size == len(idx) > 1 else None
         if sides is not None:
-            self.coloured("numerical", len(np.unique(found.column_labels[
-                [s.position for s in self.plan.checked].index(position)][idx])))
             d = np.asarray(delta, np.float64).astype(dtype)
             return (*sides, (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64))
         pluses, minuses = np.empty((m, len(idx))), np.empty((m, len(idx)))
@@ -576,6 +564,24 @@ class Executor:
                 for sign in (1, -1))
             spans[row] = float(flat[j] + dtype.type(d)) - float(flat[j] - dtype.type(d))
         return pluses, minuses, spans
+
+    def _shortcut(self, position: int, flat: np.ndarray, shape, idx: np.ndarray, delta) -> tuple | None:
+        """The column loop's (plus, minus) from fewer calls of f, where f's structure allows: two calls a side for an
+        element-wise f (``_diagonal``), or two per colour of the pattern the row loop traced (``_eager_colours``)."""
+        if self.elementwise():
+            sides = _diagonal.differences(self.plan, list(self.values), position, flat, shape, idx, delta,
+                                          self._centre())
+            self.elementwise_ran(sides is not None)
+            if sides is not None:
+                return sides
+        found = _eager_colours.structure(self.plan, self.config, self.native, len(idx), trace=False)
+        coloured = None if found is None else _eager_colours.differences(
+            self.plan, found, list(self.values), position, flat, shape, idx, delta, self._centre())
+        if coloured is None:
+            return None
+        plus, minus, colours = coloured
+        self.coloured("numerical", colours)
+        return plus, minus
 
     def _moved_call(self, values: list, position: int, flat: np.ndarray, shape, columns, offsets, where: str = ""):
         """f's outputs [m] with ``columns`` of input ``position`` (``flat``) moved by ``offsets``; ``values``
