@@ -12,7 +12,10 @@ coloured (``_colouring``):
   pattern (a wrong one) shows there, as the loop shows it.
 * numerical side (``differences``): columns that share no output move together in one call of f a side.  An
   output reads one moved column at most, so its value is bit for bit the one-column call's; an output no moved
-  column reaches is f at x (the centre), as that call gives it.
+  column reaches is f at x (the centre), as that call gives it.  Only after the rows' colours passed their check
+  in the same check: the gradient then has nothing outside the pattern beyond atol / 2, so f has no dependence
+  the pattern misses that could mix two moved columns (and tracing for the columns alone was a loss where an op
+  has no rule: a fused cross-entropy, 3-D pooling, a solve).
 
 At most ``COLOUR_SHARE`` of the rows (columns) in colours; real outputs and checked inputs only.  Anything else
 -- f does not trace, an op without a dependency rule -- leaves the loops as they are.
@@ -28,7 +31,7 @@ import tensorflow as tf
 
 from fastcheck import _colouring, _sparsity
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
-from fastcheck._kernels import cached, is_cached, plan_key
+from fastcheck._kernels import cached, plan_key
 from fastcheck._plan import Plan
 from fastcheck._tables import COLOUR_SHARE
 
@@ -41,18 +44,13 @@ class Structure(NamedTuple):
     column_labels: list
 
 
-def structure(plan: Plan, config: CheckConfig, native: Sequence, elements: int, trace: bool = True) -> Structure | None:
+def structure(plan: Plan, config: CheckConfig, native: Sequence, elements: int) -> Structure | None:
     """f's ``Structure`` where the loop over ``elements`` rows or columns would be long enough to pay for tracing
-    f, else None (traced once per f and signature: kept beside its kernels, None included).  ``trace=False``: only
-    a structure found before (the numerical side reads the one the rows' loop traced: f's ops without a dependency
-    rule -- a fused cross-entropy, 3-D pooling, a solve -- would make tracing for the columns alone a loss)."""
+    f, else None (traced once per f and signature: kept beside its kernels, None included)."""
     if (2 * elements * plan.call_seconds < config.table("EAGER_COLOUR_SECONDS")
             or any(o.dtype.is_complex for o in plan.outputs) or any(s.is_complex for s in plan.checked)):
         return None
-    key = plan_key(plan, config) + ("eager colours",)
-    if not trace and not is_cached(key):
-        return None
-    return cached(key, lambda: _eager_colours_kernel(plan, config, native))
+    return cached(plan_key(plan, config) + ("eager colours",), lambda: _eager_colours_kernel(plan, config, native))
 
 
 def _eager_colours_kernel(plan: Plan, config: CheckConfig, native: Sequence) -> Structure | None:

@@ -567,14 +567,17 @@ class Executor:
 
     def _shortcut(self, position: int, flat: np.ndarray, shape, idx: np.ndarray, delta) -> tuple | None:
         """The column loop's (plus, minus) from fewer calls of f, where f's structure allows: two calls a side for an
-        element-wise f (``_diagonal``), or two per colour of the pattern the row loop traced (``_eager_colours``)."""
+        element-wise f (``_diagonal``), or two per colour of the pattern the row loop took and checked
+        (``_eager_colours``)."""
         if self.elementwise():
             sides = _diagonal.differences(self.plan, list(self.values), position, flat, shape, idx, delta,
                                           self._centre())
             self.elementwise_ran(sides is not None)
             if sides is not None:
                 return sides
-        found = _eager_colours.structure(self.plan, self.config, self.native, len(idx), trace=False)
+        if "reverse" not in self.colours:  # the pattern is checked by the rows' loop (``_eager_colours``)
+            return None
+        found = _eager_colours.structure(self.plan, self.config, self.native, len(idx))
         coloured = None if found is None else _eager_colours.differences(
             self.plan, found, list(self.values), position, flat, shape, idx, delta, self._centre())
         if coloured is None:
