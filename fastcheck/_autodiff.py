@@ -269,7 +269,10 @@ class AutodiffJacobian:
                 return [_densify(g).numpy().reshape(-1).astype(np.float64)
                         for g in eager_vjp(tape, leaves, sources, cotangents)]
 
-            block = _eager_colours.rows(plan, self.config, found, vjp)
+            try:
+                block = _eager_colours.rows(plan, self.config, found, vjp)
+            except Exception:  # noqa: BLE001 -- a gradient that runs once per tape (py_function's): the loop decides
+                block = None
             if block is not None:
                 self.executor.coloured("reverse", int(found.row_labels.max()) + 1)
                 return block

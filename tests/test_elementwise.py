@@ -242,3 +242,25 @@ def test_a_gradient_leaking_outside_fs_pattern_fails_as_in_the_row_loop():
     notes = events_of(coloured, "EagerColours")  # the numerical side may take its colours: f's pattern is right
     assert not notes or "reverse" not in dict(notes[0].sides)
     np.testing.assert_array_equal(coloured.pairs[0].status, loop.pairs[0].status)
+
+
+def test_a_gradient_that_runs_once_per_forward_pass_leaves_the_colours_to_the_loop():
+    # Like tf.py_function's gradient, this one runs once per forward pass: the colours' second VJP raises, and the
+    # row loop (a fresh tape per row) checks it as before the colours existed.
+    x = tf.constant(np.random.default_rng(5).normal(size=(1, 4, 4, 3)), tf.float32)
+
+    @tf.custom_gradient
+    def once(t):
+        used = []
+
+        def grad(dy):
+            if used:
+                raise RuntimeError("this gradient runs once")
+            used.append(1)
+            return tf.compat.v1.nn.depthwise_conv2d_native_backprop_input(tf.shape(t), KERNEL_2X2, dy, [1, 1, 1, 1],
+                                                                           "SAME")
+
+        return tf.nn.depthwise_conv2d(t, KERNEL_2X2, [1, 1, 1, 1], "SAME"), grad
+
+    coloured, loop = _coloured_and_loop(once, x)
+    assert coloured.ok and loop.ok and _same(coloured, loop) and not events_of(coloured, "EagerColours")
