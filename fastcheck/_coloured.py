@@ -118,8 +118,7 @@ def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_pattern.Pattern
         function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast), autograph=plan.autograph)
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in executor.values]
     try:
-        graph = function.get_concrete_function(*signature).graph
-        m, dep = _sparsity.trace(graph, [(s.position, s.size) for s in plan.checked])
+        return _sparsity.patterns_of(function.get_concrete_function(*signature).graph, plan), TRACED
     except _pattern.UnknownSparsity as error:
         raise _pattern.UnknownSparsity(
             f"mode='coloured' needs the sparsity pattern of f's Jacobian, but {error}. Pass the pattern with "
@@ -129,7 +128,6 @@ def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_pattern.Pattern
         raise _pattern.UnknownSparsity(
             f"mode='coloured' traces f to find its Jacobian's sparsity pattern, but f cannot be traced "
             f"({type(error).__name__}: {first_line(error, 160)}); pass sparsity=, or mode='full' / mode='fast'.") from None
-    return _sparsity.traced_patterns(m, dep, sizes), TRACED
 
 
 def check_coloured(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
@@ -179,11 +177,7 @@ def _found_layout(executor: Executor, plan: Plan) -> Layout | _pattern.UnknownSp
         patterns, source = find_patterns(executor, plan)
     except _pattern.UnknownSparsity as error:
         return error
-    seed = executor.config.seed
-    labels = [_colouring.colour(p, tuple(s.real_view.shape), seed) for p, s in zip(patterns, plan.checked)]
-    output_shape = (tuple(plan.outputs[0].shape) + ((2,) if plan.outputs[0].dtype.is_complex else ())
-                    if len(plan.outputs) == 1 else (plan.m,))
-    row_labels = _colouring.row_colour(patterns, output_shape, seed)
+    labels, row_labels = _colouring.colourings(patterns, plan, executor.config.seed)
     return Layout(patterns, source, labels, row_labels)
 
 

@@ -6,6 +6,8 @@ difference moves them all), rows that share no column one row colour (one VJP): 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fastcheck._pattern import (
@@ -14,6 +16,18 @@ from fastcheck._pattern import (
     sorted_unique,
 )
 from fastcheck._tables import GREEDY_WORK
+
+if TYPE_CHECKING:
+    from fastcheck._plan import Plan
+
+
+def colourings(patterns: list[Pattern], plan: Plan, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
+    """(column colours [n_k] per checked input, row colours [m]) of a check's patterns, each over its index shape
+    (a complex output's rows as (real, imag) pairs)."""
+    labels = [colour(p, tuple(s.real_view.shape), seed) for p, s in zip(patterns, plan.checked)]
+    output = plan.outputs[0]
+    shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ()) if len(plan.outputs) == 1 else (plan.m,)
+    return labels, row_colour(patterns, shape, seed)
 
 
 def colour(pattern: Pattern, shape: tuple, seed: int = 0) -> np.ndarray:

@@ -18,10 +18,10 @@ no graph is built, a few microseconds an op), never from the values they return.
 derived from the moved input (from the cotangent, for the VJPs) must be one of ``_sparsity``'s element-wise ops, a
 flat identity (reshape, cast) or a reduction over axes of size 1 (or none), with that value and its outputs of the
 input's n elements; an op without such a rule, a function call, a broadcast or a gather is not element-wise.  A
-value f reads through numpy (``.numpy()``, ``float(t)``) runs no op: it enters the ops as a constant.  So the two calls of each
-side (f at x + d and x - d; the VJPs of the cotangents 1 and 0) must run the same ops on the same constants, and a
-constant that depends on the moved values differs between them.  Where anything fails, the loops run as before:
-the two calls are the whole cost of finding out.
+value f reads through numpy (``.numpy()``, ``float(t)``) runs no op: it enters the ops as a constant.  So the two
+calls of each side (f at x + d and x - d; the VJPs of the cotangents 1 and 0) must run the same ops on the same
+constants, and a constant that depends on the moved values differs between them.  Where anything fails, the loops
+run as before: the two calls are the whole cost of finding out.
 """
 
 from __future__ import annotations

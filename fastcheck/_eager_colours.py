@@ -54,17 +54,15 @@ def structure(plan: Plan, config: CheckConfig, native: Sequence, elements: int) 
 
 
 def _eager_colours_kernel(plan: Plan, config: CheckConfig, native: Sequence) -> Structure | None:
+    # (named ``_kernel``: TensorFlow's retracing warning is filtered for fastcheck's kernels, ``_kernels``)
     try:
         function = tf.function(lambda *vs: plan.call_flat(list(vs)), autograph=False)
         graph = function.get_concrete_function(*[tf.TensorSpec(v.shape, v.dtype) for v in native]).graph
-        m, dep = _sparsity.trace(graph, [(s.position, s.size) for s in plan.checked])
-        patterns = _sparsity.traced_patterns(m, dep, [s.size for s in plan.checked])
-        shape = tuple(plan.outputs[0].shape) if len(plan.outputs) == 1 else (plan.m,)
-        rows = _colouring.row_colour(patterns, shape, config.seed)
-        columns = [_colouring.colour(p, tuple(s.real_view.shape), config.seed) for p, s in zip(patterns, plan.checked)]
+        patterns = _sparsity.patterns_of(graph, plan)
+        columns, rows = _colouring.colourings(patterns, plan, config.seed)
     except Exception:  # noqa: BLE001 -- no pattern (an op without a rule, an untraceable f): the loops run
         return None
-    return Structure(patterns, rows, columns) if m == plan.m else None
+    return Structure(patterns, rows, columns) if patterns[0].shape[0] == plan.m else None
 
 
 def _colours(labels: np.ndarray) -> int:

@@ -16,12 +16,12 @@ import functools
 import inspect
 import re
 import weakref
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import CheckConfig
+from fastcheck._events import RouteReason
 from fastcheck._plan import Plan
 from fastcheck._raised import call_carrying_own
 from fastcheck._tables import KERNEL_CACHE_ENTRIES
@@ -197,7 +197,7 @@ class Known:
     kernels and dropped with them; routing reads it (``_paths``), each check adds to it (``learn``)."""
 
     checks: int = 0  # checks of it routed so far, the current one included
-    untraceable: Any = None  # the RouteReason its failed trace gave: it would fail again
+    untraceable: RouteReason | None = None  # the reason its trace failed: it would fail again
     eager_seconds: float = 0.0  # what its last eager loop took (route, analytical and numerical stages)
     elementwise: bool = False  # its eager loops made ``_diagonal``'s few calls
 

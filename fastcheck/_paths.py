@@ -186,9 +186,9 @@ def _why(error: BaseException) -> str:
 def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: int) -> int:
     """``checks`` (this check's number among the checks of the same problem: f, signatures, configuration) when it
     is the ``REPEAT_TRACE_CHECKS``-th or later and its eager loop is predicted, or was measured by an earlier check
-    of it (``Known.eager_seconds``), at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again (at
-    several points, in a loop, in property tests), and its traced kernels, paid for once, make each later check a
-    few batched calls.  An f whose element-wise structure is known stays eager: its eager check is a few calls."""
+    of it (``Known.eager_seconds``), at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again
+    (at several points, in a loop, in property tests), and its traced kernels, paid for once, make each later check
+    a few batched calls.  An f whose element-wise structure is known stays eager: its eager check is a few calls."""
     record = known(plan_key(plan, config))
     eager = max(predicted_eager, record.eager_seconds)
     if (checks < config.table("REPEAT_TRACE_CHECKS") or eager < config.table("REPEAT_TRACE_SECONDS")

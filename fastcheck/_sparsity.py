@@ -16,6 +16,8 @@ A pattern (``_pattern.Pattern``: shared column sets per row group) comes from on
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import tensorflow as tf
 
@@ -28,6 +30,9 @@ from fastcheck._pattern import (
     sorted_unique,
 )
 from fastcheck._tables import FOLD_DEPTH, NONZERO_BUDGET
+
+if TYPE_CHECKING:
+    from fastcheck._plan import Plan
 
 # -- dependencies of one tensor -----------------------------------------------------------
 
@@ -626,6 +631,13 @@ def trace(graph, checked: list[tuple[int, int]], budget: int = NONZERO_BUDGET) -
     deps = tracer.run(graph, inputs)
     (output,) = graph.outputs
     return _prod(_shape(output)), deps.get(output.ref())
+
+
+def patterns_of(graph, plan: Plan) -> list[Pattern]:
+    """One Pattern [m, n_k] per checked input of ``plan``, read from ``graph`` (of f's flat outputs as a
+    ``tf.function`` of every input; the caller traces f); raises ``UnknownSparsity`` for an op without a rule."""
+    m, dep = trace(graph, [(s.position, s.size) for s in plan.checked])
+    return traced_patterns(m, dep, [s.size for s in plan.checked])
 
 
 def traced_patterns(m: int, dep: Dep | None, sizes: list[int]) -> list[Pattern]:
