@@ -315,7 +315,8 @@ def probe_graph(plan: Plan) -> Probe:
         except (ValueError, TypeError):  # an attribute this TF version names differently
             cost = sum(_size(o.shape) for o in op.outputs)
         flops += cost
-        by_mask[mask] = by_mask.get(mask, 0) + cost
+        if op.type not in _VIEW_OPS:  # a view evaluates nothing: an input's own kernel saves no work on it
+            by_mask[mask] = by_mask.get(mask, 0) + cost
         for output in op.outputs:
             masks[id(output)] = mask
             if output.shape.rank is not None:
