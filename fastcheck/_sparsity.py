@@ -403,9 +403,45 @@ class Tracer:
             return [None if per_row is None else per_row.rows(np.arange(_prod(shape), dtype=np.int64) // last)]
         if kind in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
             return [self.matmul(op, ins, what)]
-        if kind in ("Conv2D", "DepthwiseConv2dNative", "AvgPool", "MaxPool"):
+        if kind in STENCILS:
             return [self.stencil(op, ins, what)]
+        if kind in ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"):
+            return self.cross_entropy(op, ins, what)
+        if kind in MATRIX_OPS:
+            return self.matrices(op, ins, what)
         raise UnknownSparsity(f"{what} has no dependency rule")
+
+    def cross_entropy(self, op, ins: list, what: str) -> list:
+        """The loss [B] and its backprop [B, C] of row b read row b of the logits and of dense labels."""
+        batch, classes = _shape(op.inputs[0])
+        if op.type.startswith("Sparse") and ins[1] is not None:
+            raise UnknownSparsity(f"{what}: its integer labels depend on a checked input")
+        by_row = np.arange(batch * classes, dtype=np.int64).reshape(batch, classes)
+        per_row = self.union([self.windows(by_row, dep, what) for dep in ins], what)
+        return [per_row, None if per_row is None else per_row.rows(by_row.reshape(-1) // classes)]
+
+    def matrices(self, op, ins: list, what: str) -> list:
+        """Ops of a batch of matrices [..., M, N]: each output's batch member reads the whole matrix of its member
+        (an inverse, a determinant, a solve's every entry), and a solve's column k of its right-hand side."""
+        shape = _shape(op.inputs[0])
+        members = _prod(shape[:-2])
+        outputs = []
+        for tensor in op.outputs:
+            out_shape = _shape(tensor)
+            if _prod(out_shape[: len(shape) - 2]) != members:
+                raise UnknownSparsity(f"{what}: its batch is broadcast")
+            size = _prod(out_shape)
+            member = np.arange(size, dtype=np.int64) // max(size // max(members, 1), 1)
+            per_member = self.windows(np.arange(_prod(shape), dtype=np.int64).reshape(members, -1), ins[0], what)
+            parts = [None if per_member is None else per_member.rows(member)]
+            if len(ins) > 1 and ins[1] is not None:  # MatrixSolve's rhs [..., M, K]: x[..., :, k] reads its column k
+                rhs = _shape(op.inputs[1])
+                columns = np.arange(_prod(rhs), dtype=np.int64).reshape(members, rhs[-2], rhs[-1]).transpose(0, 2, 1)
+                per_column = self.windows(columns.reshape(members * rhs[-1], rhs[-2]), ins[1], what)
+                assert per_column is not None
+                parts.append(per_column.rows(member * rhs[-1] + np.arange(size, dtype=np.int64) % rhs[-1]))
+            outputs.append(self.union(parts, what))
+        return outputs
 
     def elementwise(self, op, ins: list, what: str) -> Dep | None:
         out_shape = _shape(op.outputs[0])
@@ -498,31 +534,27 @@ class Tracer:
         return self.union(parts, what)
 
     def stencil(self, op, ins: list, what: str) -> Dep | None:
-        """Conv2D, DepthwiseConv2dNative, AvgPool, MaxPool: each output reads a window of the input.
+        """Convolutions and pooling over 2 or 3 spatial axes (``STENCILS``): each output reads a window of the input.
 
-        The input's part is one set per output pixel (Conv2D: every output channel reads the same window) or per
-        pixel and input channel (depthwise, pooling); the filter's part one set per output channel: the output
+        The input's part is one set per output pixel (Conv2D, Conv3D: every output channel reads the same window) or
+        per pixel and input channel (depthwise, pooling); the filter's part one set per output channel: the output
         elements share them (a 256x256x8 -> 8 3x3 convolution: 65536 windows of 72 columns, not 3.8e7 pairs).
         """
-        fmt = _data_format(op)
         shape, out_shape = _shape(op.inputs[0]), _shape(op.outputs[0])
-        if fmt.startswith("NC"):
-            order = (0, 2, 3, 1)
-        else:
-            order = (0, 1, 2, 3)
-        batch, height, width, channels = (shape[a] for a in order)
-        _, out_h, out_w, out_c = (out_shape[a] for a in order)
-        strides = [op.get_attr("strides")[a] for a in order][1:3]
-        dilations = [op.get_attr("dilations")[a] for a in order][1:3] if op.type.startswith(("Conv", "Depth")) else [1, 1]
-        if op.type in ("AvgPool", "MaxPool"):
-            kernel = [op.get_attr("ksize")[a] for a in order][1:3]
-        else:
-            kernel = list(_shape(op.inputs[1])[:2])
+        spatial = len(shape) - 2
+        # The channels-last view of f's layout.
+        order = (0, *range(2, len(shape)), 1) if _data_format(op).startswith("NC") else tuple(range(len(shape)))
+        batch, *sizes, channels = (shape[a] for a in order)
+        _, *outs, out_c = (out_shape[a] for a in order)
+        strides = [op.get_attr("strides")[a] for a in order][1:-1]
+        pooling = "Pool" in op.type
+        dilations = [1] * spatial if pooling else [op.get_attr("dilations")[a] for a in order][1:-1]
+        kernel = [op.get_attr("ksize")[a] for a in order][1:-1] if pooling else list(_shape(op.inputs[1])[:spatial])
         padding = op.get_attr("padding").decode()
         explicit = op.get_attr("explicit_paddings") if padding == "EXPLICIT" else []
-        idx = np.arange(_prod(shape), dtype=np.int64).reshape(shape).transpose(order)  # NHWC view
-        pads = []
-        for axis, (size, out, s, k, d) in enumerate(zip((height, width), (out_h, out_w), strides, kernel, dilations)):
+        idx = np.arange(_prod(shape), dtype=np.int64).reshape(shape).transpose(order)
+        pads, positions = [], []
+        for axis, (size, out, s, k, d) in enumerate(zip(sizes, outs, strides, kernel, dilations)):
             needed = (out - 1) * s + (k - 1) * d + 1
             if padding == "SAME":
                 before = max(needed - size, 0) // 2
@@ -531,35 +563,36 @@ class Tracer:
             else:
                 before = 0
             pads.append((before, max(needed - size - before, 0)))
-        padded = np.pad(idx, ((0, 0), pads[0], pads[1], (0, 0)), constant_values=-1)
-        ys = np.arange(out_h)[:, None] * strides[0] + np.arange(kernel[0])[None, :] * dilations[0]
-        xs = np.arange(out_w)[:, None] * strides[1] + np.arange(kernel[1])[None, :] * dilations[1]
-        window = padded[:, ys[:, None, :, None], xs[None, :, None, :], :]  # [B, OH, OW, kh, kw, C]
-        pixels = batch * out_h * out_w
-        # Every output element in f's layout, as (pixel, output channel) of the NHWC view.
+            at = [1] * (2 * spatial)  # [*outs, *kernel]: this axis's output and kernel position
+            at[axis], at[spatial + axis] = out, k
+            positions.append((np.arange(out)[:, None] * s + np.arange(k)[None, :] * d).reshape(at))
+        padded = np.pad(idx, ((0, 0), *pads, (0, 0)), constant_values=-1)
+        window = padded[(slice(None), *positions, slice(None))]  # [B, *outs, *kernel, C]
+        pixels = batch * _prod(outs)
+        # Every output element in f's layout, as (pixel, output channel) of the channels-last view.
         out = np.arange(_prod(out_shape), dtype=np.int64).reshape(out_shape).transpose(order).reshape(pixels, out_c)
         pixel, channel = np.empty(out.size, np.int64), np.empty(out.size, np.int64)
         pixel[out] = np.arange(pixels, dtype=np.int64)[:, None]
         channel[out] = np.arange(out_c, dtype=np.int64)[None, :]
         parts = []
         if ins[0] is not None:
-            if op.type == "Conv2D":  # one window per pixel, every output channel
+            if op.type in ("Conv2D", "Conv3D"):  # one window per pixel, every output channel
                 per_pixel = self.windows(window.reshape(pixels, -1), ins[0], what)
                 assert per_pixel is not None
                 parts.append(per_pixel.rows(pixel))
             else:  # one window per (pixel, channel); depthwise output channel c * multiplier + q reads channel c
-                per_channel = np.moveaxis(window, -1, 3).reshape(pixels * channels, -1)
+                per_channel = np.moveaxis(window, -1, 1 + spatial).reshape(pixels * channels, -1)
                 multiplier = out_c // channels
                 per_channel_dep = self.windows(per_channel, ins[0], what)
                 assert per_channel_dep is not None
                 parts.append(per_channel_dep.rows(pixel * channels + channel // multiplier))
-        if len(ins) > 1 and ins[1] is not None and op.type != "AvgPool":
+        if len(ins) > 1 and ins[1] is not None and not pooling:
             f_shape = _shape(op.inputs[1])
-            f_idx = np.arange(_prod(f_shape), dtype=np.int64).reshape(f_shape[0] * f_shape[1], -1, f_shape[-1])
-            if op.type == "Conv2D":
-                per_out = np.moveaxis(f_idx, -1, 0).reshape(out_c, -1)  # [Co, kh*kw*Ci]
+            f_idx = np.arange(_prod(f_shape), dtype=np.int64).reshape(_prod(f_shape[:spatial]), -1, f_shape[-1])
+            if op.type.startswith("Conv"):
+                per_out = np.moveaxis(f_idx, -1, 0).reshape(out_c, -1)  # [Co, kernel * Ci]
             else:
-                per_out = np.moveaxis(f_idx.reshape(f_idx.shape[0], -1), -1, 0)  # [C*mult, kh*kw]
+                per_out = np.moveaxis(f_idx.reshape(f_idx.shape[0], -1), -1, 0)  # [C * mult, kernel]
             per_filter = self.windows(np.ascontiguousarray(per_out), ins[1], what)
             assert per_filter is not None
             parts.append(per_filter.rows(channel))
@@ -615,6 +648,11 @@ MOVEMENT = {
 }
 # Reductions over constant axes (argument 1).
 REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "EuclideanNorm", "ArgMax", "ArgMin", "All", "Any"})
+# Convolutions and pooling: windows of the input (``Tracer.stencil``).
+STENCILS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "AvgPool", "MaxPool", "AvgPool3D", "MaxPool3D"})
+# Ops of a batch of matrices whose every output entry of a member reads the member's whole matrix
+# (``Tracer.matrices``; a triangular solve or a Cholesky factor reads one triangle: no rule).
+MATRIX_OPS = frozenset({"MatrixInverse", "MatrixDeterminant", "LogMatrixDeterminant", "MatrixSolve"})
 
 
 def trace(graph, checked: list[tuple[int, int]], budget: int = NONZERO_BUDGET) -> tuple[int, Dep | None]:

@@ -24,6 +24,15 @@ def _layer_norm(x):
 
 
 GATHER_INDICES = tf.constant([4, 0, 0, 2, 3])
+# The later cases draw from their own generator: the other tests' inputs stay as RNG draws them.
+LATER = np.random.default_rng(1)
+KERNEL_3D = LATER.normal(size=(2, 2, 2, 1, 2))
+LABELS = LATER.dirichlet(np.ones(5), size=4)
+RHS = LATER.normal(size=(2, 3, 4))
+
+
+def _solve(a):
+    return tf.linalg.solve(a + 4 * tf.eye(3, dtype=a.dtype), tf.cast(RHS, a.dtype))
 
 # name -> (f, input, column colours the pattern allows at best)
 CORRECT = {
@@ -37,6 +46,20 @@ CORRECT = {
     "softmax_columns": (lambda x: tf.nn.softmax(x, axis=0), RNG.normal(size=(4, 6)), 4),
     # Indices made outside f reach its graph as a captured placeholder: read as the constant they are.
     "gather_captured": (lambda x: tf.gather(x, GATHER_INDICES) * 2, RNG.normal(size=(5, 3)), 1),
+    # A fused cross-entropy: row b's loss reads row b of the logits.
+    "cross_entropy_rows": (lambda x: tf.nn.softmax_cross_entropy_with_logits(tf.cast(LABELS, x.dtype), x),
+                           LATER.normal(size=(4, 5)), 5),
+    "sparse_cross_entropy_rows": (lambda x: tf.nn.sparse_softmax_cross_entropy_with_logits([0, 3, 4, 1], x),
+                                  LATER.normal(size=(4, 5)), 5),
+    # Windows over three spatial axes: 2x2x2 at stride 1, 8 colours (3-D pooling: ``test_3d_pooling_...``).
+    "conv3d": (lambda x: tf.nn.conv3d(x, tf.cast(KERNEL_3D, x.dtype), [1] * 5, "SAME"), LATER.normal(size=(1, 4, 3, 3, 1)),
+               8),
+    # A batch of matrices: each member's outputs read its whole matrix; a solve's column k its rhs column k.
+    "solve_matrix": (_solve, LATER.normal(size=(2, 3, 3)), 9),
+    "solve_rhs": (lambda b: tf.linalg.solve(tf.constant(np.eye(3) * 3 + 0.5, b.dtype)[None], b),
+                  LATER.normal(size=(1, 3, 4)), 3),
+    "inverse": (lambda x: tf.linalg.inv(x + 4 * tf.eye(3, dtype=x.dtype)), LATER.normal(size=(2, 3, 3)), 9),
+    "determinant": (lambda x: tf.linalg.det(x + 4 * tf.eye(3, dtype=x.dtype)), LATER.normal(size=(2, 3, 3)), 9),
 }
 
 
@@ -67,6 +90,27 @@ def test_traced_pattern_is_exact_and_colours_are_few(name):
     (pc,), (pf,) = coloured.pairs, full.pairs
     np.testing.assert_allclose(pc.numerical, pf.numerical, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(pc.analytical, pf.analytical, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["correct", "wrong"])
+@pytest.mark.parametrize("pool", [tf.nn.avg_pool3d, tf.nn.max_pool3d], ids=["avg", "max"])
+def test_3d_pooling_windows_are_traced_per_channel(pool, wrong):
+    # TensorFlow's CPU kernels pool in 3-D in float32 at most: the pattern's 8 colours (2x2x2 windows at stride 1,
+    # per channel), and a gradient 1% off is caught where its windows were coloured.
+    x = tf.constant(np.random.default_rng(2).permutation(72).reshape(1, 3, 4, 3, 2) / 10 - 3.5, tf.float32)
+
+    @tf.custom_gradient
+    def off(v):
+        return v, lambda g: 1.01 * g
+
+    def f(v):
+        y = pool(v, 2, 1, "SAME")
+        return off(y) if wrong else y
+
+    report = fastcheck.check_gradients(f, x, mode="coloured")
+    (block,) = events_of(report, "ColouredSummary")[0].blocks
+    assert block.colours == 8 and not report.problems, str(report)
+    assert report.verdict == ("fail" if wrong else "pass"), str(report)
 
 
 def test_greedy_colouring_is_valid_where_the_lattice_is_poor():
@@ -774,9 +818,10 @@ def test_the_device_screen_gives_numpys_verdicts_on_every_element(name):
     # The screen passes an element only where its error is below 0.9 of its band, in one fused XLA pass; numpy's
     # rule judges the rest: the statuses, values and problems are those of judging every element in numpy.
     f, x, options = _screen_cases()[name]
-    screened = fastcheck.check_gradients(f, tf.constant(x), mode="coloured", precision="native",
+    # (jit_compile=True: the screen runs on the compiled paths; an element-wise f's eager loops are a few calls)
+    screened = fastcheck.check_gradients(f, tf.constant(x), mode="coloured", precision="native", jit_compile=True,
                                          tables={"SCREEN_ELEMENTS": 1}, **options)
-    numpy = fastcheck.check_gradients(f, tf.constant(x), mode="coloured", precision="native",
+    numpy = fastcheck.check_gradients(f, tf.constant(x), mode="coloured", precision="native", jit_compile=True,
                                       tables={"SCREEN_ELEMENTS": 1 << 40}, **options)
     (block,) = events_of(screened, "ColouredSummary")[0].blocks
     (unscreened,) = events_of(numpy, "ColouredSummary")[0].blocks
