@@ -277,7 +277,7 @@ class AutodiffJacobian:
                 self.executor.coloured("reverse", int(found.row_labels.max()) + 1)
                 return block
         try:
-            return self._rows(leaves, sources, _Pace(limit, plan.m), lambda: (tape, leaves))
+            blocks = self._rows(leaves, sources, _Pace(limit, plan.m), lambda: (tape, leaves))
         except Exception:
             # tf.py_function's gradient runs once per forward call (TensorFlow drops its
             # Python function after the first backward pass): one forward pass per row.
@@ -288,6 +288,13 @@ class AutodiffJacobian:
                 return row_tape, outputs
 
             return self._rows(leaves, sources, _Pace(limit, plan.m), fresh)
+        if (blocks is not None and self.executor.path == EAGER and self.values is self.executor.native
+                and _eager_colours.may_pay(blocks)):
+            # A row loop too short to colour: its blocks check the pattern the column loop may take (``_eager_colours``).
+            found = _eager_colours.structure(plan, self.config, self.executor.native, plan.n)
+            if found is not None and _eager_colours.holds(plan, self.config, found, blocks):
+                self.executor.pattern_held()
+        return blocks
 
     def _rows(self, leaves, sources, pace: _Pace, taped):
         """Reverse mode one output row at a time; ``taped()`` gives a (tape, leaves) pass to differentiate."""

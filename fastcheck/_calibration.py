@@ -102,10 +102,11 @@ class Calibration:
         """This calibration once a kernel has been traced in the process."""
         return self if self.traced else dataclasses.replace(self, traced=True)
 
-    def predict(self, plan: Plan) -> tuple[float, float]:
-        """(eager loop, traced) seconds predicted for a full check of ``plan``."""
-        passes = 1 if plan.m == 1 else min(plan.n, plan.m)
-        eager = (2 * plan.n + VJP_CALLS * passes + 1) * plan.call_seconds
+    def predict(self, plan: Plan, loops: tuple = ()) -> tuple[float, float]:
+        """(eager loop, traced) seconds predicted for a full check of ``plan``; ``loops``: the eager loops' calls of f
+        and VJPs where f's pattern colours them (``_eager_colours.loops``), else 2n and min(n, m)."""
+        calls, vjps = loops or (2 * plan.n, 1 if plan.m == 1 else min(plan.n, plan.m))
+        eager = (calls + VJP_CALLS * vjps + 1) * plan.call_seconds
         traced = self.tracing() + TRACE_CALLS * plan.call_seconds * self.scale("traced")
         return eager * self.scale(EAGER), traced
 

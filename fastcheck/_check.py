@@ -99,10 +99,10 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         inconsistent = list(outcome.inconsistent)
         learnt = executor.calibration
         if (mode == "full" and not rerun and not executor.elementwise_sides and not executor.colours
-                and not executor.chosen.repeated):
+                and not executor.chosen.repeated and not executor.chosen.reason.coloured):
             # What routing predicted, against what it cost: later checks route by it (not an element-wise f's few
-            # calls, which say nothing of an eager loop's 2n + m; nor a repeated check's, whose kernels were traced
-            # before).
+            # calls, nor loops by f's pattern, which say nothing of an eager loop's 2n + m; nor a repeated check's,
+            # whose kernels were traced before).
             seconds = sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical"))
             learnt = learnt.learn_from(executor.chosen, executor.path, seconds)
             if executor.path == EAGER and config.jit_compile == "auto":  # for this problem's repeated checks
@@ -253,16 +253,18 @@ def predict_full_seconds(plan: Plan, route: Route, calibration: _calibration.Cal
                          call_seconds) -> tuple[float, events.Prediction]:
     """(seconds, how) a full check of ``plan`` on ``route`` is predicted to take after routing.
 
-    Eager path: routing's prediction of the eager loop (2n + a few calls of f at f's measured eager call, corrected
-    by what earlier eager checks took: ``calibration``).  Traced paths: one kernel per checked input (one for all of
+    Eager path: routing's prediction of the eager loop (2n + a few calls of f at f's measured eager call, or the
+    loops by f's pattern where routing priced them, ``Route.loops``; corrected by what earlier eager checks took:
+    ``calibration``).  Traced paths: one kernel per checked input (one for all of
     them where routing batches them together, ``Route.joint_chunk``) plus the autodiff kernel, each costing what
     routing predicts for tracing one (from f's measured eager call and this process's dispatch), then 2n batched
     evaluations (plus a few per row of a Jacobian with m > 1 rows), with ``call_seconds()`` measuring one call of
     f's traced function -- only when the tracing alone fits ``budget``.
     """
-    eager, traced = calibration.predict(plan)
+    eager, traced = calibration.predict(plan, route.loops)  # the loops by f's pattern, where routed by them
     if route.path == EAGER:
-        return eager, events.Prediction("eager", calls=2 * plan.n, per_call=plan.call_seconds)
+        return eager, events.Prediction("eager", calls=route.loops[0] if route.loops else 2 * plan.n,
+                                        per_call=plan.call_seconds)
     kernels = (1 if route.joint_chunk else len(plan.checked)) + 1  # differences (one for all inputs, or one each), autodiff
     tracing = kernels * traced
     if tracing > budget:

@@ -13,12 +13,14 @@ coloured (``_colouring``):
 * numerical side (``differences``): columns that share no output move together in one call of f a side.  An
   output reads one moved column at most, so its value is bit for bit the one-column call's; an output no moved
   column reaches is f at x (the centre), as that call gives it.  Only after the rows' colours passed their check
-  in the same check: the gradient then has nothing outside the pattern beyond atol / 2, so f has no dependence
-  the pattern misses that could mix two moved columns (and tracing for the columns alone was a loss where an op
-  has no rule: a fused cross-entropy, 3-D pooling, a solve).
+  in the same check, or the row loop's own blocks kept to the pattern (``holds``: a row loop too short to colour,
+  whose blocks leave room for the columns' colours, ``may_pay``): the gradient then has nothing outside the
+  pattern beyond atol / 2, so f has no dependence the pattern misses that could mix two moved columns.
 
 At most ``COLOUR_SHARE`` of the rows (columns) in colours; real outputs and checked inputs only.  Anything else
--- f does not trace, an op without a dependency rule -- leaves the loops as they are.
+-- f does not trace, an op without a dependency rule -- leaves the loops as they are.  Routing prices the loops by
+the colours (``loops``) where its probe traced f, reading the pattern from the probe's graph: a check whose
+loops by colours cost less than tracing stays eager (``_paths.choose_route``).
 """
 
 from __future__ import annotations
@@ -44,20 +46,35 @@ class Structure(NamedTuple):
     column_labels: list
 
 
-def structure(plan: Plan, config: CheckConfig, native: Sequence, elements: int) -> Structure | None:
+def structure(plan: Plan, config: CheckConfig, native: Sequence, elements: int, graph=None) -> Structure | None:
     """f's ``Structure`` where the loop over ``elements`` rows or columns would be long enough to pay for tracing
-    f, else None (traced once per f and signature: kept beside its kernels, None included)."""
+    f, else None (traced once per f and signature, or read from ``graph``, f's flat function traced by routing: kept
+    beside its kernels, None included)."""
     if (2 * elements * plan.call_seconds < config.table("EAGER_COLOUR_SECONDS")
             or any(o.dtype.is_complex for o in plan.outputs) or any(s.is_complex for s in plan.checked)):
         return None
-    return cached(plan_key(plan, config) + ("eager colours",), lambda: _eager_colours_kernel(plan, config, native))
+    return cached(plan_key(plan, config) + ("eager colours",),
+                  lambda: _eager_colours_kernel(plan, config, native, graph))
 
 
-def _eager_colours_kernel(plan: Plan, config: CheckConfig, native: Sequence) -> Structure | None:
+def loops(plan: Plan, config: CheckConfig, found: Structure) -> tuple[int, int]:
+    """(calls of f, VJPs) of the eager loops under ``found``'s colours, as ``rows`` and ``differences`` take them."""
+    row_colours = _colours(found.row_labels)
+    coloured_rows = (2 * plan.m * plan.call_seconds >= config.table("EAGER_COLOUR_SECONDS")
+                     and 0 < row_colours <= COLOUR_SHARE * plan.m)
+    calls = 0
+    for spec, labels in zip(plan.checked, found.column_labels):
+        colours = _colours(labels)
+        calls += 2 * (colours if colours <= COLOUR_SHARE * spec.size else spec.size)
+    return calls, row_colours + 1 if coloured_rows else min(plan.n, plan.m)
+
+
+def _eager_colours_kernel(plan: Plan, config: CheckConfig, native: Sequence, graph=None) -> Structure | None:
     # (named ``_kernel``: TensorFlow's retracing warning is filtered for fastcheck's kernels, ``_kernels``)
     try:
-        function = tf.function(lambda *vs: plan.call_flat(list(vs)), autograph=False)
-        graph = function.get_concrete_function(*[tf.TensorSpec(v.shape, v.dtype) for v in native]).graph
+        if graph is None:
+            function = tf.function(lambda *vs: plan.call_flat(list(vs)), autograph=False)
+            graph = function.get_concrete_function(*[tf.TensorSpec(v.shape, v.dtype) for v in native]).graph
         patterns = _sparsity.patterns_of(graph, plan)
         columns, rows = _colouring.colourings(patterns, plan, config.seed)
     except Exception:  # noqa: BLE001 -- no pattern (an op without a rule, an untraceable f): the loops run
@@ -92,6 +109,28 @@ def rows(plan: Plan, config: CheckConfig, found: Structure, vjp: Callable[[np.nd
             if not (np.isfinite(values).all() and np.all(np.abs(signs @ block - direct) <= allowed)):
                 return None
     return blocks
+
+
+def may_pay(blocks: list) -> bool:
+    """Whether the columns of some block [m, n_k] of the row loop's could share calls: its densest row's nonzeros
+    (a lower bound of the colours of f's pattern) are at most ``COLOUR_SHARE`` of its columns."""
+    return any(np.count_nonzero(block, axis=1).max(initial=0) <= COLOUR_SHARE * block.shape[1] for block in blocks)
+
+
+def holds(plan: Plan, config: CheckConfig, found: Structure, blocks: list) -> bool:
+    """Whether the row loop's ``blocks`` [m, n_k] keep to f's pattern: finite, and nothing outside it beyond the
+    rounding of their column's sums or atol / 2 (the rows' colours' check, entry by entry)."""
+    atol = config.tolerances(plan.precision)[0]
+    eps = MACHINE_EPSILON[plan.analytical_dtype]
+    for pattern, block in zip(found.patterns, blocks):
+        outside = np.abs(block)
+        if not np.isfinite(outside).all():
+            return False
+        allowed = np.minimum(64 * eps * outside.sum(axis=0), atol / 2)
+        outside[pattern.rows, pattern.cols] = 0.0
+        if np.any(outside > allowed):
+            return False
+    return True
 
 
 def differences(plan: Plan, found: Structure, values: list, position: int, flat: np.ndarray, shape, idx, delta,

@@ -307,6 +307,7 @@ class RouteReason:
     overridden: bool = False
     work: float = 0.0
     repeated: int = 0  # a traced path for the repeated check number ``repeated`` of f, whose ``eager`` loop it skips
+    coloured: bool = False  # "small" only where the eager loops by f's traced pattern (``_eager_colours``) are
 
 
 @dataclasses.dataclass(frozen=True)

@@ -517,6 +517,10 @@ class Executor:
         """Record that an eager loop (``side``: "reverse", "numerical") took one call per colour of f's pattern."""
         self.memo.setdefault("colours", {})[side] = max(colours, self.memo.get("colours", {}).get(side, 0))
 
+    def pattern_held(self) -> None:
+        """Record that the row loop's blocks kept to f's traced pattern (``_eager_colours.holds``)."""
+        self.memo["pattern held"] = True
+
     @property
     def colours(self) -> dict:
         """The eager loops that took one call per colour of f's traced pattern (``_eager_colours``) in this check:
@@ -575,7 +579,7 @@ class Executor:
             self.elementwise_ran(sides is not None)
             if sides is not None:
                 return sides
-        if "reverse" not in self.colours:  # the pattern is checked by the rows' loop (``_eager_colours``)
+        if "reverse" not in self.colours and not self.memo.get("pattern held"):  # checked by the rows (``_eager_colours``)
             return None
         found = _eager_colours.structure(self.plan, self.config, self.native, len(idx))
         coloured = None if found is None else _eager_colours.differences(

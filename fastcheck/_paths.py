@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from fastcheck import _eager_colours
 from fastcheck._calibration import EAGER, Calibration  # EAGER: the fourth path, named where its costs are learnt
 from fastcheck._config import CheckConfig
 from fastcheck._events import ChunkReason, RouteReason
@@ -88,6 +89,7 @@ class Route:
     # f is checked again and again (``_repeated``): its kernels are compiled for the checks to come, none of its
     # Jacobians tried eagerly first
     repeated: bool = False
+    loops: tuple = ()  # (calls of f, VJPs) of the eager loops by f's pattern, where routing priced them so
 
     @property
     def following(self) -> str | None:
@@ -124,6 +126,15 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
         learn(plan_key(plan, config), untraceable=reason)
         return Route(EAGER, reason, {s.position: s.size for s in plan.checked}, m, 0, traceable=False), calibration
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
+    if config.jit_compile == "auto" and m > 1 and not repeated:
+        # The eager loops by f's pattern (``_eager_colours``, read from the probe's graph) may beat tracing after all.
+        found = _eager_colours.structure(plan, config, plan.native_values(), max(n, m), probe.graph)
+        loops = _eager_colours.loops(plan, config, found) if found is not None else ()
+        eager = calibration.predict(plan, loops)[0] if loops else predicted_traced
+        if eager < predicted_traced:
+            return Route(EAGER, RouteReason("small", eager, predicted_traced, coloured=True),
+                         {s.position: s.size for s in plan.checked}, m, 0, predicted=(eager, predicted_traced),
+                         loops=loops), calibration
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.
     per_perturbation = (2 * elements + 5 * plan.n + 2 * m) * itemsize * MEMORY_SAFETY
@@ -276,6 +287,7 @@ class Probe:
     written: int = 1  # of ``elements``, those ops write anew (not reshapes and other views of their input)
     downstream: tuple = ()  # per argument of f (a plan's value), the FLOPs of the ops that depend on it
     checked_flops: int = 0  # the FLOPs of the ops that depend on some checked input
+    graph: object = None  # the traced graph (``_eager_colours`` reads f's pattern from it)
 
 
 def probe_graph(plan: Plan) -> Probe:
@@ -328,7 +340,7 @@ def probe_graph(plan: Plan) -> Probe:
     checked_flops = sum(cost for mask, cost in by_mask.items() if mask & checked)
     op_types = graph_op_types(graph)
     return Probe(bool(op_types & _LOOP_OPS), max(elements, 1), max(flops, 1), function, frozenset(op_types), autograph,
-                 _shared_bytes(graph), max(written, 1), downstream, checked_flops)
+                 _shared_bytes(graph), max(written, 1), downstream, checked_flops, graph)
 
 
 def graph_op_types(graph) -> set:

@@ -759,8 +759,8 @@ def test_python_control_flow_on_tensors_is_traced_with_autograph(jit_compile):
 def test_seeded_random_ops_never_run_under_xla(jit_compile):
     # XLA draws other numbers than TensorFlow's kernels from the same stateless seed: the
     # batched evaluations would differentiate another function than the eager calls.
-    def f(x):
-        return tf.tanh(x) * tf.random.stateless_uniform(x.shape, seed=[1, 2], dtype=x.dtype)
+    def f(x):  # every output on every input (the mean): no pattern makes the eager loops short
+        return tf.tanh(x) * tf.random.stateless_uniform(x.shape, seed=[1, 2], dtype=x.dtype) * tf.reduce_mean(x)
 
     x = tf.constant(RNG.normal(size=(64, 64)))
     report = fastcheck.check_gradients(f, x, jit_compile=jit_compile)
@@ -770,7 +770,8 @@ def test_seeded_random_ops_never_run_under_xla(jit_compile):
 
 def test_convolutions_run_without_xla_on_cpu():
     kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)))
-    f = lambda x: tf.tanh(tf.nn.conv2d(x, kernel, 1, "SAME"))  # noqa: E731
+    # Every output on every input (the mean): no pattern makes the eager loops short.
+    f = lambda x: tf.tanh(tf.nn.conv2d(x, kernel, 1, "SAME")) * tf.reduce_mean(x)  # noqa: E731
     x = tf.constant(RNG.normal(size=(1, 32, 32, 4)))
     # Routing is the same in every mode (as for a full check): fast mode's few evaluations show it cheaply.
     report = fastcheck.check_gradients(f, x, device="/CPU:0", mode="fast")
@@ -778,8 +779,8 @@ def test_convolutions_run_without_xla_on_cpu():
     assert report.ok and report.path == chosen.path == "graph", str(report)
     assert (chosen.reason.rule, chosen.reason.op) == ("slow on CPU", "Conv2D")
     # The same work without a convolution goes to XLA.
-    dense = fastcheck.check_gradients(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64), x, device="/CPU:0",
-                                      mode="fast")
+    dense = fastcheck.check_gradients(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64) * tf.reduce_mean(x), x,
+                                      device="/CPU:0", mode="fast")
     assert events_of(dense, "PathChosen")[0].path == "xla", events_of(dense, "PathChosen")
     assert dense.path == "graph"  # the route is a full check's; fast mode's few probes run on the graph path
 

@@ -264,3 +264,58 @@ def test_a_gradient_that_runs_once_per_forward_pass_leaves_the_colours_to_the_lo
 
     coloured, loop = _coloured_and_loop(once, x)
     assert coloured.ok and loop.ok and _same(coloured, loop) and not events_of(coloured, "EagerColours")
+
+
+def _windows(leak: float = 0.0):
+    """Three outputs over overlapping windows of 48 columns: two row colours (more than half the rows: the row loop
+    runs), 20 column colours (at most half the columns).  ``leak``: the gradient also sends that share of y0's
+    cotangent to x[47], which y0 does not read."""
+
+    @tf.custom_gradient
+    def leaky(x):
+        def grad(dy):
+            return dy * tf.ones_like(x) + leak * dy[0] * tf.one_hot(47, 48, dtype=x.dtype)
+
+        return tf.identity(x), grad
+
+    def f(x):
+        x = leaky(x)
+        return tf.stack([tf.reduce_sum(x[0:20] ** 2), tf.reduce_sum(tf.sin(x[14:34])), tf.reduce_sum(x[28:48] ** 3)])
+
+    return f
+
+
+def test_a_row_loop_too_short_to_colour_checks_the_pattern_for_the_columns():
+    x = tf.constant(np.random.default_rng(7).normal(size=48), tf.float64)
+    coloured, loop = _coloured_and_loop(_windows(), x)
+    (note,) = events_of(coloured, "EagerColours")
+    assert dict(note.sides).keys() == {"numerical"} and coloured.ok and loop.ok and _same(coloured, loop)
+
+
+def test_a_gradient_leaking_outside_fs_pattern_keeps_the_column_loop():
+    # The row loop's blocks show the gradient outside f's pattern: the columns are not coloured by it.
+    x = tf.constant(np.random.default_rng(7).normal(size=48), tf.float64)
+    coloured, loop = _coloured_and_loop(_windows(leak=1e-3), x)
+    assert coloured.verdict == loop.verdict == "fail" and not events_of(coloured, "EagerColours")
+    assert _same(coloured, loop)
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["correct", "wrong"])
+def test_routing_prices_the_eager_loops_by_fs_pattern(wrong):
+    # A depthwise convolution of 1600 elements: its eager loops, 2n calls of f and m VJPs, are predicted at many
+    # traces, by f's pattern (4 column and 4 row colours) at a few dozen calls: routed eager, saying so.
+    from fastcheck.testing import Calibration
+
+    kernel = tf.constant(np.random.default_rng(8).normal(size=(2, 2, 1, 1)))
+
+    @tf.custom_gradient
+    def off(y):
+        return y, lambda g: (1.01 if wrong else 1.0) * g
+
+    x = tf.constant(np.random.default_rng(9).normal(size=(1, 40, 40, 1)))
+    report = fastcheck.check_gradients(lambda t: off(tf.nn.depthwise_conv2d(t, kernel, [1, 1, 1, 1], "SAME")), x,
+                                       calibration=Calibration())
+    (chosen,) = events_of(report, "PathChosen")
+    assert chosen.path == report.path == "eager" and chosen.reason.coloured, report.notes
+    assert "eager loops by f's traced pattern predicted" in str(report) and events_of(report, "EagerColours")
+    assert report.verdict == ("fail" if wrong else "pass"), str(report)
