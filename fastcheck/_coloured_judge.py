@@ -33,7 +33,7 @@ from fastcheck._colours import (
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import Early, Evaluate, Line, Rungs, settle
+from fastcheck._refine import Early, Evaluate, Line, Rungs, settle, triage
 from fastcheck._results import having
 from fastcheck._tables import (
     COARSE_TABLES,
@@ -251,10 +251,19 @@ class _Block:
             (second, second_noise, *_), = rungs.levels
             return _compare.second_step(a[None, :], first, first_noise, second, second_noise, atol, rtol, REFINE_RATIO)
 
+        evaluate = self._ladder(plan, rows, cols)
+
+        def decides(quarter: Rungs, rest: np.ndarray):
+            """The triage at h/4 (``_refine.triage``) of the nonzeros the second step does not pass."""
+            doubtful = triage(lambda selection, powers, factors=None: evaluate(rest[selection], powers, factors),
+                              quarter, a[None, rest], first[:, rest], first_noise[:, rest],
+                              np.ones((1, len(rest)), bool), atol)
+            return ~doubtful, first[:, rest], first_noise[:, rest]
+
         line = Line(lambda selection: self.columns.step[cols[selection]].astype(np.float64),
                     lambda selection, spans: _noise(plan, rows[selection], spans)[None, :])
-        found, (status,), (band,), sides = settle(self._ladder(plan, rows, cols), line, a[None, :], atol, rtol,
-                                                 Early((SECOND_STEP,), passes))
+        found, (status,), (band,), sides = settle(evaluate, line, a[None, :], atol, rtol,
+                                                 Early((SECOND_STEP,), passes, decides))
         self.one_sided.update({(int(failing[k]),): value for (_, k), value in sides.items()})
         self._override(failing, np.asarray(found.estimate[0], np.float64), np.asarray(band, np.float64))
         self.status[failing] = status

@@ -4,7 +4,7 @@ One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): the num
 differences through the executor, the analytical one from reverse mode (or the user's gradients), the element rule
 of ``_compare``, then -- only for failing elements -- a second step at h/4 (``_second_step``), and where that does
 not pass them, f's noise and precision, larger steps for noise-limited columns (``_full_steps._coarsen``), smaller
-ones for the rest (``_refine``: ``_full_steps._triage``, the ladder, ``_refine.confirmation``), and the forward-mode
+ones for the rest (``_refine``: ``_refine.triage``, the ladder, ``_refine.confirmation``), and the forward-mode
 side (``_forward_side``).
 """
 
@@ -17,10 +17,10 @@ from fastcheck._autodiff import AutodiffJacobian, forward_probe
 from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ForwardNotChecked, ForwardProbe
 from fastcheck._executor import NOISE_TABLES, Executor, timed
-from fastcheck._full_steps import _coarsen, _Jacobians, _triage
+from fastcheck._full_steps import _coarsen, _Jacobians
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
-from fastcheck._refine import LADDER, confirmation, descend, settle
+from fastcheck._refine import LADDER, confirmation, descend, settle, triage
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense
 from fastcheck._tables import (
@@ -260,7 +260,7 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
     Only columns with a mismatch or a non-finite difference are re-evaluated, so the first pass stays one batched
     sweep:
 
-    1. triage at h/4 (``_triage``): a conclusive mismatch that also holds at an independent step and at the finest
+    1. triage at h/4 (``_refine.triage``): a conclusive mismatch that also holds at an independent step and at the finest
        step its rounding allows stands -- a wrong gradient costs three extra evaluation pairs per column, not five;
     2. the rest go down the ladder (``_refine.settle``): h ... h/4**5 (``_compare.refine``), where a step that
        crossed a kink, a domain edge or strong curvature gets a better estimate and an error bound instead of a false
@@ -282,8 +282,8 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
         return status, band, {}
     # Only the suspicious columns' noise is needed (a RankOne's, made dense there alone), and only their verdicts
     # change below: the rule is element-wise.
-    doubtful = _triage(jac, position, suspicious, a[:, suspicious], numerical[:, suspicious], noise[:, suspicious],
-                       status[:, suspicious] != _compare.OK, atol)
+    doubtful = triage(jac.ladder(position, suspicious), jac.quartered(position, suspicious), a[:, suspicious],
+                      numerical[:, suspicious], noise[:, suspicious], status[:, suspicious] != _compare.OK, atol)
     suspicious = suspicious[doubtful]
     if not len(suspicious):
         return status, band, {}

@@ -1,13 +1,10 @@
-"""Full mode's evaluator (_Jacobians: columns at given steps through the executor) and the steps that re-judge
-a failing column before and after the ladder: the triage at h/4 (_triage: conclusive, golden, finest), the
-coarsening of noise-limited columns (_coarsen: ``_wide``'s cubic fits at larger steps); a settled mismatch's confirmation
-is ``_refine.confirmation``, over this evaluator's ladder and ``line``.
+"""Full mode's evaluator (_Jacobians: columns at given steps through the executor) and the coarsening of
+noise-limited columns (_coarsen: ``_wide``'s cubic fits at larger steps); the triage at h/4 (``_refine.triage``) and
+a settled mismatch's confirmation (``_refine.confirmation``) run over this evaluator's ladder and ``line``.
 """
 
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import numpy as np
 
@@ -19,17 +16,7 @@ from fastcheck._plan import Plan
 from fastcheck._refine import Evaluate, Line, Rungs
 from fastcheck._tables import (
     COARSE_TABLES,
-    CONFIRM_AGREES,
-    CONFIRM_CURVATURE,
-    CONFIRM_RATIO,
-    DEEP_LEVELS,
-    FINEST_HOLDS,
-    FINEST_ROUNDING,
     REFINE_RATIO,
-    TRIAGE_DRIFT,
-    TRIAGE_LOCAL,
-    TRIAGE_MOVED,
-    TRIAGE_SIDES,
 )
 
 
@@ -83,6 +70,12 @@ class _Jacobians:
         self._quarters[position] = (columns, *values)
         return values
 
+    def quartered(self, position: int, columns: np.ndarray) -> Rungs:
+        """``quarter`` as the one level at h/4 of ``_refine``'s ``Rungs`` (the triage reads it)."""
+        quotient, plus, minus, spans = self.quarter(position, columns)
+        sigma = self.plan.noise.sigma if self.plan.noise is not None else None
+        return Rungs([(quotient, self.noise(spans), plus, minus, spans)], self.y0, sigma)
+
     def ladder(self, position: int, columns: np.ndarray) -> Evaluate:
         """The evaluation ``descend`` drives for ``columns``: a selection of them at steps h / 4**p, every power in
         one batch (negative powers: the steps larger than h that noise-limited columns need).  Power 0 is the first
@@ -117,108 +110,6 @@ class _Jacobians:
         if self.plan.n == 0:
             return [np.zeros((self.plan.m, 0)) for _ in self.plan.checked]
         return self.autodiff()
-
-
-class _Quarter(NamedTuple):
-    """The suspicious columns at step h/4 (``_triage``): the steps [k], quotients, sides, second differences
-    [m, k], spans [k], and the first sweep's mismatch |a - n| [m, k]."""
-
-    delta: np.ndarray
-    quotient: np.ndarray
-    plus: np.ndarray
-    minus: np.ndarray
-    curvature: np.ndarray
-    spans: np.ndarray
-    mismatch: np.ndarray
-
-
-def _triage(jac: _Jacobians, position: int, suspicious, a, first, first_noise, failing, atol: float) -> np.ndarray:
-    """[k] whether each suspicious column is doubtful: not settled by the triage at h/4.
-
-    A column is settled there when, at every failing element, the h/4 quotient is ``_conclusive``, it holds at
-    h/4 x 0.618 (``_golden_holds``) and at the finest step whose rounding stays below an eighth of the mismatch
-    (``_finest_holds``); the others go down the ladder.
-    """
-    quotient, plus, minus, spans = jac.quarter(position, suspicious)
-    delta = steps(jac.plan, jac.config, position)[suspicious] / REFINE_RATIO
-    with np.errstate(invalid="ignore", over="ignore"):
-        mismatch = np.abs(a - first)
-    quarter = _Quarter(delta, quotient, plus, minus, _curvature(plus, minus, jac.y0), spans, mismatch)
-    conclusive = _conclusive(quarter, first, first_noise, atol)
-    # A conclusive mismatch must also hold at an independent step (h/4 times the golden ratio): a step near a
-    # multiple of a period of f makes quotients agree by coincidence.
-    decided = np.any(failing & conclusive, axis=0)
-    if decided.any():
-        conclusive[:, decided] &= _golden_holds(jac, position, suspicious[decided], _at(quarter, decided))
-    decided = np.any(failing & conclusive, axis=0)
-    if decided.any():
-        conclusive[:, decided] &= _finest_holds(jac, position, suspicious[decided], _at(quarter, decided),
-                                                conclusive[:, decided])
-    return np.any(failing & ~conclusive, axis=0)
-
-
-def _at(quarter: _Quarter, columns) -> _Quarter:
-    """``quarter`` at some of its columns."""
-    return _Quarter(*(field[columns] if field.ndim == 1 else field[:, columns] for field in quarter))
-
-
-def _curvature(plus: np.ndarray, minus: np.ndarray, y0: np.ndarray) -> np.ndarray:
-    """Second differences |f(x+h) + f(x-h) - 2 f(x)| [m, k]: ~h^2 f'' where f is smooth on the step."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.abs(plus + minus - 2 * y0[:, None])
-
-
-def _conclusive(quarter: _Quarter, first, first_noise, atol: float) -> np.ndarray:
-    """[m, k] whether the h/4 quotient settles the first sweep's value: it barely moves (by at most ``TRIAGE_MOVED``
-    of the mismatch and ``TRIAGE_DRIFT`` of itself, plus atol), its one-sided derivatives agree (within
-    ``TRIAGE_SIDES`` of the mismatch: no kink crossed), and the step is small for f (its second-order term within
-    ``TRIAGE_LOCAL`` of the first-order one, up to rounding: otherwise, as for cos at 5e7 where the relative step
-    spans periods, two steps can agree by coincidence, and only smaller steps can tell)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        moved = np.abs(quarter.quotient - first)
-        sides = quarter.curvature / (quarter.spans[None, :] / 2)
-        local = (quarter.curvature <= TRIAGE_LOCAL * np.abs(quarter.plus - quarter.minus)
-                 + 2 * first_noise * quarter.spans[None, :])
-        return (np.isfinite(moved) & (moved <= TRIAGE_MOVED * quarter.mismatch)
-                & (moved <= TRIAGE_DRIFT * np.abs(first) + atol) & (sides <= TRIAGE_SIDES * quarter.mismatch) & local)
-
-
-def _golden_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter) -> np.ndarray:
-    """[m, k] whether the h/4 quotients of ``columns`` hold at the independent step h/4 x ``CONFIRM_RATIO``: the
-    quotient there agrees with the h/4 one within ``CONFIRM_AGREES`` of it (plus rounding), and its second difference
-    with the h/4 one's scaled by h^2 within ``CONFIRM_CURVATURE`` (plus rounding): at a step near a period of f the
-    second difference is far off (cos h = 1 there, and nowhere near at the other step)."""
-    other, plus, minus, spans = numerical_columns(jac.executor, position, columns, quarter.delta * CONFIRM_RATIO)
-    other_curvature = _curvature(plus, minus, jac.y0)
-    with np.errstate(invalid="ignore"):
-        slack = 2 * jac.noise(spans) * spans[None, :]
-        expected = CONFIRM_RATIO**2 * quarter.curvature
-        return ((np.abs(other - quarter.quotient) <= CONFIRM_AGREES * np.abs(quarter.quotient) + slack / spans)
-                & (np.abs(other_curvature - expected) <= CONFIRM_CURVATURE * expected + 2 * slack))
-
-
-def _finest_holds(jac: _Jacobians, position: int, columns, quarter: _Quarter, conclusive) -> np.ndarray:
-    """[m, k] whether the mismatches of ``columns`` hold at the finest step whose rounding stays below
-    1/``FINEST_ROUNDING`` of them (``_finest_powers``): a kink within that step of the point (a ReLU input at 1e-8
-    in a fresh network) makes the derivative there differ from the one every coarser step agrees on.  Where no step
-    qualifies, h/4 itself included, the triage settles nothing: its quotients may agree by chance (float32's are
-    multiples of one rounding over the span), and the ladder decides."""
-    quarter_noise = jac.noise(quarter.spans)
-    powers = _finest_powers(quarter.mismatch, conclusive, quarter_noise)
-    finest, *_ = numerical_columns(jac.executor, position, columns, quarter.delta / REFINE_RATIO**powers)
-    with np.errstate(invalid="ignore"):
-        resolved = FINEST_ROUNDING * quarter_noise <= quarter.mismatch
-        # within ``FINEST_HOLDS`` of the mismatch of the h/4 quotient (trivially where the finest step is h/4 itself)
-        holds = np.abs(finest - quarter.quotient) <= FINEST_HOLDS * quarter.mismatch
-    return (holds | (powers == 0)[None, :]) & resolved
-
-
-def _finest_powers(mismatch, conclusive, quarter_noise) -> np.ndarray:
-    """[k] how many powers of ``REFINE_RATIO`` below h/4 the finest step lies: its rounding (growing by the ratio
-    per power) at most 1/``FINEST_ROUNDING`` of the smallest conclusive mismatch, 0 ... DEEP_LEVELS."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        room = np.nanmin(np.where(conclusive, mismatch, np.inf) / (FINEST_ROUNDING * quarter_noise), axis=0)
-    return np.clip(np.floor(np.log(np.maximum(room, 1.0)) / np.log(REFINE_RATIO)), 0, DEEP_LEVELS)
 
 
 def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:

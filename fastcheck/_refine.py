@@ -32,14 +32,21 @@ from fastcheck._tables import (
     BELOW_POINTS,
     BOUND_DEVIATIONS,
     CONFIRM_AGREES,
+    CONFIRM_CURVATURE,
     CONFIRM_ERRORS,
     CONFIRM_RATIO,
     CONFIRM_SHRINK,
     DEEP_LEVELS,
     EDGE_LEVELS,
+    FINEST_HOLDS,
+    FINEST_ROUNDING,
     REFINE_LEVELS,
     REFINE_RATIO,
     RESOLVE_UP,
+    TRIAGE_DRIFT,
+    TRIAGE_LOCAL,
+    TRIAGE_MOVED,
+    TRIAGE_SIDES,
 )
 
 
@@ -80,10 +87,13 @@ Deeper = Callable[[_compare.Refined, np.ndarray], Sequence[int]]
 
 class Early(NamedTuple):
     """A first stage before the ladder: ``powers`` evaluated for every direction, and ``passes(rungs)``
-    -> ([k] which directions pass there outright, their estimate [m, k] and its error [m, k])."""
+    -> ([k] which directions pass there outright, their estimate [m, k] and its error [m, k]); ``decides(rungs,
+    rest)``, for the directions it does not pass, -> ([len(rest)] which ones it settles without the ladder -- the
+    triage's conclusive mismatches --, their estimate and its error [m, len(rest)])."""
 
     powers: Sequence[int]
     passes: Callable[[Rungs], tuple[np.ndarray, np.ndarray, np.ndarray]]
+    decides: Callable[[Rungs, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
 
 def descend(evaluate: Evaluate, count: int, powers: Sequence[int], still_open: StillOpen | None = None,
@@ -115,6 +125,11 @@ def descend(evaluate: Evaluate, count: int, powers: Sequence[int], still_open: S
         passed, estimate, error = early.passes(first)
         found = _passed(estimate, error)
         rest = np.flatnonzero(~passed)
+        if len(rest) and early.decides is not None:
+            decided, estimate, error = early.decides(
+                Rungs([_restricted(level, rest) for level in first.levels], first.y0, None), rest)
+            merged(found, rest[decided], _passed(estimate[:, decided], error[:, decided]))
+            rest = rest[~decided]
         if not len(rest):
             return found
         evaluate = _reusing(evaluate, early.powers, first)
@@ -300,3 +315,96 @@ def settle(evaluate: Evaluate, line: Line, analytical: np.ndarray, atol: float, 
 def _restricted(level: tuple, selection: np.ndarray) -> tuple:
     """A level's arrays at the directions ``selection`` (its last axis)."""
     return tuple(None if array is None else array[..., selection] for array in level)
+
+
+# -- the triage at h/4 ---------------------------------------------------------------------------------------------
+
+
+def triage(evaluate: Evaluate, quarter: Rungs, a: np.ndarray, first: np.ndarray, first_noise: np.ndarray,
+           failing: np.ndarray, atol: float) -> np.ndarray:
+    """[k] whether each failing direction is doubtful: not settled as a mismatch by the triage at h/4.
+
+    ``quarter``: the directions at h/4 (power 1, one level; its ``y0`` what its sides are taken from); ``a``, ``first``,
+    ``first_noise``, ``failing`` [m, k]: the analytical values, the first sweep's estimates and noise, its failing
+    elements.  A direction is settled there when, at every failing element, the h/4 quotient is ``_conclusive``, it
+    holds at h/4 x 0.618 (``_golden_holds``) and at the finest step whose rounding stays below an eighth of the
+    mismatch (``_finest_holds``): a wrong gradient costs three more evaluations of a direction, not the ladder's five.
+    The others go down the ladder.
+    """
+    (quotient, noise, plus, minus, spans), = quarter.levels
+    with np.errstate(invalid="ignore", over="ignore"):
+        mismatch = np.abs(a - first)
+    curvature = _curvature(plus, minus, quarter.y0)
+    conclusive = _conclusive(quotient, plus, minus, curvature, spans, mismatch, first, first_noise, atol)
+    # A conclusive mismatch must also hold at an independent step (h/4 times the golden ratio): a step near a
+    # multiple of a period of f makes quotients agree by coincidence.
+    decided = np.flatnonzero(np.any(failing & conclusive, axis=0))
+    if len(decided):
+        conclusive[:, decided] &= _golden_holds(evaluate, decided, quotient[:, decided], curvature[:, decided])
+    decided = np.flatnonzero(np.any(failing & conclusive, axis=0))
+    if len(decided):
+        conclusive[:, decided] &= _finest_holds(evaluate, decided, quotient[:, decided], noise[:, decided],
+                                                mismatch[:, decided], conclusive[:, decided])
+    return np.any(failing & ~conclusive, axis=0)
+
+
+def _curvature(plus: np.ndarray, minus: np.ndarray, y0: np.ndarray) -> np.ndarray:
+    """Second differences |f(x+h) + f(x-h) - 2 f(x)| [m, k]: ~h^2 f'' where f is smooth on the step."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.abs(plus + minus - 2 * np.asarray(y0)[:, None])
+
+
+def _conclusive(quotient, plus, minus, curvature, spans, mismatch, first, first_noise, atol: float) -> np.ndarray:
+    """[m, k] whether the h/4 quotient settles the first sweep's value: it barely moves (by at most ``TRIAGE_MOVED``
+    of the mismatch and ``TRIAGE_DRIFT`` of itself, plus atol), its one-sided derivatives agree (within
+    ``TRIAGE_SIDES`` of the mismatch: no kink crossed), and the step is small for f (its second-order term within
+    ``TRIAGE_LOCAL`` of the first-order one, up to rounding: otherwise, as for cos at 5e7 where the relative step
+    spans periods, two steps can agree by coincidence, and only smaller steps can tell)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        moved = np.abs(quotient - first)
+        sides = curvature / (spans[None, :] / 2)
+        local = curvature <= TRIAGE_LOCAL * np.abs(plus - minus) + 2 * first_noise * spans[None, :]
+        return (np.isfinite(moved) & (moved <= TRIAGE_MOVED * mismatch)
+                & (moved <= TRIAGE_DRIFT * np.abs(first) + atol) & (sides <= TRIAGE_SIDES * mismatch) & local)
+
+
+def _golden_holds(evaluate: Evaluate, selection: np.ndarray, quotient: np.ndarray, curvature: np.ndarray) -> np.ndarray:
+    """[m, k'] whether the h/4 quotients of ``selection`` hold at the independent step h/4 x ``CONFIRM_RATIO``: the
+    quotient there agrees with the h/4 one within ``CONFIRM_AGREES`` of it (plus rounding), and its second difference
+    with the h/4 one's scaled by h^2 within ``CONFIRM_CURVATURE`` (plus rounding): at a step near a period of f the
+    second difference is far off (cos h = 1 there, and nowhere near at the other step)."""
+    golden = evaluate(selection, [1], [CONFIRM_RATIO])
+    (other, noise, plus, minus, spans), = golden.levels
+    other_curvature = _curvature(plus, minus, golden.y0)
+    with np.errstate(invalid="ignore"):
+        slack = 2 * noise * spans[None, :]
+        expected = CONFIRM_RATIO**2 * curvature
+        return ((np.abs(other - quotient) <= CONFIRM_AGREES * np.abs(quotient) + slack / spans)
+                & (np.abs(other_curvature - expected) <= CONFIRM_CURVATURE * expected + 2 * slack))
+
+
+def _finest_holds(evaluate: Evaluate, selection: np.ndarray, quotient: np.ndarray, quarter_noise: np.ndarray,
+                  mismatch: np.ndarray, conclusive: np.ndarray) -> np.ndarray:
+    """[m, k'] whether the mismatches of ``selection`` hold at the finest step whose rounding stays below
+    1/``FINEST_ROUNDING`` of them (``_finest_powers``): a kink within that step of the point (a ReLU input at 1e-8
+    in a fresh network) makes the derivative there differ from the one every coarser step agrees on.  Where no step
+    qualifies, h/4 itself included, the triage settles nothing: its quotients may agree by chance (float32's are
+    multiples of one rounding over the span), and the ladder decides."""
+    powers = _finest_powers(mismatch, conclusive, quarter_noise)
+    finest = quotient.copy()
+    for power in np.unique(powers[powers > 0]):
+        group = np.flatnonzero(powers == power)
+        finest[:, group] = evaluate(selection[group], [1 + int(power)]).levels[0][0]
+    with np.errstate(invalid="ignore"):
+        resolved = FINEST_ROUNDING * quarter_noise <= mismatch
+        # within ``FINEST_HOLDS`` of the mismatch of the h/4 quotient (trivially where the finest step is h/4 itself)
+        holds = np.abs(finest - quotient) <= FINEST_HOLDS * mismatch
+    return (holds | (powers == 0)[None, :]) & resolved
+
+
+def _finest_powers(mismatch, conclusive, quarter_noise) -> np.ndarray:
+    """[k] how many powers of ``REFINE_RATIO`` below h/4 the finest step lies: its rounding (growing by the ratio
+    per power) at most 1/``FINEST_ROUNDING`` of the smallest conclusive mismatch, 0 ... DEEP_LEVELS."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        room = np.nanmin(np.where(conclusive, mismatch, np.inf) / (FINEST_ROUNDING * quarter_noise), axis=0)
+    return np.clip(np.floor(np.log(np.maximum(room, 1.0)) / np.log(REFINE_RATIO)), 0, DEEP_LEVELS)

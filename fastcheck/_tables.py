@@ -37,8 +37,8 @@ CONFIRM_AGREES = 0.1  # ... whose estimate a confirmed one is within this share 
 CONFIRM_CURVATURE = 0.5  # ... and whose second difference the h^2-scaled one within this share (cos h = 1 near a period)
 CONFIRM_ERRORS = 2.0  # a settled mismatch's confirmation: the two estimates agree within this many times their errors
 CONFIRM_SHRINK = 4.0  # ... and the finer step's second difference is at most 1/this of the coarser's (h^2 predicts 16)
-# Full mode's triage at h/4 (``_full_steps._conclusive``, ``_finest_holds``): the h/4 quotient settles a mismatch
-# without the ladder where it moves by at most TRIAGE_MOVED of the mismatch and TRIAGE_DRIFT of itself, its sides
+# The triage at h/4 (``_refine._conclusive``, ``_finest_holds``; full and coloured mode): the h/4 quotient settles a
+# mismatch without the ladder where it moves by at most TRIAGE_MOVED of the mismatch and TRIAGE_DRIFT of itself, its sides
 # differ by at most TRIAGE_SIDES of the mismatch, and its second-order term is at most TRIAGE_LOCAL of the first-order
 # one; then it must hold, within FINEST_HOLDS of it, at the finest step whose rounding is 1/FINEST_ROUNDING of it.
 TRIAGE_MOVED = 0.01

@@ -855,7 +855,11 @@ SAME_STATUSES = ["relu_near_kink", "abs_near_kink", "max_pool_near_ties", "kink_
                  "kink_abs_offset_wrong_center", "edge_acosh_near_one", "edge_acosh_missing_factor",
                  "kink_relu_switch_at_1e_8", "noisy_cancelling_sum_factor_2", "hidden_bf16_matmul",
                  "hidden_bf16_matmul_factor_2", "hidden_bf16_conv_kernel_sign", "hidden_f16_sum_squares_half",
-                 "noisy_float32_input", "noisy_float32_output_factor_2", "kink_max_near_tie"]
+                 "noisy_float32_input", "noisy_float32_output_factor_2", "kink_max_near_tie",
+                 # a wrong attention scale: coloured mode's triage at h/4 settles the same elements as full mode's
+                 "factor_attention_missing_scale", "large_x_cos_factor_1_5",
+                 # ops with dependency rules of their own (a fused cross-entropy, a solve)
+                 "wrong_axis_cross_entropy", "linalg_solve"]
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=["float32", "float64"])

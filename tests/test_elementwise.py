@@ -12,8 +12,8 @@ import fastcheck
 
 
 def _reports(f, xs, **options):
-    """(the loops' check, ``DIAGONAL_MIN_ELEMENTS`` above any size; the default check, which tries the few calls;
-    the calls of f each made).  The loops' first sweep is 2n calls of f, the shortcut's 2: an element-wise f's check
+    """(the loops' check, ``DIAGONAL_MIN_ELEMENTS`` above any size and no colours; the default check, which tries the
+    few calls; the calls of f each made).  The loops' first sweep is 2n calls of f, the shortcut's 2: an element-wise f's check
     makes fewer calls than the loops, any other f's at least as many (the two calls that show it is not element-wise
     on top)."""
     calls = []
@@ -22,7 +22,8 @@ def _reports(f, xs, **options):
         calls.append(1)
         return f(*args)
 
-    loops = fastcheck.check_gradients(counted, xs, progress=False, tables={"DIAGONAL_MIN_ELEMENTS": 10**9}, **options)
+    loops = fastcheck.check_gradients(counted, xs, progress=False,
+                                      tables={"DIAGONAL_MIN_ELEMENTS": 10**9, "EAGER_COLOUR_SECONDS": 1e9}, **options)
     loop_calls = len(calls)
     calls.clear()
     fast = fastcheck.check_gradients(counted, xs, progress=False, **options)
