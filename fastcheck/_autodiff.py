@@ -290,7 +290,7 @@ class AutodiffJacobian:
             return self._rows(leaves, sources, _Pace(limit, plan.m), fresh)
         if (blocks is not None and self.executor.path == EAGER and self.values is self.executor.native
                 and _eager_colours.may_pay(blocks)):
-            # A row loop too short to colour: its blocks check the pattern the column loop may take (``_eager_colours``).
+            # A row loop too short to colour: its blocks check the pattern the columns may take (``_eager_colours``).
             found = _eager_colours.structure(plan, self.config, self.executor.native, plan.n)
             if found is not None and _eager_colours.holds(plan, self.config, found, blocks):
                 self.executor.pattern_held()

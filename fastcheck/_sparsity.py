@@ -16,6 +16,7 @@ A pattern (``_pattern.Pattern``: shared column sets per row group) comes from on
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -177,6 +178,10 @@ NO_FOLD = frozenset({"PartitionedCall", "StatefulPartitionedCall", "While", "Sta
 
 def _run_op(op, inputs: list) -> list:
     """``op`` run eagerly through ``tf.raw_ops`` on ``inputs`` (one tensor per op input), with its attributes."""
+    run = getattr(tf.raw_ops, op.type)
+    # tf.raw_ops renames a few inputs (Split's split_dim is its axis): those go by position.
+    params, names = list(inspect.signature(run).parameters), [arg.name for arg in op.op_def.input_arg]
+    rename = dict(zip(names, params)) if set(names) - set(params) else {}
     kwargs, inferred, position = {}, set(), 0
     for arg in op.op_def.input_arg:
         count = op.get_attr(arg.number_attr) if arg.number_attr else (
@@ -185,12 +190,12 @@ def _run_op(op, inputs: list) -> list:
             if attr:
                 inferred.add(attr)
         values = inputs[position : position + count]
-        kwargs[arg.name] = values if arg.number_attr or arg.type_list_attr else values[0]
+        kwargs[rename.get(arg.name, arg.name)] = values if arg.number_attr or arg.type_list_attr else values[0]
         position += count
     for name in op.node_def.attr:
         if name not in inferred and not name.startswith("_"):
             kwargs[name] = op.get_attr(name)
-    result = getattr(tf.raw_ops, op.type)(**kwargs)
+    result = run(**kwargs)
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
@@ -409,7 +414,68 @@ class Tracer:
             return self.cross_entropy(op, ins, what)
         if kind in MATRIX_OPS:
             return self.matrices(op, ins, what)
+        if kind in ("Cumsum", "Cumprod"):
+            return [self.cumulative(op, ins, what)]
+        if kind == "TopKV2":  # the values read their whole row of the last axis; the indices are integers
+            if ins[1] is not None:
+                raise UnknownSparsity(f"{what}: its k depends on a checked input")
+            shape, k = _shape(op.inputs[0]), _shape(op.outputs[0])[-1]
+            size = _prod(shape)
+            per_row = self.windows(np.arange(size, dtype=np.int64).reshape(-1, shape[-1] if shape else 1), ins[0], what)
+            assert per_row is not None
+            return [per_row.rows(np.arange(_prod(_shape(op.outputs[0])), dtype=np.int64) // max(k, 1)), None]
+        if kind == "Einsum":
+            return [self.einsum(op, ins, what)]
         raise UnknownSparsity(f"{what} has no dependency rule")
+
+    def cumulative(self, op, ins: list, what: str) -> Dep | None:
+        """Cumsum, Cumprod: element i along the axis reads the elements before it (``exclusive``: strictly; ``reverse``:
+        after it), the other axes fixed."""
+        if ins[1] is not None:
+            raise UnknownSparsity(f"{what}: its axis depends on a checked input")
+        shape = _shape(op.inputs[0])
+        axis = self.constant(op.inputs[1])
+        if axis is None or not shape:
+            raise UnknownSparsity(f"{what}: its axis is not constant")
+        axis = int(axis) % len(shape)
+        size, length = _prod(shape), shape[axis]
+        self._check(size * length, what)
+        i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+        exclusive, reverse = op.get_attr("exclusive"), op.get_attr("reverse")
+        read = (j > i if exclusive else j >= i) if reverse else (j < i if exclusive else j <= i)
+        moved = np.moveaxis(np.arange(size, dtype=np.int64).reshape(shape), axis, -1)  # [..., L]: flat indices
+        table = np.where(read, moved[..., None, :], -1).reshape(-1, length)  # per element of ``moved``: what it reads
+        ordered = np.empty_like(table)
+        ordered[moved.reshape(-1)] = table
+        return self.windows(ordered, ins[0], what)
+
+    def einsum(self, op, ins: list, what: str) -> Dep | None:
+        """An output element reads, of each input, the elements whose letters it shares take its coordinates (the
+        summed letters range over their axis): one set per combination of shared coordinates."""
+        inputs, _, output = op.get_attr("equation").decode().replace(" ", "").partition("->")
+        out_shape = _shape(op.outputs[0])
+        if "." in inputs + output or len(output) != len(out_shape):
+            raise UnknownSparsity(f"{what}: an equation with an ellipsis or without its output")
+        coords = np.indices(out_shape, dtype=np.int64).reshape(len(out_shape), _prod(out_shape))
+        parts = []
+        for term, tensor, dep in zip(inputs.split(","), op.inputs, ins):
+            if dep is None:
+                continue
+            shape = _shape(tensor)
+            shared = [c for c in term if c in output]
+            if len(term) != len(shape) or len(set(term)) != len(term) or any(
+                    shape[term.index(c)] != out_shape[output.index(c)] for c in shared):
+                raise UnknownSparsity(f"{what}: a repeated or broadcast letter in {term!r}")
+            order = [term.index(c) for c in shared] + [a for a, c in enumerate(term) if c not in output]
+            sizes = [shape[term.index(c)] for c in shared]
+            sets = np.arange(_prod(shape), dtype=np.int64).reshape(shape).transpose(order).reshape(_prod(sizes), -1)
+            group = np.zeros(coords.shape[1], np.int64)
+            for c, extent in zip(shared, sizes):
+                group = group * extent + coords[output.index(c)]
+            per_set = self.windows(sets, dep, what)
+            assert per_set is not None
+            parts.append(per_set.rows(group))
+        return self.union(parts, what)
 
     def cross_entropy(self, op, ins: list, what: str) -> list:
         """The loss [B] and its backprop [B, C] of row b read row b of the logits and of dense labels."""
@@ -421,13 +487,16 @@ class Tracer:
         return [per_row, None if per_row is None else per_row.rows(by_row.reshape(-1) // classes)]
 
     def matrices(self, op, ins: list, what: str) -> list:
-        """Ops of a batch of matrices [..., M, N]: each output's batch member reads the whole matrix of its member
-        (an inverse, a determinant, a solve's every entry), and a solve's column k of its right-hand side."""
+        """Ops of a batch of matrices [..., M, N]: each output's batch member reads (at most) the whole matrix of its
+        member (an inverse, a determinant, a solve's every entry), and a solve's column k of its right-hand side."""
         shape = _shape(op.inputs[0])
         members = _prod(shape[:-2])
-        outputs = []
+        outputs: list[Dep | None] = []
         for tensor in op.outputs:
             out_shape = _shape(tensor)
+            if not _prod(out_shape):  # eigh's vectors when not computed
+                outputs.append(None)
+                continue
             if _prod(out_shape[: len(shape) - 2]) != members:
                 raise UnknownSparsity(f"{what}: its batch is broadcast")
             size = _prod(out_shape)
@@ -650,9 +719,11 @@ MOVEMENT = {
 REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "EuclideanNorm", "ArgMax", "ArgMin", "All", "Any"})
 # Convolutions and pooling: windows of the input (``Tracer.stencil``).
 STENCILS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "AvgPool", "MaxPool", "AvgPool3D", "MaxPool3D"})
-# Ops of a batch of matrices whose every output entry of a member reads the member's whole matrix
-# (``Tracer.matrices``; a triangular solve or a Cholesky factor reads one triangle: no rule).
-MATRIX_OPS = frozenset({"MatrixInverse", "MatrixDeterminant", "LogMatrixDeterminant", "MatrixSolve"})
+# Ops of a batch of matrices whose every output entry of a member reads (at most) the member's whole matrix
+# (``Tracer.matrices``; a triangular solve, a Cholesky factor and eigh read one triangle: the whole member is a
+# superset).
+MATRIX_OPS = frozenset({"MatrixInverse", "MatrixDeterminant", "LogMatrixDeterminant", "MatrixSolve",
+                        "MatrixTriangularSolve", "Cholesky", "SelfAdjointEigV2", "MatrixExponential"})
 
 
 def trace(graph, checked: list[tuple[int, int]], budget: int = NONZERO_BUDGET) -> tuple[int, Dep | None]:
