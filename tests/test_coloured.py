@@ -131,6 +131,33 @@ def test_3d_pooling_windows_are_traced_per_channel(pool, wrong):
     assert report.verdict == ("fail" if wrong else "pass"), str(report)
 
 
+MULTI = np.random.default_rng(11)
+# name -> (f of several checked inputs, their values): each input's part of a rule, and their union.
+SEVERAL = {
+    "einsum_outer": (lambda x, y: tf.einsum("i,j->ij", x, y), [MULTI.normal(size=3), MULTI.normal(size=4)]),
+    "einsum_batched": (lambda a, b: tf.einsum("bij,bjk->bik", a, b), [MULTI.normal(size=(2, 3, 4)),
+                                                                     MULTI.normal(size=(2, 4, 2))]),
+    "cross_entropy_of_both": (lambda logits, x: tf.nn.softmax_cross_entropy_with_logits(tf.nn.softmax(logits), x),
+                              [MULTI.normal(size=(3, 4)), MULTI.normal(size=(3, 4))]),
+    "solve_adjoint": (lambda a, b: tf.linalg.solve(a + 4 * tf.eye(3, dtype=a.dtype), b, adjoint=True),
+                      [MULTI.normal(size=(2, 3, 3)), MULTI.normal(size=(2, 3, 2))]),
+    "conv3d_strided": (lambda x, k: tf.nn.conv3d(x, k, [1, 2, 1, 2, 1], "SAME"),
+                       [MULTI.normal(size=(1, 5, 4, 5, 2)), MULTI.normal(size=(3, 2, 2, 2, 3))]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEVERAL))
+def test_rules_over_several_inputs_give_full_modes_jacobians(name):
+    f, values = SEVERAL[name]
+    xs = [tf.constant(v) for v in values]
+    coloured, full = (fastcheck.check_gradients(f, xs, mode=mode) for mode in ("coloured", "full"))
+    assert coloured.ok and full.ok and not coloured.problems, str(coloured)
+    for pc, pf in zip(coloured.pairs, full.pairs, strict=True):
+        np.testing.assert_array_equal(pc.statuses, pf.statuses)
+        np.testing.assert_allclose(pc.numerical, pf.numerical, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(pc.analytical, pf.analytical, rtol=1e-10, atol=1e-12)
+
+
 def test_greedy_colouring_is_valid_where_the_lattice_is_poor():
     # Each output couples element j with element n - 1 - j (extents span the whole axis): two colours, and the
     # differences are full mode's.
