@@ -36,14 +36,8 @@ from fastcheck._config import CheckConfig
 from fastcheck._plan import EAGER_TENSOR, Plan
 from fastcheck._sparsity import ELEMENTWISE, FLAT_IDENTITY, NO_DEPENDENCE, REDUCTIONS
 
-# Element-wise ops besides _sparsity's (forward ops): the gradient kernels of element-wise ops, and
-# unary special functions.
-GRADIENT_ELEMENTWISE = frozenset({
-    "TanhGrad", "SigmoidGrad", "SqrtGrad", "RsqrtGrad", "ReciprocalGrad", "InvGrad", "ReluGrad", "Relu6Grad",
-    "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad", "SoftsignGrad", "GeluGrad",
-    "BesselI0e", "BesselI1e", "BesselI0", "BesselI1", "Polygamma", "Zeta", "Conj", "Real",
-})
-PER_ELEMENT = ELEMENTWISE | FLAT_IDENTITY | GRADIENT_ELEMENTWISE
+# _sparsity's element-wise ops, and two on the complex values a gradient may pass through.
+PER_ELEMENT = ELEMENTWISE | FLAT_IDENTITY | {"Conj", "Real"}
 
 
 def eligible(plan: Plan, config: CheckConfig) -> bool:

@@ -706,6 +706,10 @@ ELEMENTWISE = frozenset({
     "Maximum", "Minimum", "Pow", "SquaredDifference", "Atan2", "Xdivy", "Xlogy", "Xlog1py", "Igamma", "Igammac",
     "Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual", "LogicalAnd", "LogicalOr",
     "AddN", "Select", "SelectV2", "ClipByValue", "Fill", "Betainc",
+    # the gradient kernels of element-wise ops, and special functions
+    "TanhGrad", "SigmoidGrad", "SqrtGrad", "RsqrtGrad", "ReciprocalGrad", "InvGrad", "ReluGrad", "Relu6Grad",
+    "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad", "SoftsignGrad", "GeluGrad",
+    "BesselI0e", "BesselI1e", "BesselI0", "BesselI1", "Polygamma", "Zeta",
 })
 # Data-movement ops, replayed on element codes: op type -> the arguments that carry data.
 MOVEMENT = {

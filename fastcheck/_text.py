@@ -539,8 +539,8 @@ def route_reason(why: events.RouteReason) -> str:
                 f"kernels are traced once and reused by its later checks, instead of its eager loop (predicted "
                 f"{why.eager * 1e3:.0f} ms)")
     if why.rule == "small":
-        loop = "eager loops by f's traced pattern" if why.coloured else "eager loop"
-        return (f"small check: {loop} predicted {why.eager * 1e3:.0f} ms, tracing {why.traced * 1e3:.0f} ms"
+        loop = "eager loops by colours of f's traced pattern" if why.coloured else "small check: eager loop"
+        return (f"{loop} predicted {why.eager * 1e3:.0f} ms, tracing {why.traced * 1e3:.0f} ms"
                 + (" (the first trace in this process)" if why.first_trace else ""))
     if why.rule == "untraceable":
         return f"f cannot be traced ({why.error}): evaluated eagerly"

@@ -30,6 +30,7 @@ KERNEL_3D = LATER.normal(size=(2, 2, 2, 1, 2))
 LABELS = LATER.dirichlet(np.ones(5), size=4)
 RHS = LATER.normal(size=(2, 3, 4))
 KEYS = LATER.normal(size=(2, 4, 3))
+ELU_OUTPUTS = LATER.uniform(-0.9, 2.0, size=(4, 5))
 
 
 def _solve(a):
@@ -78,6 +79,10 @@ CORRECT = {
                       3),
     "einsum_gram": (lambda x: tf.einsum("ij,kj->ik", x, x), LATER.normal(size=(3, 4)), 12),
     "einsum_to_scalar": (lambda x: tf.einsum("ij,ij->", x, x) * x, LATER.normal(size=(2, 3)), 6),
+    # Gradient kernels and special functions are element-wise: one colour.
+    "elu_grad": (lambda g: tf.raw_ops.EluGrad(gradients=g, outputs=tf.constant(ELU_OUTPUTS, g.dtype)),
+                 LATER.normal(size=(4, 5)), 1),
+    "zeta": (lambda q: tf.math.zeta(tf.constant(2.5, q.dtype), q), LATER.uniform(0.5, 2.0, size=(4, 5)), 1),
 }
 
 

@@ -318,5 +318,6 @@ def test_routing_prices_the_eager_loops_by_fs_pattern(wrong):
                                        calibration=Calibration())
     (chosen,) = events_of(report, "PathChosen")
     assert chosen.path == report.path == "eager" and chosen.reason.coloured, report.notes
-    assert "eager loops by f's traced pattern predicted" in str(report) and events_of(report, "EagerColours")
+    assert "eager loops by colours of f's traced pattern predicted" in str(report)
+    assert events_of(report, "EagerColours")
     assert report.verdict == ("fail" if wrong else "pass"), str(report)
