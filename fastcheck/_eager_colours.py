@@ -50,18 +50,22 @@ def structure(plan: Plan, config: CheckConfig, native: Sequence, elements: int, 
     """f's ``Structure`` where the loop over ``elements`` rows or columns would be long enough to pay for tracing
     f, else None (traced once per f and signature, or read from ``graph``, f's flat function traced by routing: kept
     beside its kernels, None included)."""
-    if (2 * elements * plan.call_seconds < config.table("EAGER_COLOUR_SECONDS")
-            or any(o.dtype.is_complex for o in plan.outputs) or any(s.is_complex for s in plan.checked)):
+    if (not _long(plan, config, elements) or any(o.dtype.is_complex for o in plan.outputs)
+            or any(s.is_complex for s in plan.checked)):
         return None
     return cached(plan_key(plan, config) + ("eager colours",),
                   lambda: _eager_colours_kernel(plan, config, native, graph))
 
 
+def _long(plan: Plan, config: CheckConfig, elements: int) -> bool:
+    """Whether a loop over ``elements`` rows or columns, two calls of f each, is long enough to colour."""
+    return 2 * elements * plan.call_seconds >= config.table("EAGER_COLOUR_SECONDS")
+
+
 def loops(plan: Plan, config: CheckConfig, found: Structure) -> tuple[int, int]:
     """(calls of f, VJPs) of the eager loops under ``found``'s colours, as ``rows`` and ``differences`` take them."""
     row_colours = _colours(found.row_labels)
-    coloured_rows = (2 * plan.m * plan.call_seconds >= config.table("EAGER_COLOUR_SECONDS")
-                     and 0 < row_colours <= COLOUR_SHARE * plan.m)
+    coloured_rows = _long(plan, config, plan.m) and 0 < row_colours <= COLOUR_SHARE * plan.m
     calls = 0
     for spec, labels in zip(plan.checked, found.column_labels):
         colours = _colours(labels)
