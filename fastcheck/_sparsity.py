@@ -410,6 +410,8 @@ class Tracer:
             return [self.matmul(op, ins, what)]
         if kind in STENCILS:
             return [self.stencil(op, ins, what)]
+        if kind in ("Conv2DBackpropInput", "Conv3DBackpropInputV2"):
+            return [self.transposed(op, ins, what)]
         if kind in ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"):
             return self.cross_entropy(op, ins, what)
         if kind in MATRIX_OPS:
@@ -475,6 +477,43 @@ class Tracer:
             per_set = self.windows(sets, dep, what)
             assert per_set is not None
             parts.append(per_set.rows(group))
+        return self.union(parts, what)
+
+    def transposed(self, op, ins: list, what: str) -> Dep | None:
+        """A transposed convolution (conv2d_transpose: a convolution's input gradient), channels last: output pixel
+        p reads every channel of the incoming pixels whose forward window holds p, and of the filter its input
+        channel's taps (all of them: a superset at the edges)."""
+        if ins[0] is not None or not _data_format(op).endswith("C"):
+            raise UnknownSparsity(f"{what}: its sizes depend on a checked input, or its channels come first")
+        shape, incoming, f_shape = _shape(op.outputs[0]), _shape(op.inputs[2]), _shape(op.inputs[1])
+        spatial, order = len(shape) - 2, tuple(range(len(shape)))
+        channels, out_c = shape[-1], incoming[-1]
+        pixels, incoming_pixels = _prod(shape[:-1]), _prod(incoming[:-1])
+        strides, dilations = list(op.get_attr("strides"))[1:-1], list(op.get_attr("dilations"))[1:-1]
+        # The forward convolution's window of each incoming pixel, as output pixels (channel 0 of each).
+        window = _window(op, shape, order, list(incoming[1:-1]), strides, list(f_shape[:spatial]), dilations)
+        reads = window[..., 0].reshape(incoming_pixels, -1)
+        source = np.repeat(np.arange(incoming_pixels, dtype=np.int64), reads.shape[1])
+        target = reads.reshape(-1) // channels
+        keep = reads.reshape(-1) >= 0
+        source, target = source[keep], target[keep]
+        by_pixel = np.argsort(target, kind="stable")
+        indptr = np.zeros(pixels + 1, np.int64)
+        np.cumsum(np.bincount(target, minlength=pixels), out=indptr[1:])
+        self._check(len(source) * out_c, what)
+        # every channel of each incoming pixel: its elements source * C_out + c
+        elements = (source[by_pixel][:, None] * out_c + np.arange(out_c)[None, :]).reshape(-1)
+        element = np.arange(_prod(shape), dtype=np.int64)
+        parts = []
+        if ins[2] is not None:
+            per_pixel = self.compose(indptr * out_c, elements, ins[2], what)
+            assert per_pixel is not None
+            parts.append(per_pixel.rows(element // channels))
+        if ins[1] is not None:  # filter [*kernel, C_in, C_out]: output channel c reads its taps of every C_out
+            taps = np.arange(_prod(f_shape), dtype=np.int64).reshape(-1, channels, out_c).transpose(1, 0, 2)
+            per_channel = self.windows(np.ascontiguousarray(taps).reshape(channels, -1), ins[1], what)
+            assert per_channel is not None
+            parts.append(per_channel.rows(element % channels))
         return self.union(parts, what)
 
     def cross_entropy(self, op, ins: list, what: str) -> list:
@@ -613,30 +652,13 @@ class Tracer:
         spatial = len(shape) - 2
         # The channels-last view of f's layout.
         order = (0, *range(2, len(shape)), 1) if _data_format(op).startswith("NC") else tuple(range(len(shape)))
-        batch, *sizes, channels = (shape[a] for a in order)
+        batch, *_, channels = (shape[a] for a in order)
         _, *outs, out_c = (out_shape[a] for a in order)
         strides = [op.get_attr("strides")[a] for a in order][1:-1]
         pooling = "Pool" in op.type
         dilations = [1] * spatial if pooling else [op.get_attr("dilations")[a] for a in order][1:-1]
         kernel = [op.get_attr("ksize")[a] for a in order][1:-1] if pooling else list(_shape(op.inputs[1])[:spatial])
-        padding = op.get_attr("padding").decode()
-        explicit = op.get_attr("explicit_paddings") if padding == "EXPLICIT" else []
-        idx = np.arange(_prod(shape), dtype=np.int64).reshape(shape).transpose(order)
-        pads, positions = [], []
-        for axis, (size, out, s, k, d) in enumerate(zip(sizes, outs, strides, kernel, dilations)):
-            needed = (out - 1) * s + (k - 1) * d + 1
-            if padding == "SAME":
-                before = max(needed - size, 0) // 2
-            elif padding == "EXPLICIT":
-                before = explicit[2 * order[axis + 1]]
-            else:
-                before = 0
-            pads.append((before, max(needed - size - before, 0)))
-            at = [1] * (2 * spatial)  # [*outs, *kernel]: this axis's output and kernel position
-            at[axis], at[spatial + axis] = out, k
-            positions.append((np.arange(out)[:, None] * s + np.arange(k)[None, :] * d).reshape(at))
-        padded = np.pad(idx, ((0, 0), *pads, (0, 0)), constant_values=-1)
-        window = padded[(slice(None), *positions, slice(None))]  # [B, *outs, *kernel, C]
+        window = _window(op, shape, order, outs, strides, kernel, dilations)  # [B, *outs, *kernel, C]
         pixels = batch * _prod(outs)
         # Every output element in f's layout, as (pixel, output channel) of the channels-last view.
         out = np.arange(_prod(out_shape), dtype=np.int64).reshape(out_shape).transpose(order).reshape(pixels, out_c)
@@ -666,6 +688,31 @@ class Tracer:
             assert per_filter is not None
             parts.append(per_filter.rows(channel))
         return self.union(parts, what)
+
+
+def _window(op, shape: tuple, order: tuple, outs: list, strides: list, kernel: list, dilations: list) -> np.ndarray:
+    """[B, *outs, *kernel, C]: the elements (flat, in ``shape``, -1 in the padding) each output pixel of a stencil op
+    reads, by its padding; ``order`` the channels-last view of ``shape``."""
+    spatial = len(shape) - 2
+    sizes = [shape[a] for a in order][1:-1]
+    padding = op.get_attr("padding").decode()
+    explicit = op.get_attr("explicit_paddings") if padding == "EXPLICIT" else []
+    idx = np.arange(_prod(shape), dtype=np.int64).reshape(shape).transpose(order)
+    pads, positions = [], []
+    for axis, (size, out, s, k, d) in enumerate(zip(sizes, outs, strides, kernel, dilations)):
+        needed = (out - 1) * s + (k - 1) * d + 1
+        if padding == "SAME":
+            before = max(needed - size, 0) // 2
+        elif padding == "EXPLICIT":
+            before = explicit[2 * order[axis + 1]]
+        else:
+            before = 0
+        pads.append((before, max(needed - size - before, 0)))
+        at = [1] * (2 * spatial)  # [*outs, *kernel]: this axis's output and kernel position
+        at[axis], at[spatial + axis] = out, k
+        positions.append((np.arange(out)[:, None] * s + np.arange(k)[None, :] * d).reshape(at))
+    padded = np.pad(idx, ((0, 0), *pads, (0, 0)), constant_values=-1)
+    return padded[(slice(None), *positions, slice(None))]
 
 
 def _shape(tensor) -> tuple:

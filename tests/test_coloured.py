@@ -148,6 +148,12 @@ SEVERAL = {
                       [MULTI.normal(size=(2, 3, 3)), MULTI.normal(size=(2, 3, 2))]),
     "conv3d_strided": (lambda x, k: tf.nn.conv3d(x, k, [1, 2, 1, 2, 1], "SAME"),
                        [MULTI.normal(size=(1, 5, 4, 5, 2)), MULTI.normal(size=(3, 2, 2, 2, 3))]),
+    # Transposed convolutions (a decoder's upsampling): each output pixel reads the incoming pixels whose windows
+    # hold it.
+    "conv2d_transpose": (lambda y, k: tf.nn.conv2d_transpose(y, k, [1, 7, 7, 2], 2, "SAME"),
+                         [MULTI.normal(size=(1, 4, 4, 3)), MULTI.normal(size=(3, 3, 2, 3))]),
+    "conv3d_transpose": (lambda y, k: tf.nn.conv3d_transpose(y, k, [1, 6, 6, 6, 2], [1, 2, 2, 2, 1], "VALID"),
+                         [MULTI.normal(size=(1, 3, 3, 3, 2)), MULTI.normal(size=(2, 2, 2, 2, 2))]),
 }
 
 
