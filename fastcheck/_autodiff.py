@@ -255,6 +255,7 @@ class AutodiffJacobian:
                 block = None
             self.executor.elementwise_ran(block is not None, forward=False)
             if block is not None:
+                self.executor.row_blocks(block)
                 return block
         found = (_eager_colours.structure(plan, self.config, self.executor.native, plan.m)
                  if self.executor.path == EAGER and self.values is self.executor.native else None)
@@ -288,12 +289,8 @@ class AutodiffJacobian:
                 return row_tape, outputs
 
             return self._rows(leaves, sources, _Pace(limit, plan.m), fresh)
-        if (blocks is not None and self.executor.path == EAGER and self.values is self.executor.native
-                and _eager_colours.may_pay(blocks)):
-            # A row loop too short to colour: its blocks check the pattern the columns may take (``_eager_colours``).
-            found = _eager_colours.structure(plan, self.config, self.executor.native, plan.n)
-            if found is not None and _eager_colours.holds(plan, self.config, found, blocks):
-                self.executor.pattern_held()
+        if blocks is not None and self.executor.path == EAGER and self.values is self.executor.native:
+            self.executor.row_blocks(blocks)  # a row loop too short to colour: its blocks check f's pattern
         return blocks
 
     def _rows(self, leaves, sources, pace: _Pace, taped):

@@ -517,9 +517,21 @@ class Executor:
         """Record that an eager loop (``side``: "reverse", "numerical") took one call per colour of f's pattern."""
         self.memo.setdefault("colours", {})[side] = max(colours, self.memo.get("colours", {}).get(side, 0))
 
-    def pattern_held(self) -> None:
-        """Record that the row loop's blocks kept to f's traced pattern (``_eager_colours.holds``)."""
-        self.memo["pattern held"] = True
+    def row_blocks(self, blocks: list) -> None:
+        """Keep the row loop's blocks [m, n_k] (or the element-wise rows'): the column loop may check f's pattern
+        with them (``_pattern_held``)."""
+        self.memo["row blocks"] = blocks
+
+    def _pattern_held(self) -> bool:
+        """Whether the row loop's blocks keep to f's traced pattern (``_eager_colours.holds``), traced for it only
+        where some block leaves room for the columns' colours (``may_pay``); once per check."""
+        if "pattern held" not in self.memo:
+            blocks, held = self.memo.get("row blocks"), False
+            if blocks is not None and _eager_colours.may_pay(blocks):
+                found = _eager_colours.structure(self.plan, self.config, self.native, self.plan.n)
+                held = found is not None and _eager_colours.holds(self.plan, self.config, found, blocks)
+            self.memo["pattern held"] = held
+        return self.memo["pattern held"]
 
     @property
     def colours(self) -> dict:
@@ -579,7 +591,7 @@ class Executor:
             self.elementwise_ran(sides is not None)
             if sides is not None:
                 return sides
-        if "reverse" not in self.colours and not self.memo.get("pattern held"):  # checked by the rows (``_eager_colours``)
+        if "reverse" not in self.colours and not self._pattern_held():  # checked by the rows (``_eager_colours``)
             return None
         found = _eager_colours.structure(self.plan, self.config, self.native, len(idx))
         coloured = None if found is None else _eager_colours.differences(

@@ -30,7 +30,7 @@ from fastcheck._pattern import (
     ranges,
     sorted_unique,
 )
-from fastcheck._tables import FOLD_DEPTH, NONZERO_BUDGET
+from fastcheck._tables import FOLD_DEPTH, LOOP_ROUNDS, NONZERO_BUDGET
 
 if TYPE_CHECKING:
     from fastcheck._plan import Plan
@@ -390,6 +390,8 @@ class Tracer:
             return [ins[0]]
         if kind == "IdentityN":
             return list(ins)
+        if kind in ("While", "StatelessWhile"):
+            return self.loop(op, ins, what)
         if kind in ("PartitionedCall", "StatefulPartitionedCall"):
             body = op.graph._get_function(op.get_attr("f").name).graph
             inner = self.run(body, ins + [None] * (len(body.inputs) - len(ins)))
@@ -478,6 +480,22 @@ class Tracer:
             assert per_set is not None
             parts.append(per_set.rows(group))
         return self.union(parts, what)
+
+    def loop(self, op, ins: list, what: str) -> list:
+        """A while loop's outputs: the fixed point of its body's dependencies over the loop variables, which only grow
+        from round to round -- so whatever the number of iterations, it holds every dependence they make."""
+        body = op.graph._get_function(op.get_attr("body").name).graph
+        deps = list(ins)
+        for _ in range(LOOP_ROUNDS):
+            inner = self.run(body, deps + [None] * (len(body.inputs) - len(deps)))
+            out = [inner.get(t.ref()) for t in body.outputs]
+            if any(d is not None and o is not None and d.size != o.size for d, o in zip(deps, out)):
+                raise UnknownSparsity(f"{what}: a loop variable changes its shape")
+            grown = [self.union([d, o], what) for d, o in zip(deps, out)]
+            if all(a is b or (a is not None and b is not None and a.same(b)) for a, b in zip(deps, grown)):
+                return grown
+            deps = grown
+        raise UnknownSparsity(f"{what}: its dependencies still grew after {LOOP_ROUNDS} rounds of its body")
 
     def transposed(self, op, ins: list, what: str) -> Dep | None:
         """A transposed convolution (conv2d_transpose: a convolution's input gradient), channels last: output pixel

@@ -270,6 +270,9 @@ FULL_RERUN_MAX_ENTRIES = 1 << 23
 NONZERO_BUDGET = 50_000_000
 GREEDY_WORK = 20_000_000  # the greedy colouring runs when the sum of squared row lengths is at most this
 FOLD_DEPTH = 32  # constant folding (``_sparsity.Tracer.constant``): how deep a chain of ops it follows
+# A while loop's dependencies (``_sparsity.Tracer.loop``): its body applied until they stop growing, at most this many
+# times (a recurrence along n elements needs n; TFP's element-wise special functions settle in two).
+LOOP_ROUNDS = 64
 UPCAST_MAX_ELEMENTS = 1_000_000  # precision="auto" upcasts the numerical side to float64 up to this many input elements
 # The float64 copy of a model (``_model``) stands in for it on the numerical side when its loss equals the model's
 # within this many float32 roundings (machine epsilons) of the loss's magnitude: correct models measured 0.1 to 9 eps

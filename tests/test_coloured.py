@@ -79,6 +79,9 @@ CORRECT = {
                       3),
     "einsum_gram": (lambda x: tf.einsum("ij,kj->ik", x, x), LATER.normal(size=(3, 4)), 12),
     "einsum_to_scalar": (lambda x: tf.einsum("ij,ij->", x, x) * x, LATER.normal(size=(2, 3)), 6),
+    # A while loop's body applied until its dependencies settle: element-wise iterations stay element-wise.
+    "while_elementwise": (lambda x: tf.while_loop(lambda i, y: i < 4, lambda i, y: (i + 1, y * 0.5 + tf.sin(y)),
+                                                  [tf.constant(0), x])[1], LATER.normal(size=(3, 4)), 1),
     # Gradient kernels and special functions are element-wise: one colour.
     "elu_grad": (lambda g: tf.raw_ops.EluGrad(gradients=g, outputs=tf.constant(ELU_OUTPUTS, g.dtype)),
                  LATER.normal(size=(4, 5)), 1),
@@ -148,6 +151,11 @@ SEVERAL = {
                       [MULTI.normal(size=(2, 3, 3)), MULTI.normal(size=(2, 3, 2))]),
     "conv3d_strided": (lambda x, k: tf.nn.conv3d(x, k, [1, 2, 1, 2, 1], "SAME"),
                        [MULTI.normal(size=(1, 5, 4, 5, 2)), MULTI.normal(size=(3, 2, 2, 2, 3))]),
+    # A recurrence along the axis (each round reads a neighbour): the loop's settled dependencies hold every round's.
+    "while_recurrence": (lambda x, w: tf.while_loop(lambda i, y: i < 3,
+                                                    lambda i, y: (i + 1, tf.tanh(y + w * tf.roll(y, 1, 0))),
+                                                    [tf.constant(0), x])[1],
+                         [MULTI.normal(size=6), MULTI.normal(size=6)]),
     # Transposed convolutions (a decoder's upsampling): each output pixel reads the incoming pixels whose windows
     # hold it.
     "conv2d_transpose": (lambda y, k: tf.nn.conv2d_transpose(y, k, [1, 7, 7, 2], 2, "SAME"),
