@@ -13,9 +13,10 @@ coloured (``_colouring``):
 * numerical side (``differences``): columns that share no output move together in one call of f a side.  An
   output reads one moved column at most, so its value is bit for bit the one-column call's; an output no moved
   column reaches is f at x (the centre), as that call gives it.  Only after the rows' colours passed their check
-  in the same check, or the row loop's own blocks kept to the pattern (``holds``: a row loop too short to colour,
-  whose blocks leave room for the columns' colours, ``may_pay``): the gradient then has nothing outside the
-  pattern beyond atol / 2, so f has no dependence the pattern misses that could mix two moved columns.
+  in the same check, or the row loop's own blocks (a row loop too short to colour, or the element-wise rows of
+  ``_diagonal``) kept to the pattern (``holds``, traced for only where they leave room for the columns' colours,
+  ``may_pay``): the gradient then has nothing outside the pattern beyond atol / 2, so f has no dependence the
+  pattern misses that could mix two moved columns.
 
 At most ``COLOUR_SHARE`` of the rows (columns) in colours; real outputs and checked inputs only.  Anything else
 -- f does not trace, an op without a dependency rule -- leaves the loops as they are.  Routing prices the loops by
