@@ -44,7 +44,7 @@ class Pattern:
 
     Row i's columns are group ``group[i]`` of a CSR table (``gptr``/``gcols``, columns sorted within each group);
     ``group`` None: row i is group i (an explicit CSR).  Rows of a normalisation share their block's set (as in
-    ``_sparsity.Dep``), and the output channels of a convolution their pixel's window: memory follows the distinct
+    ``_dep.Dep``), and the output channels of a convolution their pixel's window: memory follows the distinct
     sets, not the nonzeros.  Nonzeros are numbered by (row, column); ``entries`` and ``at`` give the (row, column)
     of any range or subset of them, so no nnz-sized index array need exist.
 
