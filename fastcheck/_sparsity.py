@@ -140,6 +140,8 @@ class Tracer(Sets):
             return [self.matmul(op, ins, what)]
         if kind in STENCILS:
             return [self.stencil(op, ins, what)]
+        if kind in RESIZES:
+            return [self.resize(op, ins, what)]
         if kind in ("Conv2DBackpropInput", "Conv3DBackpropInputV2"):
             return [self.transposed(op, ins, what)]
         if kind in ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"):
@@ -224,6 +226,36 @@ class Tracer(Sets):
                 return grown
             deps = grown
         raise UnknownSparsity(f"{what}: its dependencies still grew after {LOOP_ROUNDS} rounds of its body")
+
+    def resize(self, op, ins: list, what: str) -> Dep | None:
+        """Image resizing [B, H, W, C] (``RESIZES``): separable, so an output pixel reads the input rows its row's
+        weights reach times the columns its column's do -- each read by running the op itself on a basis of rows
+        (columns) of one pixel's width (height), with its attributes (corners, pixel centres)."""
+        if ins[1] is not None:
+            raise UnknownSparsity(f"{what}: its size depends on a checked input")
+        batch, height, width, channels = _shape(op.inputs[0])
+        _, out_h, out_w, _ = _shape(op.outputs[0])
+        size = tf.constant([out_h, out_w], tf.int32)
+
+        def reached(n: int, axis: int) -> np.ndarray:
+            """[out, k]: the input rows (axis 1) or columns (axis 2) each output one reads, -1 past them."""
+            basis = np.eye(n).reshape((n, n, 1, 1) if axis == 1 else (n, 1, n, 1))
+            out = np.asarray(_run_op(op, [tf.constant(basis, op.inputs[0].dtype), size])[0].numpy(), np.float64)
+            weights = (out[:, :, 0, 0] if axis == 1 else out[:, 0, :, 0]) != 0  # [in, out]
+            k = max(int(weights.sum(axis=0).max(initial=0)), 1)
+            table = np.full((weights.shape[1], k), -1, np.int64)
+            for o in range(weights.shape[1]):
+                found = np.flatnonzero(weights[:, o])
+                table[o, : len(found)] = found
+            return table
+
+        ys, xs = reached(height, 1), reached(width, 2)
+        self._check(batch * out_h * out_w * channels * ys.shape[1] * xs.shape[1], what)
+        b = np.arange(batch)[:, None, None, None, None, None]
+        y, x = ys[None, :, None, None, :, None], xs[None, None, :, None, None, :]
+        c = np.arange(channels)[None, None, None, :, None, None]
+        table = np.where((y >= 0) & (x >= 0), ((b * height + y) * width + x) * channels + c, -1)
+        return self.windows(table.reshape(batch * out_h * out_w * channels, -1), ins[0], what)
 
     def transposed(self, op, ins: list, what: str) -> Dep | None:
         """A transposed convolution (conv2d_transpose: a convolution's input gradient), channels last: output pixel
@@ -514,6 +546,8 @@ MOVEMENT = {
 }
 # Reductions over constant axes (argument 1).
 REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "EuclideanNorm", "ArgMax", "ArgMin", "All", "Any"})
+# Image resizing, channels last (``Tracer.resize``).
+RESIZES = frozenset({"ResizeBilinear", "ResizeBicubic", "ResizeNearestNeighbor", "ResizeArea"})
 # Convolutions and pooling: windows of the input (``Tracer.stencil``).
 STENCILS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "AvgPool", "MaxPool", "AvgPool3D", "MaxPool3D"})
 # Ops of a batch of matrices whose every output entry of a member reads (at most) the member's whole matrix
