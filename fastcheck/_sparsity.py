@@ -142,6 +142,8 @@ class Tracer(Sets):
             return [self.stencil(op, ins, what)]
         if kind in RESIZES:
             return [self.resize(op, ins, what)]
+        if kind == "ScatterNd":
+            return [self.scatter(op, ins, what)]
         if kind in ("Conv2DBackpropInput", "Conv3DBackpropInputV2"):
             return [self.transposed(op, ins, what)]
         if kind in ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"):
@@ -226,6 +228,27 @@ class Tracer(Sets):
                 return grown
             deps = grown
         raise UnknownSparsity(f"{what}: its dependencies still grew after {LOOP_ROUNDS} rounds of its body")
+
+    def scatter(self, op, ins: list, what: str) -> Dep | None:
+        """ScatterNd with constant indices [N, d] into a shape [*outer (d axes), *slice]: an output element reads the
+        same slice element of every update row scattered to its outer position (duplicates sum)."""
+        indices, shape = self.constant(op.inputs[0]), self.constant(op.inputs[2])
+        if ins[0] is not None or ins[2] is not None or indices is None or shape is None:
+            raise UnknownSparsity(f"{what}: its indices or shape are not constant")
+        indices, shape = np.asarray(indices, np.int64), [int(d) for d in np.atleast_1d(shape)]
+        depth = indices.shape[-1]
+        outer, width = _prod(shape[:depth]), _prod(shape[depth:])
+        target = np.ravel_multi_index(tuple(indices.reshape(-1, depth).T), shape[:depth]) if depth else \
+            np.zeros(indices.size, np.int64)
+        self._check(len(target) * width, what)
+        # every (update row, slice element) pair, as the output element it adds to
+        rows = np.repeat(np.arange(len(target), dtype=np.int64), width)
+        element = np.tile(np.arange(width, dtype=np.int64), len(target))
+        keys = target[rows] * width + element
+        order = np.argsort(keys, kind="stable")
+        indptr = np.zeros(outer * width + 1, np.int64)
+        np.cumsum(np.bincount(keys, minlength=outer * width), out=indptr[1:])
+        return self.compose(indptr, (rows * width + element)[order], ins[1], what)
 
     def resize(self, op, ins: list, what: str) -> Dep | None:
         """Image resizing [B, H, W, C] (``RESIZES``): separable, so an output pixel reads the input rows its row's

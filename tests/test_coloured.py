@@ -156,6 +156,10 @@ SEVERAL = {
                                                     lambda i, y: (i + 1, tf.tanh(y + w * tf.roll(y, 1, 0))),
                                                     [tf.constant(0), x])[1],
                          [MULTI.normal(size=6), MULTI.normal(size=6)]),
+    # Scattered rows and elements, duplicates summed: an output element reads what is scattered to it.
+    "scatter_rows": (lambda u: tf.scatter_nd(tf.constant([[1], [3], [1]]), u * u, [5, 4]), [MULTI.normal(size=(3, 4))]),
+    "scatter_elements": (lambda u: tf.scatter_nd(tf.constant([[0, 1], [2, 3], [0, 1], [1, 0]]), tf.sin(u), [3, 4]),
+                         [MULTI.normal(size=4)]),
     # Transposed convolutions (a decoder's upsampling): each output pixel reads the incoming pixels whose windows
     # hold it.
     "conv2d_transpose": (lambda y, k: tf.nn.conv2d_transpose(y, k, [1, 7, 7, 2], 2, "SAME"),
