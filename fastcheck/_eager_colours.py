@@ -35,6 +35,7 @@ import tensorflow as tf
 from fastcheck import _colouring, _sparsity
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._kernels import cached, plan_key
+from fastcheck._pattern import ranges
 from fastcheck._plan import Plan
 from fastcheck._tables import COLOUR_SHARE
 
@@ -151,11 +152,16 @@ def differences(plan: Plan, found: Structure, values: list, position: int, flat:
     nonzero_rows, nonzero_cols = pattern.rows, pattern.cols
     order = np.argsort(nonzero_cols, kind="stable")  # the pattern by columns: each column's rows
     by_column, starts = nonzero_rows[order], np.searchsorted(nonzero_cols[order], np.arange(pattern.shape[1] + 1))
+    # Every (row, column of idx) the pattern holds, grouped by the column's colour: what each colour's call fills.
+    counts = starts[idx + 1] - starts[idx]
+    reached, column = by_column[ranges(starts[idx], counts)], np.repeat(np.arange(len(idx)), counts)
+    by_colour = np.argsort(labels[column], kind="stable")
+    bounds = np.searchsorted(labels[column][by_colour], np.append(colours, colours[-1] + 1))  # idx is not empty
     offsets = np.asarray(delta, np.float64).astype(flat.dtype)
     sides = []
     for sign in (1, -1):
         block = np.repeat(centre[:, None], len(idx), axis=1)
-        for colour in colours:
+        for c, colour in enumerate(colours):
             chosen = np.flatnonzero(labels == colour)
             moved = flat.copy()
             moved[idx[chosen]] = flat[idx[chosen]] + sign * offsets[chosen]
@@ -163,8 +169,7 @@ def differences(plan: Plan, found: Structure, values: list, position: int, flat:
             y = plan.call_flat_numpy(values, plan.eval_upcast)
             if y.shape != (plan.m,):
                 return None  # the loop raises, naming the element
-            for column, j in zip(chosen, idx[chosen]):
-                reached = by_column[starts[j] : starts[j + 1]]
-                block[reached, column] = y[reached]
+            pairs = by_colour[bounds[c] : bounds[c + 1]]
+            block[reached[pairs], column[pairs]] = y[reached[pairs]]
         sides.append(block)
     return (*sides, len(colours))

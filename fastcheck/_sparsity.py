@@ -266,11 +266,8 @@ class Tracer(Sets):
             out = np.asarray(_run_op(op, [tf.constant(basis, op.inputs[0].dtype), size])[0].numpy(), np.float64)
             weights = (out[:, :, 0, 0] if axis == 1 else out[:, 0, :, 0]) != 0  # [in, out]
             k = max(int(weights.sum(axis=0).max(initial=0)), 1)
-            table = np.full((weights.shape[1], k), -1, np.int64)
-            for o in range(weights.shape[1]):
-                found = np.flatnonzero(weights[:, o])
-                table[o, : len(found)] = found
-            return table
+            first = np.argsort(~weights, axis=0, kind="stable")[:k]  # each output's reached inputs first, in order
+            return np.where(np.take_along_axis(weights, first, 0), first, -1).T
 
         ys, xs = reached(height, 1), reached(width, 2)
         self._check(batch * out_h * out_w * channels * ys.shape[1] * xs.shape[1], what)
