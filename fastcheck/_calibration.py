@@ -49,6 +49,11 @@ def measured_dispatch() -> float:
     return min(times)
 
 
+@functools.lru_cache(maxsize=64)  # every check's routing reads the same few ratios, several times
+def _geometric_mean(ratios: tuple[float, ...]) -> float:
+    return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Calibration:
     """Routing's costs, measured rather than assumed, as a value.
@@ -86,8 +91,7 @@ class Calibration:
         return self.eager_ratios if kind == EAGER else self.traced_ratios
 
     def scale(self, kind: str) -> float:
-        ratios = self.ratios(kind)
-        return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
+        return _geometric_mean(self.ratios(kind))
 
     def learn(self, kind: str, predicted: float, actual: float) -> Calibration:
         """This calibration with ``actual / predicted`` seconds of a ``kind`` ("eager", "traced") check learnt."""

@@ -20,7 +20,7 @@ from fastcheck._diagnosis import describe_nonfinite
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._kernels import kernel_plan, learn, plan_key
+from fastcheck._kernels import kernel_held, learn, plan_key
 from fastcheck._paths import EAGER, Route, choose_route
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
@@ -224,7 +224,7 @@ def _planned(problem: Problem, config: CheckConfig) -> Plan:
     if problem.native and config.precision == "auto":
         config = config.replace(precision="native")
     try:
-        return kernel_plan(build_plan(problem.f, problem.inputs, config, problem.names, problem.computes_in))
+        return build_plan(problem.f, problem.inputs, config, problem.names, problem.computes_in, hold=kernel_held)
     except Float64Refused as refused:
         raise ValueError(f"precision='float64' was requested but {native_reason(refused.reason)}; pass "
                          "precision='native' or 'auto'.") from None

@@ -149,10 +149,13 @@ def verdicts(analytical: np.ndarray, numerical: np.ndarray, noise, atol: float, 
     pair of earlier verdicts to overwrite (a new [m, n] float64 array costs its page faults again).  The rule runs
     over blocks of rows that fit in cache (``block`` elements): one trip through memory instead of one per operation.
     """
-    status, band = out if out is not None else (np.empty(numerical.shape, np.int8),
-                                                np.empty(numerical.shape, np.float64) if bands else None)
     columns = numerical.shape[1] if numerical.ndim == 2 else 1
     rows = max(1, block // max(1, columns))
+    if out is None and numerical.shape[0] <= rows:  # one block: its arrays are the result
+        status, band = _block_verdicts(analytical, numerical, noise[:], atol, rtol)
+        return status, band if bands else None
+    status, band = out if out is not None else (np.empty(numerical.shape, np.int8),
+                                                np.empty(numerical.shape, np.float64) if bands else None)
     for start in range(0, numerical.shape[0], rows):
         part = slice(start, start + rows)
         block_status, block_band = _block_verdicts(analytical[part], numerical[part], noise[part], atol, rtol)
@@ -186,6 +189,8 @@ def _block_verdicts(analytical, numerical, noise, atol, rtol):
         difference = np.subtract(analytical, numerical)
         np.abs(difference, out=difference)
         status = np.greater(difference, band).view(np.int8)  # MISMATCH == 1 (a bool is one byte, 0 or 1)
+    if np.isfinite(difference).all():  # both sides finite everywhere (a non-finite side makes its difference so)
+        return status, band
     numerical_bad = ~np.isfinite(numerical)
     if numerical_bad.any():
         status[numerical_bad] = NUMERICAL_NONFINITE

@@ -12,6 +12,7 @@ Steps and tolerances are data, kept here in one place:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,8 @@ MODES = ("auto", "full", "fast", "coloured")
 AUTODIFF = ("auto", "reverse", "forward", "both")
 
 
+# Memoised (a few microseconds of TensorFlow's dtype properties each, read many times in every check).
+@functools.lru_cache(maxsize=256)
 def real_dtype(dtype: tf.DType) -> tf.DType:
     """The real dtype behind ``dtype`` (complex64 -> float32, ...)."""
     dtype = tf.as_dtype(dtype)
@@ -61,13 +64,17 @@ def real_dtype(dtype: tf.DType) -> tf.DType:
 
 def least_precise(dtypes) -> tf.DType:
     """The floating dtype with the largest machine epsilon among ``dtypes``."""
-    reals = [real_dtype(d) for d in dtypes if tf.as_dtype(d).is_floating or tf.as_dtype(d).is_complex]
-    return max(reals, key=lambda d: MACHINE_EPSILON[d])
+    return _extreme_precision(tuple(dtypes), True)
 
 
 def most_precise(dtypes) -> tf.DType:
+    return _extreme_precision(tuple(dtypes), False)
+
+
+@functools.lru_cache(maxsize=256)
+def _extreme_precision(dtypes: tuple, least: bool) -> tf.DType:
     reals = [real_dtype(d) for d in dtypes if tf.as_dtype(d).is_floating or tf.as_dtype(d).is_complex]
-    return min(reals, key=lambda d: MACHINE_EPSILON[d])
+    return (max if least else min)(reals, key=lambda d: MACHINE_EPSILON[d])
 
 
 def precision_name(dtype: tf.DType) -> str:

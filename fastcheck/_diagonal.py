@@ -30,11 +30,13 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 from tensorflow.python.framework import op_callbacks
 
 from fastcheck._config import CheckConfig
 from fastcheck._plan import EAGER_TENSOR, Plan
 from fastcheck._sparsity import ELEMENTWISE, FLAT_IDENTITY, NO_DEPENDENCE, REDUCTIONS
+from fastcheck._tables import COTANGENT_ELEMENTS, COTANGENT_SHAPES
 
 # _sparsity's element-wise ops, and two on the complex values a gradient may pass through.
 PER_ELEMENT = ELEMENTWISE | FLAT_IDENTITY | {"Conj", "Real"}
@@ -51,15 +53,20 @@ def eligible(plan: Plan, config: CheckConfig) -> bool:
 
 
 class _Reads:
-    """While active (TensorFlow's op callbacks, eager ops only): for each op that reads a value derived from
-    ``source``, its type and the inputs it reads that are not derived (its constants); ``found`` None once such an
-    op is not element-wise over n elements.  Derived values are followed by weak reference (an id alone could be
+    """While active (TensorFlow's op callbacks, eager ops only), from ``watch(source)`` to ``of(target)``: for each op
+    that reads a value derived from ``source``, its type and the inputs it reads that are not derived (its
+    constants); ``found`` None once such an op is not element-wise over n elements, and between readings.  Derived values are followed by weak reference (an id alone could be
     reused by a later tensor once its own is freed), so recording holds no more of f's intermediates than f does;
     the constants are held, to be compared with another call's."""
 
-    def __init__(self, source, n: int):
+    def __init__(self, n: int):
         self.n = n
-        self.found: list | None = []
+        self.found: list | None = None  # nothing watched yet: no op is recorded
+        self.derived: dict = {}
+
+    def watch(self, source) -> None:
+        """Record from now on the ops that read values derived from ``source`` (a new reading)."""
+        self.found = []
         self.derived = {id(source): weakref.ref(source)}
 
     def __enter__(self) -> _Reads:
@@ -72,10 +79,11 @@ class _Reads:
     def of(self, target) -> list | None:
         """The constants, or None where an op was not element-wise.  A ``target`` not derived from the source (a
         gradient that ignores its cotangent: sign's zeros) is one constant: the same in every call, it is every
-        row's (every column's) value."""
-        if self.found is None:
+        row's (every column's) value.  The reading ends here: later ops are not recorded."""
+        found, self.found = self.found, None
+        if found is None:
             return None
-        return self.found if self._is_derived(target) else [("independent", [target])]
+        return found if self._is_derived(target) else [("independent", [target])]
 
     def _is_derived(self, tensor) -> bool:
         ref = self.derived.get(id(tensor))
@@ -133,22 +141,24 @@ def differences(plan: Plan, values: list, position: int, flat: np.ndarray, shape
     k = len(idx)
     cols = np.arange(k)
     sides, found = [], []
-    for sign in (1, -1):
-        moved = flat.copy()
-        moved[idx] = flat[idx] + (sign * np.asarray(delta, np.float64)).astype(flat.dtype)
-        values[position] = source = tf.constant(moved.reshape(shape))
-        with _Reads(source, plan.m) as reads:
+    with _Reads(plan.m) as reads:
+        for sign in (1, -1):
+            moved = flat.copy()
+            moved[idx] = flat[idx] + (sign * np.asarray(delta, np.float64)).astype(flat.dtype)
+            values[position] = source = tf.constant(moved.reshape(shape))
+            reads.watch(source)
             result = plan.call(values, untaped=True)
-        leaves = [leaf for leaf, kept in zip(tf.nest.flatten(result), plan.leaf_is_output) if kept]
-        if len(leaves) != 1 or type(leaves[0]) is not EAGER_TENSOR:
-            return None
-        found.append(reads.of(leaves[0]))
-        if found[-1] is None:  # not element-wise, or not of m elements: the loops run (and say why, if f changed)
-            return None
-        y = plan.flat_numpy(result, plan.eval_upcast)
-        block = np.repeat(centre[:, None], k, axis=1)
-        block[idx, cols] = y[idx]
-        sides.append(block)
+            leaves = [result] if type(result) is EAGER_TENSOR else [
+                leaf for leaf, kept in zip(tf.nest.flatten(result), plan.leaf_is_output) if kept]
+            if len(leaves) != 1 or type(leaves[0]) is not EAGER_TENSOR:
+                return None
+            found.append(reads.of(leaves[0]))
+            if found[-1] is None:  # not element-wise, or not of m elements: the loops run (and say why, if f changed)
+                return None
+            y = plan.flat_numpy(result, plan.eval_upcast)
+            block = np.repeat(centre[:, None], k, axis=1)
+            block[idx, cols] = y[idx]
+            sides.append(block)
     return tuple(sides) if _same(*found) else None
 
 
@@ -158,17 +168,35 @@ def rows(vjp, leaf) -> list[np.ndarray] | None:
     are not element-wise in the cotangent."""
     n = leaf.shape.num_elements()
     grads, found = [], []
-    for value in (1, 0):
-        cotangent = tf.constant(np.full(leaf.shape.as_list(), value, leaf.dtype.as_numpy_dtype))
-        with _Reads(cotangent, n) as reads:
+    with _Reads(n) as reads:
+        for value in (1, 0):
+            cotangent = _cotangent(leaf, value)
+            reads.watch(cotangent)
             grad = vjp(cotangent)
-        if type(grad) is not EAGER_TENSOR:  # IndexedSlices (a gather's gradient), or no gradient
-            return None
-        found.append(reads.of(grad))
-        grads.append(grad.numpy().reshape(-1).astype(np.float64))
+            if type(grad) is not EAGER_TENSOR:  # IndexedSlices (a gather's gradient), or no gradient
+                return None
+            found.append(reads.of(grad))
+            grads.append(grad.numpy().reshape(-1).astype(np.float64))
     if not _same(*found):
         return None
     on, off = grads
     block = np.repeat(off[None, :], off.size, axis=0)
     np.fill_diagonal(block, on)
     return [block]
+
+
+# The cotangents of ``rows``, made once per shape, dtype and device (a constant costs as much as a small f's call).
+_COTANGENTS: dict = {}
+
+
+def _cotangent(leaf, value: int):
+    """A tensor of ``value`` shaped as ``leaf``, kept where small (``COTANGENT_ELEMENTS``, ``COTANGENT_SHAPES``)."""
+    key = (tuple(leaf.shape.as_list()), leaf.dtype, value, context.context().device_name)
+    found = _COTANGENTS.get(key)
+    if found is None:
+        found = tf.constant(np.full(key[0], value, leaf.dtype.as_numpy_dtype))
+        if leaf.shape.num_elements() <= COTANGENT_ELEMENTS:
+            if len(_COTANGENTS) >= COTANGENT_SHAPES:
+                _COTANGENTS.clear()
+            _COTANGENTS[key] = found
+    return found

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import sys
 import threading
 import time
@@ -35,7 +36,7 @@ from fastcheck._calibration import EAGER, Calibration, shared_calibration
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._distribute import Share, spread_for
 from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory, OwnKernel
-from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, learn, pad, plan_key
+from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, known, learn, pad, plan_key
 from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._pfor import converted
 from fastcheck._plan import Plan, first_line, measure_precision, view
@@ -286,7 +287,7 @@ class Executor:
         # routing; not across workers, which must agree on every step.
         self.joint = route.joint_chunk > 0 and self.share is None
         self._offsets = dict(zip([s.position for s in plan.checked],
-                                 np.cumsum([0] + [s.size for s in plan.checked])[:-1].tolist()))
+                                 itertools.accumulate([s.size for s in plan.checked], initial=0)))
         self._joint_chunks: dict = {}  # each input's own chunk, while the joint kernel's replaces it
         self._rented: dict = {}  # input position -> seconds its joint calls cost beyond its own kernel's (predicted)
         self._own: set = set()  # inputs whose differences have left the joint kernel for their own
@@ -441,6 +442,8 @@ class Executor:
         """``arrays`` (the kernel's outputs: [m, len(idx)] blocks, then the spans) filled chunk by chunk, each chunk
         in its place (no concatenation of [m, n] arrays); with three, both sides, with two, the quotients alone;
         or ``eager()``'s result."""
+        if self.path == EAGER and self.share is None:  # no kernel, no chunks: the loops themselves
+            return eager()
         dtype = self.values[position].dtype.as_numpy_dtype
 
         def call(chunk, part, count):
@@ -547,7 +550,7 @@ class Executor:
             self.memo["elementwise sides"].append(side)
         if forward:
             self.memo["elementwise"] = ran
-            if ran:
+            if ran and not known(plan_key(self.plan, self.config)).elementwise:
                 learn(plan_key(self.plan, self.config), elementwise=True)
 
     def _centre(self) -> np.ndarray:

@@ -58,10 +58,10 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
     first = sweep()
     atol, rtol = jac.config.tolerances(jac.plan.precision)
     verdicts = [_compare.verdicts(a, numerical, noise, atol, rtol) for a, (numerical, noise, _) in zip(analytical, first)]
-    if jac.plan.noise is None and any(np.any(status != _compare.OK) for status, _ in verdicts):
+    if jac.plan.noise is None and any(status.any() for status, _ in verdicts):  # OK is 0
         with timed(jac.timings, "refine"):
             _second_step(jac, analytical, first, verdicts, (atol, rtol))
-    if any(np.any(status != _compare.OK) for status, _ in verdicts) and jac.plan.noise is None:
+    if any(status.any() for status, _ in verdicts) and jac.plan.noise is None:
         with timed(jac.timings, "noise"):
             jac.measure()
         atol, rtol = jac.config.tolerances(jac.plan.precision)
@@ -71,28 +71,37 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
     results, sweeps = [], []
     for spec, a, (numerical, noise, spans), (status, band) in zip(plan.checked, analytical, first, verdicts):
         sweeps.append(spans)
-        flat = _flat.candidates(jac.plan, numerical, spans, status == _compare.MISMATCH)  # before refinement overwrites
-        with timed(jac.timings, "refine"):
-            status, band, one_sided = _refine(jac, spec.position, a, numerical, noise, status, band, (atol, rtol))
-        # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it moved f
-        # by a few roundings at most (a weight near sign's jump: the first step crosses it, every settling step is
-        # below it; a staircase's element whose sides differ by one rounding of f).  So too a column judged at wide
-        # steps (``_wide``): a cubic through a staircase's few steps (bfloat16 inside) can fit within its noise.
-        mismatched = status == _compare.MISMATCH
-        if mismatched.any():
-            refined_rows, refined_cols = _flat.candidates(jac.plan, numerical, spans, mismatched)
-            rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack([refined_rows, refined_cols])], axis=1),
-                                   axis=1)
-            still = status[rows, cols] == _compare.MISMATCH
-            rows, cols = rows[still], cols[still]
-            status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, spec.position, rows, cols,
-                                              a[rows, cols])
+        one_sided: dict = {}
+        if status.any() or jac.noisy:  # some element failed its first sweep (OK is 0), or f's noise limits columns
+            status, band, one_sided = _examined(jac, spec.position, a, numerical, noise, spans, status, band,
+                                                (atol, rtol))
         with timed(jac.timings, "refine"):
             _resolve(jac, spec.position, a, numerical, status, band, (atol, rtol))
         results.append((spec, a, numerical, status, band, one_sided, None))
     if twin:
         results = _twin(jac, results, sweeps, (atol, rtol))
     return results, (atol, rtol)
+
+
+def _examined(jac: _Jacobians, position: int, a, numerical, noise, spans, status, band, tolerances):
+    """``_refine`` (in place; its (status, band, one-sided values)), then the mismatches where f does not move
+    (``_flat``)."""
+    flat = _flat.candidates(jac.plan, numerical, spans, status == _compare.MISMATCH)  # before refinement overwrites
+    with timed(jac.timings, "refine"):
+        status, band, one_sided = _refine(jac, position, a, numerical, noise, status, band, tolerances)
+    # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it moved f
+    # by a few roundings at most (a weight near sign's jump: the first step crosses it, every settling step is
+    # below it; a staircase's element whose sides differ by one rounding of f).  So too a column judged at wide
+    # steps (``_wide``): a cubic through a staircase's few steps (bfloat16 inside) can fit within its noise.
+    mismatched = status == _compare.MISMATCH
+    if mismatched.any():
+        refined_rows, refined_cols = _flat.candidates(jac.plan, numerical, spans, mismatched)
+        rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack([refined_rows, refined_cols])], axis=1),
+                               axis=1)
+        still = status[rows, cols] == _compare.MISMATCH
+        rows, cols = rows[still], cols[still]
+        status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, position, rows, cols, a[rows, cols])
+    return status, band, one_sided
 
 
 def _second_step(jac: _Jacobians, analytical, first, verdicts, tolerances) -> None:

@@ -29,6 +29,13 @@ class _Jacobians:
         self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
         self.y0 = plan.eval_output  # f at the point, from planning: no extra call
         self._quarters: dict = {}  # position -> (columns, their quotients, sides and spans at h/4)
+        self._steps: dict = {}  # position -> its first steps (``_executor.steps``): every evaluation reads them
+
+    def steps(self, position: int) -> np.ndarray:
+        """The first step of each element of input ``position`` (its evaluation values do not change in a check)."""
+        if position not in self._steps:
+            self._steps[position] = steps(self.plan, self.config, position)
+        return self._steps[position]
 
     def measure(self) -> None:
         """Measure f's noise and the precision it computes in (see ``_precision``)."""
@@ -53,7 +60,7 @@ class _Jacobians:
         columns = np.arange(size) if columns is None else columns
         if not len(columns):
             return np.zeros((self.plan.m, 0)), np.zeros((self.plan.m, 0)), np.zeros(0)
-        delta = steps(self.plan, self.config, position)[columns]
+        delta = self.steps(position)[columns]
         jacobian, spans = self.executor.quotients(position, columns, delta)
         return jacobian, self.noise_factors(spans), spans
 
@@ -65,7 +72,7 @@ class _Jacobians:
         if cached is not None and np.isin(columns, cached[0]).all():
             where = np.searchsorted(cached[0], columns)
             return tuple(value[..., where] for value in cached[1:])
-        delta = steps(self.plan, self.config, position)[columns] / REFINE_RATIO
+        delta = self.steps(position)[columns] / REFINE_RATIO
         values = numerical_columns(self.executor, position, columns, delta)
         self._quarters[position] = (columns, *values)
         return values
@@ -87,7 +94,7 @@ class _Jacobians:
         def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
             chosen = columns[selection]
             count = len(chosen)
-            base = steps(self.plan, self.config, position)[chosen]
+            base = self.steps(position)[chosen]
             divisors = [REFINE_RATIO**k for k in powers]
             idx = np.tile(chosen, len(divisors))
             delta = np.concatenate([base / d * factor for d, factor in zip(divisors, factors or [1.0] * len(divisors))])
@@ -103,7 +110,7 @@ class _Jacobians:
 
     def line(self, position: int, columns: np.ndarray) -> Line:
         """The ``Line`` of ``columns`` for ``confirmation``: their first steps, the noise over a span."""
-        return Line(lambda selection: steps(self.plan, self.config, position)[columns[selection]],
+        return Line(lambda selection: self.steps(position)[columns[selection]],
                     lambda selection, spans: self.noise(spans))
 
     def analytical(self) -> list[np.ndarray]:
@@ -134,7 +141,7 @@ def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, nois
                      sigma) -> np.ndarray:
     """``_coarsen`` on the noise-limited ``columns``; returns those taken."""
     atol, rtol = tolerances
-    base = steps(jac.plan, jac.config, position)[columns]
+    base = jac.steps(position)[columns]
     width = _wide.widths(a[:, columns], sigma[:, None], base, base / jac.config.step(jac.eps_eval), atol, rtol)
 
     def sample(width: np.ndarray):

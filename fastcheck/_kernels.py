@@ -111,11 +111,9 @@ class WeakCall:
         return call_carrying_own(self.function, args, kwargs)
 
 
-def kernel_plan(plan: Plan) -> Plan:
-    """The plan as compiled kernels should hold it: f by weak reference, when f allows one."""
-    if isinstance(plan.f, WeakCall):
-        return plan
-    return dataclasses.replace(plan, f=WeakCall(plan.f))
+def kernel_held(f) -> WeakCall:
+    """f as compiled kernels hold it (``build_plan``'s ``hold``): by weak reference, when f allows one."""
+    return f if isinstance(f, WeakCall) else WeakCall(f)
 
 
 class FlatCall:

@@ -171,6 +171,9 @@ class Plan:
     precision_reason: Any = None  # why it is lower than the dtypes say: LowPrecisionOp, TensorFloat32 or declared text
     declared: tuple | None = None  # (precision, reason) the problem knows f's analytical side computes in
     autograph: bool = False  # kernels trace f with AutoGraph (set from the route: f needs it)
+    # The float64 values planning called f with, where the numerical side is upcast: its evaluations start from them
+    # (each cast is an eager op).
+    upcast_values: tuple | None = None
 
     @property
     def noise_epsilon(self) -> float:
@@ -252,6 +255,8 @@ class Plan:
     @functools.cached_property
     def _eval_values(self) -> tuple:
         """Every input as the numerical side sees it, cast once per plan (each cast is an eager op)."""
+        if self.eval_upcast and self.upcast_values is not None:
+            return self.upcast_values
         return tuple((as_float64(s.real_view) if self.eval_upcast else s.real_view) if s.checked else s.value
                      for s in self.inputs)
 
@@ -260,6 +265,8 @@ class Plan:
 
         ``untaped``: no tape differentiates the call, so an eager real view becomes complex through numpy (the same
         bits, reinterpreted; cheaper than the ops)."""
+        if not self._complex_inputs:  # the common case: every value as given
+            return self.f(*values)
         args = []
         for spec, value in zip(self.inputs, values):
             if spec.checked and spec.is_complex:
@@ -272,9 +279,17 @@ class Plan:
             args.append(value)
         return self.f(*args)
 
+    @functools.cached_property
+    def _complex_inputs(self) -> bool:
+        """Whether some checked input is complex (given to f as a real view, made complex again by ``call``)."""
+        return any(s.checked and s.is_complex for s in self.inputs)
+
     def output_leaves(self, values: list[tf.Tensor]) -> list[tf.Tensor]:
         """The floating output leaves of f as real views, unreshaped and uncast (for eager tapes)."""
-        leaves = tf.nest.flatten(self.call(values))
+        result = self.call(values)
+        if type(result) is EAGER_TENSOR and self.leaf_is_output == [True] and not result.dtype.is_complex:
+            return [result]  # one real tensor: nothing to walk or convert
+        leaves = tf.nest.flatten(result)
         return [to_real_view(tf.convert_to_tensor(leaf)) for leaf, is_output in zip(leaves, self.leaf_is_output) if is_output]
 
     def call_flat(self, values: list[tf.Tensor], upcast: bool = False) -> tf.Tensor:
@@ -381,17 +396,21 @@ def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal bit for bit (one integer comparison, faster than a NaN-aware one)."""
     if a.dtype != b.dtype or a.dtype.kind not in "fciub" or not (a.flags.c_contiguous and b.flags.c_contiguous):
         return False
+    if a.nbytes <= EQUAL_BLOCK:  # one block: its bytes
+        return a.tobytes() == b.tobytes()
     a, b = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
     # Block by block: no boolean temporary of the outputs' size.
     return a.size == b.size and all(np.array_equal(a[k : k + EQUAL_BLOCK], b[k : k + EQUAL_BLOCK])
                                     for k in range(0, a.size, EQUAL_BLOCK))
 
 
-def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in: tuple | None = None) -> Plan:
+def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in: tuple | None = None,
+               hold: Callable = lambda f: f) -> Plan:
     """Normalise, probe ``f`` eagerly at the point, and decide the numerical precision.
 
     ``computes_in``: (precision, reason) when the problem knows that the analytical side computes below its dtypes
     (a mixed-precision model judged through its float64 copy, whose evaluations show no float16 noise to measure).
+    ``hold``: how the plan holds f (``_kernels.WeakCall``: as compiled kernels hold it).
     """
     if not callable(f):
         raise TypeError(f"f must be callable (a function, tf.function or Keras layer); got {type(f).__name__}.")
@@ -453,15 +472,15 @@ def build_plan(f: Callable, inputs, config: CheckConfig, names=None, computes_in
     plan = Plan(f, specs, outputs, out, leaf_is_output, False, notes, call_seconds, nondeterministic, native_output,
                 declared=computes_in)
     if plan.empty:  # no Jacobian entry: nothing to measure or choose (run_check and jacobians say so)
-        return plan
+        return dataclasses.replace(plan, f=hold(f))
     # The second call's outputs, once: the precision choice and the call-to-call noise read them (the first call's
     # values where the two are equal: no second float64 copy).
     repeat = native_output if same else flat(again)
-    upcast, eval_output, note = _choose_precision(plan, config, repeat)
+    upcast, eval_output, note, upcast_values = _choose_precision(plan, config, repeat)
     precision, reason = _declared_precision(plan)
-    return dataclasses.replace(plan, eval_upcast=upcast, eval_output=eval_output, notes=notes + ([note] if note else []),
-                               repeat_output=None if upcast else repeat, precision=precision,
-                               precision_reason=reason)
+    return dataclasses.replace(plan, f=hold(f), eval_upcast=upcast, eval_output=eval_output,
+                               notes=notes + ([note] if note else []), repeat_output=None if upcast else repeat,
+                               precision=precision, precision_reason=reason, upcast_values=upcast_values)
 
 
 def _declared_precision(plan: Plan) -> tuple[str, Any]:
@@ -525,14 +544,15 @@ def _safely(find):
         return None
 
 
-def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tuple[bool, np.ndarray, NumericalSide | None]:
-    """(evaluate the numerical side in float64?, f at the point in that precision as float64, the event saying so)."""
+def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tuple:
+    """(evaluate the numerical side in float64?, f at the point in that precision as float64, the event saying so,
+    the float64 values f was called with where it is)."""
     native = plan.native_output
     low = [d for d in [s.dtype for s in plan.checked] + [o.dtype for o in plan.outputs] if real_dtype(d) != tf.float64]
     if config.precision == "native" or not low:
-        return False, native, None
+        return False, native, None, None
     if config.precision == "auto" and plan.n > UPCAST_MAX_ELEMENTS:
-        return False, native, NumericalSide(False, "elements", elements=plan.n)
+        return False, native, NumericalSide(False, "elements", elements=plan.n), None
     # Evaluate the numerical side in float64 when f accepts it: the finite differences then carry ~1e-11 error, so
     # float32 gradients are judged by float32 tolerances alone instead of by float32 finite-difference noise.
     upcast_args = [as_float64(s.real_view) if s.checked else s.value for s in plan.inputs]
@@ -548,16 +568,17 @@ def _choose_precision(plan: Plan, config: CheckConfig, repeat: np.ndarray) -> tu
         elif [t.shape for t in leaves] != [t.shape for t in _flatten_output(plan.structure, "")]:
             reason = NumericalSide(False, "shapes")
         else:
-            upcast = np.concatenate([np.reshape(to_real_view(t).numpy(), [-1]).astype(np.float64)
-                                     for t, o in zip(leaves, plan.leaf_is_output) if o])
+            parts = [to_real_view(t).numpy().reshape(-1).astype(np.float64)
+                     for t, o in zip(leaves, plan.leaf_is_output) if o]
+            upcast = parts[0] if len(parts) == 1 else np.concatenate(parts)
             reason = _differs_in_float64(plan, upcast, repeat)
     except Exception as error:  # any failure means: f does not run in float64
         reason = NumericalSide(False, "fails", error=f"{type(error).__name__}: {first_line(error)[:120]}")
     if reason is None:
-        return True, upcast, NumericalSide(True)
+        return True, upcast, NumericalSide(True), tuple(upcast_args)
     if config.precision == "float64":
         raise Float64Refused(reason)
-    return False, native, reason
+    return False, native, reason, None
 
 
 def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> NumericalSide | None:

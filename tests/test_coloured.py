@@ -392,11 +392,11 @@ def test_coloured_steps_are_full_modes():
 
 def _executor_for(f, x, **options):
     from fastcheck._check import _executor
-    from fastcheck._kernels import kernel_plan
+    from fastcheck._kernels import kernel_held
     from fastcheck._plan import build_plan
 
     config = CheckConfig(mode="coloured", **options)
-    plan = kernel_plan(build_plan(f, [x], config))
+    plan = build_plan(f, [x], config, hold=kernel_held)
     executor = _executor(plan, config, {})
     return executor, executor.plan
 
