@@ -20,8 +20,8 @@ from fastcheck import _diagonal, _eager_colours
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._kernels import pad
 from fastcheck._paths import EAGER, LOOP, compile_kernel
-from fastcheck._plan import EAGER_TENSOR, Plan, first_line
-from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS
+from fastcheck._plan import EAGER_TENSOR, Plan, first_line, unstacked
+from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS, LOOP_BATCH_ELEMENTS
 
 ZERO = tf.UnconnectedGradients.ZERO
 _EAGER = object()  # what a batch's eager fallback returns: the eager loops take over
@@ -298,17 +298,20 @@ class AutodiffJacobian:
         rows: list[list[np.ndarray]] = [[] for _ in sources]
         for index, leaf in enumerate(leaves):
             shape = leaf.shape.as_list()  # numpy reads a list at once, a TensorShape dimension by dimension
-            basis = np.zeros(leaf.shape.num_elements(), leaf.dtype.as_numpy_dtype)
-            for k in range(basis.size):
-                basis[k] = 1
-                cotangent = tf.constant(basis.reshape(shape))
-                basis[k] = 0
-                tape, outputs = taped()
-                grads = eager_vjp(tape, [outputs[index]], sources, [cotangent])
-                for row, g in zip(rows, grads):
-                    row.append(_densify(g).numpy().reshape(-1))
-                if pace.over():
-                    return None
+            size = leaf.shape.num_elements()
+            per = max(1, LOOP_BATCH_ELEMENTS // max(1, size))
+            for start in range(0, size, per):
+                # The one-hot cotangents of a chunk of rows from one constant (``unstacked``).
+                count = min(per, size - start)
+                basis = np.zeros((count, size), leaf.dtype.as_numpy_dtype)
+                basis[np.arange(count), start + np.arange(count)] = 1
+                for cotangent in unstacked(basis.reshape(-1, *shape)):
+                    tape, outputs = taped()
+                    grads = eager_vjp(tape, [outputs[index]], sources, [cotangent])
+                    for row, g in zip(rows, grads):
+                        row.append(_densify(g).numpy().reshape(-1))
+                    if pace.over():
+                        return None
         return [np.stack(row).astype(np.float64) for row in rows]
 
 

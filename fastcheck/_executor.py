@@ -39,9 +39,9 @@ from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMe
 from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, known, learn, pad, plan_key
 from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._pfor import converted
-from fastcheck._plan import Plan, first_line, measure_precision, view
+from fastcheck._plan import Plan, first_line, measure_precision, unstacked, view
 from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
-from fastcheck._tables import LINE_MARGIN, MEMORY_SAFETY, PROGRESS_SECONDS
+from fastcheck._tables import LINE_MARGIN, LOOP_BATCH_ELEMENTS, MEMORY_SAFETY, PROGRESS_SECONDS
 
 
 class ShapeChangeError(ValueError):
@@ -575,14 +575,24 @@ class Executor:
             d = np.asarray(delta, np.float64).astype(dtype)
             return (*sides, (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64))
         pluses, minuses = np.empty((m, len(idx))), np.empty((m, len(idx)))
-        spans = np.empty(len(idx))
         values = list(self.values)
-        for row, (j, d) in enumerate(zip(idx, delta)):
-            pluses[:, row], minuses[:, row] = (
-                self._moved_call(values, position, flat, shape, j, dtype.type(sign * d), f" at element {j}")
-                for sign in (1, -1))
-            spans[row] = float(flat[j] + dtype.type(d)) - float(flat[j] - dtype.type(d))
-        return pluses, minuses, spans
+        offsets = np.asarray(delta, np.float64)
+        sides = (offsets.astype(dtype), (-offsets).astype(dtype))  # each side's offset, rounded as the input is
+        # The moved inputs of a chunk of columns from one constant (``unstacked``): x + d_j e_j, then x - d_j e_j.
+        per = max(1, LOOP_BATCH_ELEMENTS // max(1, 2 * flat.size))
+        for start in range(0, len(idx), per):
+            part = np.arange(start, min(start + per, len(idx)))
+            batch = np.repeat(flat[None], 2 * len(part), axis=0)
+            for half, offset in enumerate(sides):
+                rows = 2 * np.arange(len(part)) + half
+                batch[rows, idx[part]] = flat[idx[part]] + offset[part]
+            moved = unstacked(batch.reshape(-1, *shape))
+            for k, column in enumerate(part):
+                for half, target in enumerate((pluses, minuses)):
+                    values[position] = moved[2 * k + half]
+                    target[:, column] = self._evaluated(values, position, f" at element {idx[column]}")
+        d = offsets.astype(dtype)
+        return pluses, minuses, (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64)
 
     def _shortcut(self, position: int, flat: np.ndarray, shape, idx: np.ndarray, delta) -> tuple | None:
         """The column loop's (plus, minus) from fewer calls of f, where f's structure allows: two calls a side for an
@@ -605,13 +615,9 @@ class Executor:
         self.coloured("numerical", colours)
         return plus, minus
 
-    def _moved_call(self, values: list, position: int, flat: np.ndarray, shape, columns, offsets, where: str = ""):
-        """f's outputs [m] with ``columns`` of input ``position`` (``flat``) moved by ``offsets``; ``values``
-        is the call's list of inputs, its ``position`` replaced.  Raises if the output shape changed."""
+    def _evaluated(self, values: list, position: int, where: str = ""):
+        """f's outputs [m] at ``values`` (input ``position`` moved); raises if the output shape changed."""
         plan = self.plan
-        moved = flat.copy()
-        moved[columns] = flat[columns] + offsets
-        values[position] = tf.constant(moved.reshape(shape))
         y = plan.call_flat_numpy(values, plan.eval_upcast)
         if y.shape != (plan.m,):
             raise ShapeChangeError(

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import gen_math_ops
+from tensorflow.python.ops import gen_array_ops, gen_math_ops
 
 from fastcheck._config import (
     MACHINE_EPSILON,
@@ -382,6 +382,14 @@ def _flatten_output(out, what: str, names: list[str] | None = None):
                             "tensor (tf.Tensor or numpy array).")
         tensors.append(tf.convert_to_tensor(leaf))
     return tensors
+
+
+def unstacked(batch: np.ndarray, dtype=None) -> list:
+    """``[tf.constant(item) for item in batch]``: the same tensors, from one constant and one Unpack op (each constant
+    costs as much as a small f's call, and the eager loops make one per call of f or VJP)."""
+    if len(batch) == 1:
+        return [tf.constant(batch[0], dtype)]
+    return list(gen_array_ops.unpack(tf.constant(batch, dtype), num=len(batch), axis=0))
 
 
 def view(tensor) -> np.ndarray:

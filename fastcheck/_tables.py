@@ -205,6 +205,9 @@ DIAGONAL_MIN_ELEMENTS = 2
 # a ~620 us check of a 6-element f).
 COTANGENT_ELEMENTS = 1 << 12
 COTANGENT_SHAPES = 64
+# The eager loops make the moved inputs (and one-hot cotangents) of a chunk of calls from one constant of at most this
+# many elements, split by one Unpack op (``_plan.unstacked``): a constant per call cost ~5 us, as much as a small f.
+LOOP_BATCH_ELEMENTS = 1 << 20
 # autodiff="auto" probes forward mode (``_full``) only on traced checks of at least this many first-sweep
 # evaluations: below, the ForwardAccumulator's helper traces cost a third of the check or more, for a side training
 # does not use and that cannot see custom gradients.
