@@ -20,7 +20,7 @@ from fastcheck._diagnosis import describe_nonfinite
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._kernels import kernel_held, learn, plan_key
+from fastcheck._kernels import kernel_held, known, learn, plan_key
 from fastcheck._paths import EAGER, Route, choose_route
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
@@ -98,6 +98,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
         inconsistent = list(outcome.inconsistent)
         learnt = executor.calibration
+        found_of_f: dict = {"checks": 1}  # what this problem's later checks route by
         if (mode == "full" and not rerun and not executor.elementwise_sides and not executor.colours
                 and not executor.chosen.repeated and not executor.chosen.reason.coloured):
             # What routing predicted, against what it cost: later checks route by it (not an element-wise f's few
@@ -105,8 +106,12 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             # whose kernels were traced before).
             seconds = sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical"))
             learnt = learnt.learn_from(executor.chosen, executor.path, seconds)
-            if executor.path == EAGER and config.jit_compile == "auto":  # for this problem's repeated checks
-                learn(plan_key(plan, config), eager_seconds=seconds)
+            if executor.path == EAGER:
+                found_of_f["eager_seconds"] = seconds
+        if "numerical" in executor.elementwise_sides:
+            found_of_f["elementwise"] = True
+        if config.jit_compile == "auto":  # learnt once, at the end (routing read the count it adds to)
+            learn(plan_key(plan, config), **found_of_f)
         found = run_events(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
@@ -189,6 +194,8 @@ def jacobian_blocks(problem: Problem, config: CheckConfig, sides: tuple[str, ...
             by_input = {s.position: b for s, b in zip(plan.checked, blocks)}
             found[side] = [[by_input[s.position][o.offset : o.offset + o.size] if s.position in by_input else None
                             for s in plan.inputs] for o in plan.outputs]
+        if config.jit_compile == "auto":
+            learn(plan_key(plan, config), checks=1)
         _keep(config, executor.calibration)
         return found
 
@@ -232,7 +239,7 @@ def _planned(problem: Problem, config: CheckConfig) -> Plan:
 
 def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:
     with timed(timings, "route"):
-        checks = learn(plan_key(plan, config), checks=1).checks if config.jit_compile == "auto" else 1
+        checks = known(plan_key(plan, config)).checks + 1 if config.jit_compile == "auto" else 1
         route, calibration = choose_route(plan, config, _received(config), checks)
         return Executor(plan, config, route, calibration)
 

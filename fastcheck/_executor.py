@@ -36,7 +36,7 @@ from fastcheck._calibration import EAGER, Calibration, shared_calibration
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._distribute import Share, spread_for
 from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory, OwnKernel
-from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, known, learn, pad, plan_key
+from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, pad, plan_key
 from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._pfor import converted
 from fastcheck._plan import Plan, first_line, measure_precision, unstacked, view
@@ -544,14 +544,13 @@ class Executor:
 
     def elementwise_ran(self, ran: bool, forward: bool = True) -> None:
         """Record what ``_diagonal``'s calls found: a forward that is not element-wise is not tried again in this
-        check; one that is stays on the eager path when f is checked again (``_paths``)."""
+        check; one that is (``elementwise_sides``) keeps f on the eager path when it is checked again (the check
+        learns it at its end, ``_check``; routing reads it, ``_paths``)."""
         side = "numerical" if forward else "reverse"
         if ran and side not in self.memo.setdefault("elementwise sides", []):
             self.memo["elementwise sides"].append(side)
         if forward:
             self.memo["elementwise"] = ran
-            if ran and not known(plan_key(self.plan, self.config)).elementwise:
-                learn(plan_key(self.plan, self.config), elementwise=True)
 
     def _centre(self) -> np.ndarray:
         """f at x on the numerical side, as the eager loop calls it (flat, float64): planning's evaluation at the
