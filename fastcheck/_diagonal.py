@@ -55,9 +55,10 @@ def eligible(plan: Plan, config: CheckConfig) -> bool:
 class _Reads:
     """While active (TensorFlow's op callbacks, eager ops only), from ``watch(source)`` to ``of(target)``: for each op
     that reads a value derived from ``source``, its type and the inputs it reads that are not derived (its
-    constants); ``found`` None once such an op is not element-wise over n elements, and between readings.  Derived values are followed by weak reference (an id alone could be
-    reused by a later tensor once its own is freed), so recording holds no more of f's intermediates than f does;
-    the constants are held, to be compared with another call's."""
+    constants); ``found`` None once such an op is not element-wise over n elements, and between readings.  Derived
+    values are followed by weak reference (an id alone could be reused by a later tensor once its own is freed), so
+    recording holds no more of f's intermediates than f does; the constants are held, to be compared with another
+    call's."""
 
     def __init__(self, n: int):
         self.n = n

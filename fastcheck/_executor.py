@@ -567,31 +567,28 @@ class Executor:
         base = self.values[position].numpy()
         shape, dtype = base.shape, base.dtype
         flat = base.reshape(-1)
-        m = self.plan.m
         idx = np.asarray(idx)
-        sides = self._shortcut(position, flat, shape, idx, delta) if np.unique(idx).size == len(idx) > 1 else None
-        if sides is not None:
-            d = np.asarray(delta, np.float64).astype(dtype)
-            return (*sides, (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64))
-        pluses, minuses = np.empty((m, len(idx))), np.empty((m, len(idx)))
-        values = list(self.values)
         offsets = np.asarray(delta, np.float64)
-        sides = (offsets.astype(dtype), (-offsets).astype(dtype))  # each side's offset, rounded as the input is
+        up, down = offsets.astype(dtype), (-offsets).astype(dtype)  # each side's offset, rounded as the input is
+        spans = (flat[idx] + up).astype(np.float64) - (flat[idx] - up).astype(np.float64)
+        shortcut = self._shortcut(position, flat, shape, idx, delta) if np.unique(idx).size == len(idx) > 1 else None
+        if shortcut is not None:
+            return (*shortcut, spans)
+        pluses, minuses = np.empty((self.plan.m, len(idx))), np.empty((self.plan.m, len(idx)))
+        values = list(self.values)
         # The moved inputs of a chunk of columns from one constant (``unstacked``): x + d_j e_j, then x - d_j e_j.
         per = max(1, LOOP_BATCH_ELEMENTS // max(1, 2 * flat.size))
         for start in range(0, len(idx), per):
             part = np.arange(start, min(start + per, len(idx)))
             batch = np.repeat(flat[None], 2 * len(part), axis=0)
-            for half, offset in enumerate(sides):
-                rows = 2 * np.arange(len(part)) + half
-                batch[rows, idx[part]] = flat[idx[part]] + offset[part]
+            for half, offset in enumerate((up, down)):
+                batch[2 * np.arange(len(part)) + half, idx[part]] = flat[idx[part]] + offset[part]
             moved = unstacked(batch.reshape(-1, *shape))
             for k, column in enumerate(part):
                 for half, target in enumerate((pluses, minuses)):
                     values[position] = moved[2 * k + half]
                     target[:, column] = self._evaluated(values, position, f" at element {idx[column]}")
-        d = offsets.astype(dtype)
-        return pluses, minuses, (flat[idx] + d).astype(np.float64) - (flat[idx] - d).astype(np.float64)
+        return pluses, minuses, spans
 
     def _shortcut(self, position: int, flat: np.ndarray, shape, idx: np.ndarray, delta) -> tuple | None:
         """The column loop's (plus, minus) from fewer calls of f, where f's structure allows: two calls a side for an

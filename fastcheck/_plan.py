@@ -384,12 +384,12 @@ def _flatten_output(out, what: str, names: list[str] | None = None):
     return tensors
 
 
-def unstacked(batch: np.ndarray, dtype=None) -> list:
+def unstacked(batch: np.ndarray) -> list:
     """``[tf.constant(item) for item in batch]``: the same tensors, from one constant and one Unpack op (each constant
     costs as much as a small f's call, and the eager loops make one per call of f or VJP)."""
     if len(batch) == 1:
-        return [tf.constant(batch[0], dtype)]
-    return list(gen_array_ops.unpack(tf.constant(batch, dtype), num=len(batch), axis=0))
+        return [tf.constant(batch[0])]
+    return list(gen_array_ops.unpack(tf.constant(batch), num=len(batch), axis=0))
 
 
 def view(tensor) -> np.ndarray:
