@@ -13,11 +13,12 @@ normalisations over a small axis, stencils):
    row's colour;
 4. the element rule of ``_compare`` on the nonzeros, f's noise measured only when an element fails; a large
    diagonal block (``SCREEN_ELEMENTS``) is screened on the device beside its evaluations
-   (``_coloured_judge._screen``); failing nonzeros evaluated at h/4 first (the second step: those its quotient and
-   Richardson's extrapolation pass are done), the rest refined over h ... h/4**5 (deeper where unsettled) by
-   re-evaluating only their colours, with ``_compare.refine``'s kink and jump tests, as in full mode; under a noisy
-   f's measured noise the nonzeros it swamps at wide steps first (``_wide``), and mismatches where f does not move
-   tested at larger steps last (``_flat``): full mode's stages, along colours;
+   (``_coloured_judge._screen``); then full mode's stages in its order (``_refine.stages`` over the blocks), along
+   colours: failing nonzeros at h/4 (the second step: where every one passes, f's noise is never measured), else
+   f's noise on the rows that matter and the rule again under it; under a noisy f the nonzeros it swamps at wide
+   steps (``_wide``), the others through ``_refine.examined`` (second step, triage, the ladder h ... h/4**5 and
+   deeper, confirmation) re-evaluating only their colours, and mismatches where f does not move tested at larger
+   steps last (``_flat``);
 5. the pattern check: random dense probes ``J d`` (numerical) against the pattern-restricted ``sum N_ij d_j``; mass
    outside the pattern (confirmed at a quarter of the step) is a *problem* of the report -- the pattern is wrong
    --, not a gradient verdict.  A traced diagonal pattern is trusted instead, as the eager path's
@@ -55,6 +56,7 @@ from fastcheck._executor import Executor, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA
 from fastcheck._plan import Plan, first_line, with_noise
 from fastcheck._precision import measure_noise
+from fastcheck._refine import stages
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense, Nonzeros
 from fastcheck._tables import (
@@ -243,22 +245,17 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         with timed(timings, "pattern"):
             problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
     judged = [b for b in blocks if not any(b is w for w in wrong)]
-    # Failing nonzeros are refined first (a few colours at smaller steps: at 10^7 elements truncation fails a handful
-    # of them, and measuring f's noise costs far more).  Only what still fails then measures f's noise and precision
-    # (``_measured_rows``) and is judged and refined again under them (larger allowances only turn failures into
-    # passes).
-    with timed(timings, "refine"):
-        for block in judged:
-            block.refine(plan, atol, rtol)
-    if any(np.count_nonzero(b.status[b.flagged]) for b in judged) and plan.noise is None:  # OK is 0
-        with timed(timings, "noise"):
-            plan, sampled = _measured_rows(executor, plan, judged)
-        atol, rtol = config.tolerances(plan.precision)
-        with timed(timings, "refine"):
-            for block in judged:
-                block.reset()
-                block.judge(plan, atol, rtol)
-                block.refine(plan, atol, rtol)
+
+    def measure(plan: Plan, passed: dict) -> Plan:
+        nonlocal sampled
+        failing = [block.failing() for block in judged]
+        with timed(timings, "noise"):  # the rows of the nonzeros the second step did not pass
+            plan, sampled = _measured_rows(executor, plan, judged, [index[~passed[k]] if k in passed else index
+                                                                   for k, index in enumerate(failing)])
+        return plan
+
+    plan, atol, rtol = stages(judged, plan, measure, lambda plan: config.tolerances(plan.precision),
+                              lambda stage: timed(timings, stage))
     side = "supplied" if supplied is not None else "reverse"
     with timed(timings, "report"):
         pairs = _pairs(plan, blocks, atol, rtol, output_name, side, config.table("DENSE_REPORT_ENTRIES"))
@@ -303,9 +300,10 @@ def _noise_line(blocks: list[_Block]):
     return line
 
 
-def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tuple[Plan, tuple | None]:
-    """The plan with f's noise measured on the rows of the failing nonzeros plus a random sample of rows (every row
-    where there are few), and the precision f computes in.
+def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block],
+                   among: list | None = None) -> tuple[Plan, tuple | None]:
+    """The plan with f's noise measured on the rows of the failing nonzeros (``among``, per block; by default those
+    not OK) plus a random sample of rows (every row where there are few), and the precision f computes in.
 
     ``_precision.measure_noise`` runs over a sub-problem: its values are the columns those rows depend on (the
     pattern's), the rest of x held, and it reads only those rows -- the noise of a row is that of f moved along the
@@ -313,7 +311,8 @@ def _measured_rows(executor: Executor, plan: Plan, blocks: list[_Block]) -> tupl
     rounding allowance their elements passed with.
     """
     m = plan.m
-    failing = np.unique(np.concatenate([b.pattern.at(np.flatnonzero(b.status))[0] for b in blocks]))
+    failing = np.unique(np.concatenate([b.pattern.at(np.flatnonzero(b.status) if index is None else index)[0]
+                                        for b, index in zip(blocks, among or [None] * len(blocks))]))
     if m <= executor.config.table("NOISE_ALL"):
         return measured(executor, plan, _noise_line(blocks)), None
     rng = np.random.default_rng(executor.config.seed + 4099)

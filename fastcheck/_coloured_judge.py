@@ -33,7 +33,7 @@ from fastcheck._colours import (
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import Early, Evaluate, Line, Rungs, settle, triage
+from fastcheck._refine import Evaluate, Line, Rungs, examined
 from fastcheck._results import having
 from fastcheck._tables import (
     COARSE_TABLES,
@@ -226,10 +226,9 @@ class _Block:
         self.flagged = np.concatenate(flagged) if flagged else np.zeros(0, np.int64)
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
-        """Under a noisy f's measured noise, the nonzeros it swamps at wide steps first (``coarsen``).  Failing
-        nonzeros: their colours again at h/4 (the second step, ``_compare.second_step``), then those it does not pass
-        through full mode's stage (``_refine.settle``), re-evaluating only their colours; last, mismatches where f
-        does not move (``_flat``).  The stages of full mode's columns, in its order."""
+        """Under a noisy f's measured noise, the nonzeros it swamps at wide steps first (``coarsen``); failing
+        nonzeros through the triage at h/4 and the ladder (``_settle``), re-evaluating only their colours; last,
+        mismatches where f does not move (``_flat``).  Full mode's stages, in its order."""
         noisy = plan.noise is not None and plan.noise_epsilon > MACHINE_EPSILON[plan.eval_dtype]
         coarsened = self.coarsen(plan, atol, rtol) if noisy else np.zeros(0, np.int64)
         failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE, among=self.flagged)
@@ -238,35 +237,52 @@ class _Block:
             self._settle(plan, failing, atol, rtol)
         self._flat(plan)
 
-    def _settle(self, plan: Plan, failing: np.ndarray, atol: float, rtol: float) -> None:
-        """``refine``'s second step and ladder for the ``failing`` nonzeros."""
-        rows, cols = self.pattern.at(failing)
-        a = self.analytical.at(rows, cols)
-        # The second step passes most first-sweep failures (10^7 elements: float32's truncation where f' is near 0).
+    def failing(self) -> np.ndarray:
+        """The nonzeros not OK now (ascending)."""
+        return self.flagged[self.status[self.flagged] != _compare.OK]
+
+    def directions(self) -> int:
+        """The colours holding a nonzero that is not OK (``_refine.Judged``)."""
+        failing = self.failing()
+        return len(np.unique(self.columns.labels[self.pattern.at(failing)[1]])) if len(failing) else 0
+
+    def second_step(self, plan: Plan, atol: float, rtol: float):
+        """The failing nonzeros at h/4 (``_compare.second_step``): which pass, and what takes their estimates."""
+        index = self.failing()
+        rows, cols = self.pattern.at(index)
         spans = self.columns.span(cols)
-        first = self.first_sweep(rows, cols, spans)[None, :]
-        first_noise = _noise(plan, rows, spans)[None, :]
+        a = self.analytical.at(rows, cols)
+        (second, second_noise, *_), = self._ladder(plan, rows, cols)(np.arange(len(index)), (SECOND_STEP,)).levels
+        passes, estimate, error = _compare.second_step(a[None, :], self.first_sweep(rows, cols, spans)[None, :],
+                                                       _noise(plan, rows, spans)[None, :], second, second_noise, atol,
+                                                       rtol, REFINE_RATIO)
 
-        def passes(rungs: Rungs):
-            (second, second_noise, *_), = rungs.levels
-            return _compare.second_step(a[None, :], first, first_noise, second, second_noise, atol, rtol, REFINE_RATIO)
+        def take() -> None:
+            status, band = _verdicts(a, estimate[0], error[0], atol, rtol)
+            self.status[index] = status
+            self._override(index, np.asarray(estimate[0], np.float64), band)
 
-        evaluate = self._ladder(plan, rows, cols)
+        return passes, take
 
-        def decides(quarter: Rungs, rest: np.ndarray):
-            """The triage at h/4 (``_refine.triage``) of the nonzeros the second step does not pass."""
-            doubtful = triage(lambda selection, powers, factors=None: evaluate(rest[selection], powers, factors),
-                              quarter, a[None, rest], first[:, rest], first_noise[:, rest],
-                              np.ones((1, len(rest)), bool), atol)
-            return ~doubtful, first[:, rest], first_noise[:, rest]
+    def rejudge(self, plan: Plan, atol: float, rtol: float) -> None:
+        """Every nonzero judged again from the first sweep (under f's measured noise)."""
+        self.reset()
+        self.judge(plan, atol, rtol)
 
+    def _settle(self, plan: Plan, failing: np.ndarray, atol: float, rtol: float) -> None:
+        """``refine``'s second step, triage and ladder for the ``failing`` nonzeros (``_refine.examined``), each a
+        direction of its own (its colour restricted to its column) read at its row."""
+        rows, cols = self.pattern.at(failing)
+        a = self.analytical.at(rows, cols)[None, :]
+        spans = self.columns.span(cols)
         line = Line(lambda selection: self.columns.step[cols[selection]].astype(np.float64),
                     lambda selection, spans: _noise(plan, rows[selection], spans)[None, :])
-        found, (status,), (band,), sides = settle(evaluate, line, a[None, :], atol, rtol,
-                                                 Early((SECOND_STEP,), passes, decides))
+        estimate, status, band, sides = examined(self._ladder(plan, rows, cols), line, a,
+                                                 self.first_sweep(rows, cols, spans)[None, :],
+                                                 _noise(plan, rows, spans)[None, :], np.ones(a.shape, bool), atol, rtol)
         self.one_sided.update({(int(failing[k]),): value for (_, k), value in sides.items()})
-        self._override(failing, np.asarray(found.estimate[0], np.float64), np.asarray(band, np.float64))
-        self.status[failing] = status
+        self._override(failing, estimate[0], band[0])
+        self.status[failing] = status[0]
 
     def _flat(self, plan: Plan) -> None:
         """Mismatches whose quotient, at the first step or refined, is f not moving: larger steps along their

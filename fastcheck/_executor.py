@@ -40,8 +40,8 @@ from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, pad, plan
 from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._pfor import converted
 from fastcheck._plan import Plan, first_line, measure_precision, unstacked, view
-from fastcheck._precision import NOISE_DIRECTIONS, NOISE_SCALES, NOISE_SIDE, SEPARATE_INPUTS
-from fastcheck._tables import LINE_MARGIN, LOOP_BATCH_ELEMENTS, MEMORY_SAFETY, PROGRESS_SECONDS
+from fastcheck._precision import NOISE_SIDE, SEPARATE_INPUTS
+from fastcheck._tables import LINE_MARGIN, LOOP_BATCH_ELEMENTS, MEMORY_SAFETY, NOISE_TABLES, PROGRESS_SECONDS
 
 
 class ShapeChangeError(ValueError):
@@ -153,11 +153,6 @@ def _line_kernel(plan: Plan):
                          fn_output_signature=tf.TensorSpec([m], plan.eval_flat_dtype))
 
     return compile_kernel(kernel, GRAPH, plan.autograph)
-
-
-# Noise tables of one measurement, at least: NOISE_DIRECTIONS directions per group of inputs, NOISE_SCALES fine
-# scales and one coarser one.  Each is 2 NOISE_SIDE calls of f point by point.
-NOISE_TABLES = NOISE_DIRECTIONS * (NOISE_SCALES + 1)
 
 
 def measured(executor: Executor, plan: Plan, line=None) -> Plan:

@@ -2,10 +2,10 @@
 
 One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): the numerical Jacobian by batched central
 differences through the executor, the analytical one from reverse mode (or the user's gradients), the element rule
-of ``_compare``, then -- only for failing elements -- a second step at h/4 (``_second_step``), and where that does
-not pass them, f's noise and precision, larger steps for noise-limited columns (``_full_steps._coarsen``), smaller
-ones for the rest (``_refine``: ``_refine.triage``, the ladder, ``_refine.confirmation``), and the forward-mode
-side (``_forward_side``).
+of ``_compare``, then the stages every element-wise mode runs (``_refine.stages`` over each input's ``_Pair``: only
+for failing elements, a second step at h/4, and where that does not pass them f's noise and precision, larger steps
+for noise-limited columns (``_full_steps._coarsen``), ``_refine.examined`` for the rest), a coarse pass sharpened
+(``_resolve``), the float64 twin (``_twin``) and the forward-mode side (``_forward_side``).
 """
 
 from __future__ import annotations
@@ -16,17 +16,16 @@ from fastcheck import _compare, _flat
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
 from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ForwardNotChecked, ForwardProbe
-from fastcheck._executor import NOISE_TABLES, Executor, timed
+from fastcheck._executor import Executor, timed
 from fastcheck._full_steps import _coarsen, _Jacobians
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
-from fastcheck._refine import LADDER, confirmation, descend, settle, triage
+from fastcheck._refine import LADDER, confirmation, descend, examined, stages
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense
 from fastcheck._tables import (
     FORWARD_MIN_EVALUATIONS,
     FORWARD_PROBES,
-    NOISE_SIDE,
     REFINE_RATIO,
     RESOLUTION_RTOLS,
     RESOLVE_COLUMNS,
@@ -37,9 +36,9 @@ from fastcheck._text import element_name
 def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
     """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts; and (atol, rtol).
 
-    ``supplied`` replaces autodiff: a callable returning the analytical blocks.  f's noise and the precision it
-    computes in are measured only when the first sweep finds an element outside its band: a larger noise allowance or
-    a looser precision can only turn a failure into a pass, so a check that passes without them needs no measurement.
+    ``supplied`` replaces autodiff: a callable returning the analytical blocks.  After the first sweep, the stages
+    of every element-wise mode (``_refine.stages``: the second step, f's noise only where an element still fails,
+    refinement), then the float64 twin (``_twin``).
     """
     plan = jac.plan
     if supplied is None and jac.config.autodiff == "forward" and plan.n:
@@ -51,44 +50,73 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
     with timed(jac.timings, "analytical"):
         analytical = supplied(plan) if supplied is not None else jac.analytical()
 
-    def sweep():
-        with timed(jac.timings, "numerical"):
-            return [jac.numerical(spec.position) for spec in plan.checked]
-
-    first = sweep()
+    with timed(jac.timings, "numerical"):
+        first = [jac.numerical(spec.position) for spec in plan.checked]
     atol, rtol = jac.config.tolerances(jac.plan.precision)
-    verdicts = [_compare.verdicts(a, numerical, noise, atol, rtol) for a, (numerical, noise, _) in zip(analytical, first)]
-    if jac.plan.noise is None and any(status.any() for status, _ in verdicts):  # OK is 0
-        with timed(jac.timings, "refine"):
-            _second_step(jac, analytical, first, verdicts, (atol, rtol))
-    if any(status.any() for status, _ in verdicts) and jac.plan.noise is None:
+    pairs = [_Pair(jac, spec, a, sweep, atol, rtol) for spec, a, sweep in zip(plan.checked, analytical, first)]
+
+    def measure(plan: Plan, passed: dict) -> Plan:
         with timed(jac.timings, "noise"):
             jac.measure()
-        atol, rtol = jac.config.tolerances(jac.plan.precision)
-        first = [(n, jac.noise_factors(spans), spans) for n, _, spans in first]
-        verdicts = [_compare.verdicts(a, n, noise, atol, rtol, out=earlier)
-                    for a, (n, noise, _), earlier in zip(analytical, first, verdicts)]
-    results, sweeps = [], []
-    for spec, a, (numerical, noise, spans), (status, band) in zip(plan.checked, analytical, first, verdicts):
-        sweeps.append(spans)
-        one_sided: dict = {}
-        if status.any() or jac.noisy:  # some element failed its first sweep (OK is 0), or f's noise limits columns
-            status, band, one_sided = _examined(jac, spec.position, a, numerical, noise, spans, status, band,
-                                                (atol, rtol))
-        with timed(jac.timings, "refine"):
-            _resolve(jac, spec.position, a, numerical, status, band, (atol, rtol))
-        results.append((spec, a, numerical, status, band, one_sided, None))
+        return jac.plan
+
+    _, atol, rtol = stages(pairs, jac.plan, measure, lambda plan: jac.config.tolerances(plan.precision),
+                           lambda stage: timed(jac.timings, stage))
+    results = [(p.spec, p.a, p.numerical, p.status, p.band, p.one_sided, None) for p in pairs]
     if twin:
-        results = _twin(jac, results, sweeps, (atol, rtol))
+        results = _twin(jac, results, [p.spans for p in pairs], (atol, rtol))
     return results, (atol, rtol)
+
+
+class _Pair:
+    """One checked input's Jacobians [m, n_k] under judgement (``_refine.Judged``, driven by ``_refine.stages``): the
+    analytical and numerical blocks, the first sweep's noise and spans, the verdicts, the one-sided values of the
+    elements at kinks."""
+
+    def __init__(self, jac: _Jacobians, spec, analytical: np.ndarray, first: tuple, atol: float, rtol: float):
+        self.jac, self.spec, self.a = jac, spec, analytical
+        self.numerical, self.noise, self.spans = first
+        self.status, self.band = _compare.verdicts(analytical, self.numerical, self.noise, atol, rtol)
+        self.one_sided: dict = {}
+
+    def _failing(self) -> np.ndarray:
+        return np.flatnonzero(np.any(self.status != _compare.OK, axis=0))
+
+    def directions(self) -> int:
+        return len(self._failing())
+
+    def second_step(self, plan: Plan, atol: float, rtol: float):
+        columns = self._failing()
+        quotient, _, _, spans = self.jac.quarter(self.spec.position, columns)
+        passes, estimate, rounding = _compare.second_step(self.a[:, columns], self.numerical[:, columns],
+                                                          self.noise[:, columns], quotient, self.jac.noise(spans), atol,
+                                                          rtol, REFINE_RATIO)
+
+        def take() -> None:
+            self.numerical[:, columns] = estimate
+            self.status[:, columns], self.band[:, columns] = _compare.verdicts(self.a[:, columns], estimate, rounding,
+                                                                               atol, rtol)
+
+        return passes, take
+
+    def rejudge(self, plan: Plan, atol: float, rtol: float) -> None:
+        self.noise = self.jac.noise_factors(self.spans)
+        self.status, self.band = _compare.verdicts(self.a, self.numerical, self.noise, atol, rtol,
+                                                   out=(self.status, self.band))
+
+    def refine(self, plan: Plan, atol: float, rtol: float) -> None:
+        if self.status.any() or self.jac.noisy:  # some element failed (OK is 0), or f's noise limits columns
+            self.status, self.band, self.one_sided = _examined(self.jac, self.spec.position, self.a, self.numerical,
+                                                               self.noise, self.spans, self.status, self.band,
+                                                               (atol, rtol))
+        _resolve(self.jac, self.spec.position, self.a, self.numerical, self.status, self.band, (atol, rtol))
 
 
 def _examined(jac: _Jacobians, position: int, a, numerical, noise, spans, status, band, tolerances):
     """``_refine`` (in place; its (status, band, one-sided values)), then the mismatches where f does not move
     (``_flat``)."""
     flat = _flat.candidates(jac.plan, numerical, spans, status == _compare.MISMATCH)  # before refinement overwrites
-    with timed(jac.timings, "refine"):
-        status, band, one_sided = _refine(jac, position, a, numerical, noise, status, band, tolerances)
+    status, band, one_sided = _refine(jac, position, a, numerical, noise, status, band, tolerances)
     # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it moved f
     # by a few roundings at most (a weight near sign's jump: the first step crosses it, every settling step is
     # below it; a staircase's element whose sides differ by one rounding of f).  So too a column judged at wide
@@ -102,32 +130,6 @@ def _examined(jac: _Jacobians, position: int, a, numerical, noise, spans, status
         rows, cols = rows[still], cols[still]
         status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, position, rows, cols, a[rows, cols])
     return status, band, one_sided
-
-
-def _second_step(jac: _Jacobians, analytical, first, verdicts, tolerances) -> None:
-    """Before f's noise is measured: the first sweep's failing columns at h/4 (``_compare.second_step``).  Where
-    every one of them passes there, in place, they take its estimate and band, and the check needs no measurement;
-    otherwise nothing changes, its h/4 evaluations kept for the triage (``_Jacobians.quarter``).  It runs where it
-    costs at most the measurement's own calls of f (``NOISE_TABLES`` tables of 2 ``NOISE_SIDE`` points), 2 per
-    column: a float32-only special function whose first step was only truncation-limited at one element (igamma,
-    zeta, atan2 in TensorFlow's tests) passes in one pair of evaluations instead of ~100."""
-    atol, rtol = tolerances
-    failing = [np.flatnonzero(np.any(status != _compare.OK, axis=0)) for status, _ in verdicts]
-    if sum(len(columns) for columns in failing) > NOISE_TABLES * NOISE_SIDE:
-        return
-    passed = []
-    for spec, a, (numerical, noise, _), columns, verdict in zip(jac.plan.checked, analytical, first, failing, verdicts):
-        if not len(columns):
-            continue
-        quotient, _, _, spans = jac.quarter(spec.position, columns)
-        passes, estimate, rounding = _compare.second_step(a[:, columns], numerical[:, columns], noise[:, columns],
-                                                          quotient, jac.noise(spans), atol, rtol, REFINE_RATIO)
-        if not passes.all():
-            return
-        passed.append((a, numerical, columns, estimate, rounding, verdict))
-    for a, numerical, columns, estimate, rounding, (status, band) in passed:
-        numerical[:, columns] = estimate
-        status[:, columns], band[:, columns] = _compare.verdicts(a[:, columns], estimate, rounding, atol, rtol)
 
 
 def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:
@@ -267,16 +269,11 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
     """Re-examine suspicious columns in place; returns the new (status, band, one-sided values).
 
     Only columns with a mismatch or a non-finite difference are re-evaluated, so the first pass stays one batched
-    sweep:
-
-    1. triage at h/4 (``_refine.triage``): a conclusive mismatch that also holds at an independent step and at the finest
-       step its rounding allows stands -- a wrong gradient costs three extra evaluation pairs per column, not five;
-    2. the rest go down the ladder (``_refine.settle``): h ... h/4**5 (``_compare.refine``), where a step that
-       crossed a kink, a domain edge or strong curvature gets a better estimate and an error bound instead of a false
-       alarm; still unsettled or unconfirmed ones (features far below the step) down to h/4**12; if even that does
-       not settle, the element is UNRESOLVED (undecidable), not a wrong gradient;
-    3. an element whose steps crossed a kink that no resolving steps settled is NONDIFFERENTIABLE or UNRESOLVED_KINK
-       (``_compare.classify``): only a settled, confirmed estimate makes a mismatch.
+    sweep; under a noisy f the columns its noise swamps are re-estimated at wide steps first (``_coarsen``).  The
+    rest go through the stages every element-wise mode runs (``_refine.examined``): the second step at h/4, the
+    triage there (a conclusive mismatch that holds at an independent step and at the finest step its rounding allows
+    stands), the ladder h ... h/4**5, deeper where unsettled, a settled mismatch standing only where it is confirmed;
+    what no step settles is undecidable, and kinks are classified (``_compare.classify``), never a mismatch.
     """
     atol, rtol = tolerances
     if isinstance(noise, _compare.RankOne):
@@ -291,14 +288,9 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
         return status, band, {}
     # Only the suspicious columns' noise is needed (a RankOne's, made dense there alone), and only their verdicts
     # change below: the rule is element-wise.
-    doubtful = triage(jac.ladder(position, suspicious), jac.quartered(position, suspicious), a[:, suspicious],
-                      numerical[:, suspicious], noise[:, suspicious], status[:, suspicious] != _compare.OK, atol)
-    suspicious = suspicious[doubtful]
-    if not len(suspicious):
-        return status, band, {}
-    found, status[:, suspicious], band[:, suspicious], sides = settle(
-        jac.ladder(position, suspicious), jac.line(position, suspicious), a[:, suspicious], atol, rtol)
-    numerical[:, suspicious] = found.estimate
+    numerical[:, suspicious], status[:, suspicious], band[:, suspicious], sides = examined(
+        jac.ladder(position, suspicious), jac.line(position, suspicious), a[:, suspicious], numerical[:, suspicious],
+        noise[:, suspicious], status[:, suspicious] != _compare.OK, atol, rtol)
     return status, band, {(row, int(suspicious[k])): value for (row, k), value in sides.items()}
 
 

@@ -17,6 +17,7 @@ from fastcheck._refine import Evaluate, Line, Rungs
 from fastcheck._tables import (
     COARSE_TABLES,
     REFINE_RATIO,
+    SECOND_STEP,
 )
 
 
@@ -93,6 +94,8 @@ class _Jacobians:
 
         def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
             chosen = columns[selection]
+            if factors is None and list(powers) == [SECOND_STEP]:  # made once per check (``quarter``)
+                return self.quartered(position, chosen)
             count = len(chosen)
             base = self.steps(position)[chosen]
             divisors = [REFINE_RATIO**k for k in powers]

@@ -6,9 +6,7 @@ REFINE_LEVELS, judged by ``_compare.refine``; the directions a strategy still fi
 mismatch, a step outside f's domain) again down to a deeper power; the deeper result replaces the first one there.
 ``descend`` is that driver.  A strategy supplies only how it evaluates a selection of its directions at given
 powers (``Evaluate``: the levels, f at the point and f's noise) and what "open" means for it; it reads the
-estimates off the ``Refined`` it gets back.  It may also supply an ``Early`` stage: a few powers evaluated for every
-direction first, and a test that passes directions there outright (coloured mode's second step); only the others go
-down the ladder, which reuses the early powers' levels.  And it may supply a ``Line`` (each direction's first step,
+estimates off the ``Refined`` it gets back.  It may also supply a ``Line`` (each direction's first step,
 the noise of a quotient over a span): then a settled mismatch stands only where ``confirmation`` finds it again at
 independent steps (0.618 x the chosen pair's, and averaged below the pair where its rounding hid a kink).
 
@@ -18,8 +16,9 @@ calls back into the strategies' evaluations, the one place where the modes meet 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -40,9 +39,12 @@ from fastcheck._tables import (
     EDGE_LEVELS,
     FINEST_HOLDS,
     FINEST_ROUNDING,
+    NOISE_SIDE,
+    NOISE_TABLES,
     REFINE_LEVELS,
     REFINE_RATIO,
     RESOLVE_UP,
+    SECOND_STEP,
     TRIAGE_DRIFT,
     TRIAGE_LOCAL,
     TRIAGE_MOVED,
@@ -85,20 +87,8 @@ Confirm = Callable[[np.ndarray, _compare.Refined], np.ndarray]
 Deeper = Callable[[_compare.Refined, np.ndarray], Sequence[int]]
 
 
-class Early(NamedTuple):
-    """A first stage before the ladder: ``powers`` evaluated for every direction, and ``passes(rungs)``
-    -> ([k] which directions pass there outright, their estimate [m, k] and its error [m, k]); ``decides(rungs,
-    rest)``, for the directions it does not pass, -> ([len(rest)] which ones it settles without the ladder -- the
-    triage's conclusive mismatches --, their estimate and its error [m, len(rest)])."""
-
-    powers: Sequence[int]
-    passes: Callable[[Rungs], tuple[np.ndarray, np.ndarray, np.ndarray]]
-    decides: Callable[[Rungs, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
-
-
 def descend(evaluate: Evaluate, count: int, powers: Sequence[int], still_open: StillOpen | None = None,
-            deeper: Sequence[int] | Deeper = (), confirm: Confirm | None = None,
-            early: Early | None = None) -> _compare.Refined:
+            deeper: Sequence[int] | Deeper = (), confirm: Confirm | None = None) -> _compare.Refined:
     """Refine ``count`` directions on the ladder ``powers``, then the open ones on ``deeper``.
 
     Args:
@@ -110,69 +100,24 @@ def descend(evaluate: Evaluate, count: int, powers: Sequence[int], still_open: S
             them).  Powers of the first ladder coarser than all of them are taken over from it, not evaluated again.
         confirm: a check of the settled estimates after each ladder (full mode's independent step): a direction
             it rejects keeps its estimates, unsettled.
-        early: a first stage (``Early``): the directions it passes are settled there (their estimate and error its
-            own) and go down no ladder.
 
     Returns:
         The ``Refined`` [m, count] of every direction: the deeper ladder's where a direction went down it, the
-        first ladder's elsewhere (the early stage's where it passed them).
+        first ladder's elsewhere.
     """
     everything = np.arange(count)
-    if early is None:
-        rest = everything
-    else:
-        first = evaluate(everything, early.powers)
-        passed, estimate, error = early.passes(first)
-        found = _passed(estimate, error)
-        rest = np.flatnonzero(~passed)
-        if len(rest) and early.decides is not None:
-            decided, estimate, error = early.decides(
-                Rungs([_restricted(level, rest) for level in first.levels], first.y0, None), rest)
-            merged(found, rest[decided], _passed(estimate[:, decided], error[:, decided]))
-            rest = rest[~decided]
-        if not len(rest):
-            return found
-        evaluate = _reusing(evaluate, early.powers, first)
-    rungs = evaluate(rest, powers)
-    settled = _settle(rungs, rest, confirm)
-    found = settled if early is None else merged(found, rest, settled)
+    rungs = evaluate(everything, powers)
+    found = _settle(rungs, everything, confirm)
     if still_open is None:
         return found
-    selection = np.intersect1d(np.flatnonzero(still_open(found)), rest)
+    selection = np.flatnonzero(still_open(found))
     if not len(selection):
         return found
     steps = list(deeper(found, selection) if callable(deeper) else deeper)
-    among = np.searchsorted(rest, selection)  # the open directions' places in ``rungs``
-    kept = [_restricted(level, among) for power, level in zip(powers, rungs.levels) if power < min(steps)]
+    kept = [_restricted(level, selection) for power, level in zip(powers, rungs.levels) if power < min(steps)]
     fresh = evaluate(selection, steps)
     again = _settle(fresh._replace(levels=[*kept, *fresh.levels]), selection, confirm)
     return merged(found, selection, again)
-
-
-def _passed(estimate: np.ndarray, error: np.ndarray) -> _compare.Refined:
-    """A ``Refined`` of directions an early stage passed (settled: no kink, no jump, no pair chosen)."""
-    nothing = np.full(estimate.shape, np.nan)
-    no = np.zeros(estimate.shape, bool)
-    return _compare.Refined(np.array(estimate, np.float64), np.array(error, np.float64), ~no, no, nothing,
-                            nothing.copy(), no.copy(), np.full(estimate.shape, -1), nothing.copy())
-
-
-def _reusing(evaluate: Evaluate, powers: Sequence[int], first: Rungs) -> Evaluate:
-    """``evaluate`` with the levels at ``powers`` taken from ``first`` (evaluated for every direction) instead of
-    evaluated again: the same numbers, fewer evaluations of f."""
-    known = dict(zip(powers, first.levels))
-
-    def reused(selection: np.ndarray, steps: Sequence[int], factors: Sequence[float] | None = None) -> Rungs:
-        if factors is not None:  # other steps than the ladder's
-            return evaluate(selection, steps, factors)
-        missing = [p for p in steps if p not in known]
-        if not missing:  # y0 and sigma come with an evaluation: a ladder of known powers alone is evaluated
-            return evaluate(selection, steps)
-        fresh = evaluate(selection, missing)
-        levels = dict(zip(missing, fresh.levels))
-        return fresh._replace(levels=[levels[p] if p in levels else _restricted(known[p], selection) for p in steps])
-
-    return reused
 
 
 def merged(found: _compare.Refined, selection: np.ndarray, deeper: _compare.Refined) -> _compare.Refined:
@@ -285,8 +230,8 @@ def _holds_below(evaluate: Evaluate, line: Line, selection: np.ndarray, a: np.nd
     return result
 
 
-def settle(evaluate: Evaluate, line: Line, analytical: np.ndarray, atol: float, rtol: float,
-           early: Early | None = None) -> tuple[_compare.Refined, np.ndarray, np.ndarray, dict]:
+def settle(evaluate: Evaluate, line: Line, analytical: np.ndarray, atol: float,
+           rtol: float) -> tuple[_compare.Refined, np.ndarray, np.ndarray, dict]:
     """The element rule's refinement of failing directions, the one stage of full and coloured mode (fast mode's at
     its localised elements): ``analytical`` [m, count] judged along the first ladder, the directions with a mismatch
     not settled (a jump keeps it open) or a quotient that is not finite again down the deeper powers (the edge's
@@ -308,8 +253,105 @@ def settle(evaluate: Evaluate, line: Line, analytical: np.ndarray, atol: float, 
         return LADDER.edge if np.any(~np.isfinite(found.estimate[:, selection])) else LADDER.deeper
 
     found = descend(evaluate, analytical.shape[1], LADDER.first, still_open, deeper,
-                    confirmation(evaluate, line, analytical, mismatch), early)
+                    confirmation(evaluate, line, analytical, mismatch))
     return (found, *_compare.judge_refined(analytical, found, atol, rtol))
+
+
+class Judged(Protocol):
+    """One checked input's elements under judgement as a strategy holds them (full mode's columns, coloured mode's
+    nonzeros), which ``stages`` drives."""
+
+    def directions(self) -> int:
+        """How many directions (columns; colours) hold an element that is not OK."""
+
+    def second_step(self, plan: Any, atol: float, rtol: float) -> tuple[np.ndarray, Callable[[], None]]:
+        """The failing directions at h/4 (``_compare.second_step``): [k] which of its failing elements' directions
+        pass, and what takes their estimates and verdicts."""
+
+    def rejudge(self, plan: Any, atol: float, rtol: float) -> None:
+        """Every element judged again from the first sweep, under the plan's measured noise."""
+
+    def refine(self, plan: Any, atol: float, rtol: float) -> None:
+        """Wide steps where a noisy f swamps the allowance, ``examined`` for the failing directions, larger steps
+        where f does not move."""
+
+
+def stages(judged: Sequence[Judged], plan: Any, measure: Callable[[Any, dict], Any], tolerances: Callable[[Any], tuple],
+           clock: Callable[[str], Any] = lambda stage: contextlib.nullcontext()) -> tuple:
+    """The stages every element-wise mode runs after its first sweep's verdicts, in order; returns the plan (with f's
+    noise and precision where they were measured) and its (atol, rtol).
+
+    1. The second step: the failing directions at h/4, where they cost at most a measurement's own calls of f
+       (``NOISE_TABLES`` tables of 2 ``NOISE_SIDE`` points).  Where every one of them passes there, each takes its
+       estimate and f's noise is never measured (a float32-only special function whose first step was only
+       truncation-limited at one element -- igamma, zeta, atan2 in TensorFlow's tests -- passes in one pair of
+       evaluations instead of ~100; so do the 5321 of 10^7 elements of float32 sin(x) x, one colour); otherwise
+       nothing changes (its evaluations are kept for the triage), and the inputs stop at the first that does not
+       pass.
+    2. Where an element still fails: f's noise and precision (``measure(plan, {input: passes})``, told which
+       directions the second step passed, where it ran: coloured mode measures the rows of the others), and every
+       element judged again under them, from the first sweep (a larger allowance only turns failures into passes,
+       so a pass needs none).
+    3. Each input refined (``Judged.refine``).
+
+    ``clock(stage)`` times a stage ("refine"; ``measure`` times its own).
+    """
+    atol, rtol = tolerances(plan)
+    passed: dict = {}  # input -> [k] which of its failing directions the second step passed
+    if plan.noise is None and 0 < sum(j.directions() for j in judged) <= NOISE_TABLES * NOISE_SIDE:
+        with clock("refine"):
+            taken = []
+            for index, j in enumerate(judged):
+                if j.directions():
+                    passed[index], take = j.second_step(plan, atol, rtol)
+                    if not passed[index].all():
+                        break
+                    taken.append(take)
+            else:
+                for take in taken:
+                    take()
+    if plan.noise is None and any(j.directions() for j in judged):
+        plan = measure(plan, passed)
+        atol, rtol = tolerances(plan)
+        for j in judged:
+            j.rejudge(plan, atol, rtol)
+    with clock("refine"):
+        for j in judged:
+            j.refine(plan, atol, rtol)
+    return plan, atol, rtol
+
+
+def examined(evaluate: Evaluate, line: Line, analytical: np.ndarray, first: np.ndarray, first_noise: np.ndarray,
+             failing: np.ndarray, atol: float, rtol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """The stages of failing directions after the first sweep, in every element-wise mode's order: the second step at
+    h/4 (``_compare.second_step``: a direction passing there takes its estimate), the triage at h/4 of the rest
+    (``triage``: a conclusive mismatch keeps its first-sweep estimate), the ladder (``settle``) for the directions it
+    leaves doubtful.  ``analytical``, ``first``, ``first_noise``, ``failing`` [m, k]: the analytical values, the first
+    sweep's estimates and noise, its failing elements.  Returns the estimate, status and band [m, k] and the
+    one-sided values {(row, k): (left, right)} of the elements at kinks."""
+    quarter = evaluate(np.arange(analytical.shape[1]), (SECOND_STEP,))
+    (second, second_noise, *_), = quarter.levels
+    passes, extrapolated, rounding = _compare.second_step(analytical, first, first_noise, second, second_noise, atol,
+                                                          rtol, REFINE_RATIO)
+    estimate, error = np.array(first, np.float64), np.array(first_noise, np.float64)
+    estimate[:, passes], error[:, passes] = extrapolated[:, passes], rounding[:, passes]
+    rest = np.flatnonzero(~passes)
+    doubtful = rest[triage(_within(evaluate, rest), quarter._replace(levels=[_restricted(quarter.levels[0], rest)]),
+                           analytical[:, rest], first[:, rest], first_noise[:, rest], failing[:, rest], atol)]
+    status, band = _compare.verdicts(analytical, estimate, error, atol, rtol)
+    if not len(doubtful):
+        return estimate, status, band, {}
+    within = Line(lambda selection: line.steps(doubtful[selection]),
+                  lambda selection, spans: line.noise(doubtful[selection], spans))
+    found, status[:, doubtful], band[:, doubtful], sides = settle(_within(evaluate, doubtful), within,
+                                                                  analytical[:, doubtful], atol, rtol)
+    estimate[:, doubtful] = found.estimate
+    return estimate, status, band, {(row, int(doubtful[k])): value for (row, k), value in sides.items()}
+
+
+def _within(evaluate: Evaluate, index: np.ndarray) -> Evaluate:
+    """``evaluate`` over the directions ``index`` alone (selections index them)."""
+    return lambda selection, powers, factors=None: evaluate(index[selection], powers, factors)
 
 
 def _restricted(level: tuple, selection: np.ndarray) -> tuple:

@@ -31,7 +31,7 @@ REFINE_RATIO = 4.0  # steps shrink 4x per level: the h^2 regime shows as gaps sh
 REFINE_LEVELS = 5  # failing columns (probes) re-evaluated at h/4 ... h/4**5
 DEEP_LEVELS = 12  # ... those still unsettled down to h/4**12
 EDGE_LEVELS = 20  # ... and h/4**20 where every step so far left f's domain (log at 1e-12)
-SECOND_STEP = 1  # coloured mode: a first sweep's failures at h/4 before any ladder (5321 of 10^7 float32 sin(x) x: all pass there)
+SECOND_STEP = 1  # every element-wise mode: a first sweep's failures at h/4 before any ladder (5321 of 10^7 float32 sin(x) x: all pass there)
 CONFIRM_RATIO = 0.6180339887  # an independent step (the golden ratio): a step near a period of f (cos at 5e7) agrees by chance
 CONFIRM_AGREES = 0.1  # ... whose estimate a confirmed one is within this share of itself (plus rounding): a coincidence is far off
 CONFIRM_CURVATURE = 0.5  # ... and whose second difference the h^2-scaled one within this share (cos h = 1 near a period)
@@ -94,6 +94,7 @@ SEPARATE_INPUTS = 4  # up to this many checked inputs get directions of their ow
 NOISE_DIRECTIONS = 2  # random integer-weighted directions per input
 NOISE_START = 64.0  # machine epsilons (relative to max(1, |x|)): the first scale tried
 NOISE_SCALES = 3  # fine scales tried for every check
+NOISE_TABLES = NOISE_DIRECTIONS * (NOISE_SCALES + 1)  # (derived) the tables a measurement of f's noise evaluates
 NOISE_GROWTH = 1000.0  # between scales
 NOISE_MAX_SCALE = 1e-2  # relative: far beyond any rounding, still far below most features of f
 # Roughness first seen at a scale counts as noise only within CONFIRM_MARGIN of itself at a scale CONFIRM_SCALE
