@@ -29,6 +29,7 @@ from fastcheck._tables import (
     REFINE_RATIO,
     RESOLUTION_RTOLS,
     RESOLVE_COLUMNS,
+    SECOND_STEP,
 )
 from fastcheck._text import element_name
 
@@ -87,10 +88,11 @@ class _Pair:
 
     def second_step(self, plan: Plan, atol: float, rtol: float):
         columns = self._failing()
-        quotient, _, _, spans = self.jac.quarter(self.spec.position, columns)
+        (second, second_noise, *_), = self.jac.ladder(self.spec.position, columns)(np.arange(len(columns)),
+                                                                                   (SECOND_STEP,)).levels
         passes, estimate, rounding = _compare.second_step(self.a[:, columns], self.numerical[:, columns],
-                                                          self.noise[:, columns], quotient, self.jac.noise(spans), atol,
-                                                          rtol, REFINE_RATIO)
+                                                          self.noise[:, columns], second, second_noise, atol, rtol,
+                                                          REFINE_RATIO)
 
         def take() -> None:
             self.numerical[:, columns] = estimate
@@ -105,31 +107,28 @@ class _Pair:
                                                    out=(self.status, self.band))
 
     def refine(self, plan: Plan, atol: float, rtol: float) -> None:
-        if self.status.any() or self.jac.noisy:  # some element failed (OK is 0), or f's noise limits columns
-            self.status, self.band, self.one_sided = _examined(self.jac, self.spec.position, self.a, self.numerical,
-                                                               self.noise, self.spans, self.status, self.band,
-                                                               (atol, rtol))
-        _resolve(self.jac, self.spec.position, self.a, self.numerical, self.status, self.band, (atol, rtol))
-
-
-def _examined(jac: _Jacobians, position: int, a, numerical, noise, spans, status, band, tolerances):
-    """``_refine`` (in place; its (status, band, one-sided values)), then the mismatches where f does not move
-    (``_flat``)."""
-    flat = _flat.candidates(jac.plan, numerical, spans, status == _compare.MISMATCH)  # before refinement overwrites
-    status, band, one_sided = _refine(jac, position, a, numerical, noise, status, band, tolerances)
-    # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it moved f
-    # by a few roundings at most (a weight near sign's jump: the first step crosses it, every settling step is
-    # below it; a staircase's element whose sides differ by one rounding of f).  So too a column judged at wide
-    # steps (``_wide``): a cubic through a staircase's few steps (bfloat16 inside) can fit within its noise.
-    mismatched = status == _compare.MISMATCH
-    if mismatched.any():
-        refined_rows, refined_cols = _flat.candidates(jac.plan, numerical, spans, mismatched)
-        rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack([refined_rows, refined_cols])], axis=1),
-                               axis=1)
-        still = status[rows, cols] == _compare.MISMATCH
-        rows, cols = rows[still], cols[still]
-        status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, position, rows, cols, a[rows, cols])
-    return status, band, one_sided
+        """Where an element failed (OK is 0) or f's noise limits columns: ``_refine`` (in place), then the mismatches
+        where f does not move (``_flat``); last, a coarse pass sharpened (``_resolve``)."""
+        jac, position, a, numerical, spans = self.jac, self.spec.position, self.a, self.numerical, self.spans
+        if self.status.any() or jac.noisy:
+            flat = _flat.candidates(jac.plan, numerical, spans, self.status == _compare.MISMATCH)  # before refinement
+            self.status, self.band, self.one_sided = _refine(jac, position, a, numerical, self.noise, self.status,
+                                                             self.band, (atol, rtol))
+            # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it
+            # moved f by a few roundings at most (a weight near sign's jump: the first step crosses it, every
+            # settling step is below it; a staircase's element whose sides differ by one rounding of f).  So too a
+            # column judged at wide steps (``_wide``): a cubic through a staircase's few steps (bfloat16 inside) can
+            # fit within its noise.
+            status = self.status
+            mismatched = status == _compare.MISMATCH
+            if mismatched.any():
+                refined = _flat.candidates(jac.plan, numerical, spans, mismatched)
+                rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack(refined)], axis=1), axis=1)
+                still = status[rows, cols] == _compare.MISMATCH
+                rows, cols = rows[still], cols[still]
+                status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, position, rows, cols,
+                                                  a[rows, cols])
+        _resolve(jac, position, a, numerical, self.status, self.band, (atol, rtol))
 
 
 def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:

@@ -29,7 +29,7 @@ class _Jacobians:
         self.autodiff = AutodiffJacobian(executor, forward=self.config.autodiff == "forward")
         self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
         self.y0 = plan.eval_output  # f at the point, from planning: no extra call
-        self._quarters: dict = {}  # position -> (columns, their quotients, sides and spans at h/4)
+        self._quarters: dict = {}  # position -> (columns, their quotients, sides and spans at h/4: the second step)
         self._steps: dict = {}  # position -> its first steps (``_executor.steps``): every evaluation reads them
 
     def steps(self, position: int) -> np.ndarray:
@@ -65,25 +65,6 @@ class _Jacobians:
         jacobian, spans = self.executor.quotients(position, columns, delta)
         return jacobian, self.noise_factors(spans), spans
 
-    def quarter(self, position: int, columns: np.ndarray):
-        """Central differences of ``columns`` (sorted) at h / ``REFINE_RATIO``: (quotient, plus, minus [m, k],
-        spans [k]).  The second step before f's noise is measured and the triage after it read the same
-        evaluations: they are made once per check."""
-        cached = self._quarters.get(position)
-        if cached is not None and np.isin(columns, cached[0]).all():
-            where = np.searchsorted(cached[0], columns)
-            return tuple(value[..., where] for value in cached[1:])
-        delta = self.steps(position)[columns] / REFINE_RATIO
-        values = numerical_columns(self.executor, position, columns, delta)
-        self._quarters[position] = (columns, *values)
-        return values
-
-    def quartered(self, position: int, columns: np.ndarray) -> Rungs:
-        """``quarter`` as the one level at h/4 of ``_refine``'s ``Rungs`` (the triage reads it)."""
-        quotient, plus, minus, spans = self.quarter(position, columns)
-        sigma = self.plan.noise.sigma if self.plan.noise is not None else None
-        return Rungs([(quotient, self.noise(spans), plus, minus, spans)], self.y0, sigma)
-
     def ladder(self, position: int, columns: np.ndarray) -> Evaluate:
         """The evaluation ``descend`` drives for ``columns``: a selection of them at steps h / 4**p, every power in
         one batch (negative powers: the steps larger than h that noise-limited columns need).  Power 0 is the first
@@ -94,8 +75,14 @@ class _Jacobians:
 
         def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
             chosen = columns[selection]
-            if factors is None and list(powers) == [SECOND_STEP]:  # made once per check (``quarter``)
-                return self.quartered(position, chosen)
+            # The second step's level (h/4): the second step before f's noise is measured and the triage after it
+            # read the same evaluations, made once per check (their noise as the plan's now).
+            second = factors is None and list(powers) == [SECOND_STEP]
+            cached = self._quarters.get(position) if second else None
+            if cached is not None and np.isin(chosen, cached[0]).all():
+                where = np.searchsorted(cached[0], chosen)
+                quotient, plus, minus, spans = (value[..., where] for value in cached[1:])
+                return Rungs([(quotient, self.noise(spans), plus, minus, spans)], self.y0, sigma)
             count = len(chosen)
             base = self.steps(position)[chosen]
             divisors = [REFINE_RATIO**k for k in powers]
@@ -107,6 +94,8 @@ class _Jacobians:
             for k in range(len(divisors)):
                 part = slice(k * count, (k + 1) * count)
                 levels.append((jacobian[:, part], noise[:, part], plus[:, part], minus[:, part], spans[part]))
+            if second:
+                self._quarters[position] = (chosen, jacobian, plus, minus, spans)
             return Rungs(levels, self.y0, sigma)
 
         return evaluate
