@@ -20,7 +20,7 @@ from fastcheck._executor import Executor, timed
 from fastcheck._full_steps import _coarsen, _Jacobians
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
-from fastcheck._refine import LADDER, confirmation, descend, examined, stages
+from fastcheck._refine import LADDER, Line, Rungs, confirmation, descend, examined, stages
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense
 from fastcheck._tables import (
@@ -281,16 +281,34 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
         if jac.noisy:  # _coarsen reads every column's allowance
             noise = noise.dense()
     coarsened = _coarsen(jac, position, a, numerical, noise, status, band, tolerances) if jac.noisy else np.zeros(0, int)
-    suspicious = np.flatnonzero(np.any((status == _compare.MISMATCH) | (status == _compare.NUMERICAL_NONFINITE), axis=0))
-    suspicious = np.setdiff1d(suspicious, coarsened)
-    if not len(suspicious):
+    rows, cols = np.nonzero((status == _compare.MISMATCH) | (status == _compare.NUMERICAL_NONFINITE))
+    keep = ~np.isin(cols, coarsened)
+    rows, cols = rows[keep], cols[keep]
+    if not len(rows):
         return status, band, {}
-    # Only the suspicious columns' noise is needed (a RankOne's, made dense there alone), and only their verdicts
-    # change below: the rule is element-wise.
-    numerical[:, suspicious], status[:, suspicious], band[:, suspicious], sides = examined(
-        jac.ladder(position, suspicious), jac.line(position, suspicious), a[:, suspicious], numerical[:, suspicious],
-        noise[:, suspicious], status[:, suspicious] != _compare.OK, atol, rtol)
-    return status, band, {(row, int(suspicious[k])): value for (row, k), value in sides.items()}
+    # Each failing element a direction of its own: its column, read at its row (as coloured mode's nonzeros).
+    columns, slot = np.unique(cols, return_inverse=True)
+    ladder, y0 = jac.ladder(position, columns), jac.y0[rows]
+    sigma = None if jac.plan.noise is None else jac.plan.noise.sigma[rows][None, :]
+
+    def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
+        used, where = np.unique(slot[selection], return_inverse=True)
+        r, base = rows[selection], y0[selection]
+        with np.errstate(invalid="ignore", over="ignore"):  # f's sides less f(x): refine's y0 is then 0
+            levels = [(d[r, where][None], n[r, where][None], p[r, where][None] - base, q[r, where][None] - base,
+                       s[where]) for d, n, p, q, s in ladder(used, powers, factors).levels]
+        return Rungs(levels, np.zeros(1), None if sigma is None else sigma[:, selection])
+
+    def element_noise(selection: np.ndarray, spans: np.ndarray) -> np.ndarray:
+        factors = jac.noise_factors(spans)
+        return (factors.rows[rows[selection]] * factors.columns)[None, :]
+
+    first_noise = (noise.rows[rows] * noise.columns[cols] if isinstance(noise, _compare.RankOne) else noise[rows, cols])
+    estimate, found, allowed, sides = examined(
+        evaluate, Line(lambda selection: jac.steps(position)[cols[selection]], element_noise), a[rows, cols][None],
+        numerical[rows, cols][None], first_noise[None], np.ones((1, len(rows)), bool), atol, rtol)
+    numerical[rows, cols], status[rows, cols], band[rows, cols] = estimate[0], found[0], allowed[0]
+    return status, band, {(int(rows[k]), int(cols[k])): value for (_, k), value in sides.items()}
 
 
 def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:
