@@ -33,7 +33,7 @@ from fastcheck._colours import (
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import Evaluate, Line, Rungs, examined
+from fastcheck._refine import Evaluate, Line, along_elements, examined
 from fastcheck._results import having
 from fastcheck._tables import (
     COARSE_TABLES,
@@ -361,23 +361,11 @@ class _Block:
         h / 4**p, elements as columns of one row (h, p = 0, is the first sweep's step again, with its sides:
         the sweep keeps none; a kink crossed at h and h/4 then shows at two steps, as in full mode).
 
-        Each element's row value f(x) is subtracted from its sides, so the shared ``y0`` of ``refine`` is 0 (its
-        one-sided quotients and second differences only ever use differences from f(x)).
+        (``_refine.along_elements``, as full mode's elements.)
         """
-
-        def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
-            chosen = rows[selection]
-            y0 = plan.eval_output[chosen]
-            stack: list[tuple] = []
-            for plus, minus, spans in self.columns.sides(chosen, cols[selection], list(powers), factors):
-                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                    derivative = (plus - minus) / spans
-                    moved = (plus - y0)[None, :], (minus - y0)[None, :]
-                noise = _noise(plan, chosen, spans)
-                stack.append((derivative[None, :], noise[None, :], *moved, spans))
-            return Rungs(stack, np.zeros(1), self.grid(plan, chosen)[None, :])
-
-        return evaluate
+        return along_elements(self.columns.sides, rows, cols, plan.eval_output[rows],
+                              lambda selection, spans: _noise(plan, rows[selection], spans)[None, :],
+                              lambda selection: self.grid(plan, rows[selection])[None, :])
 
     def grid(self, plan: Plan, rows: np.ndarray) -> np.ndarray:
         """f's grid per element, for the test of steps below what f resolves (``_compare._below_quantum``: sides

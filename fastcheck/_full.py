@@ -20,7 +20,7 @@ from fastcheck._executor import Executor, timed
 from fastcheck._full_steps import _coarsen, _Jacobians
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line
-from fastcheck._refine import LADDER, Line, Rungs, confirmation, descend, examined, stages
+from fastcheck._refine import LADDER, Line, along_elements, confirmation, descend, examined, stages
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense
 from fastcheck._tables import (
@@ -287,22 +287,15 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
     if not len(rows):
         return status, band, {}
     # Each failing element a direction of its own: its column, read at its row (as coloured mode's nonzeros).
-    columns, slot = np.unique(cols, return_inverse=True)
-    ladder, y0 = jac.ladder(position, columns), jac.y0[rows]
     sigma = None if jac.plan.noise is None else jac.plan.noise.sigma[rows][None, :]
-
-    def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
-        used, where = np.unique(slot[selection], return_inverse=True)
-        r, base = rows[selection], y0[selection]
-        with np.errstate(invalid="ignore", over="ignore"):  # f's sides less f(x): refine's y0 is then 0
-            levels = [(d[r, where][None], n[r, where][None], p[r, where][None] - base, q[r, where][None] - base,
-                       s[where]) for d, n, p, q, s in ladder(used, powers, factors).levels]
-        return Rungs(levels, np.zeros(1), None if sigma is None else sigma[:, selection])
 
     def element_noise(selection: np.ndarray, spans: np.ndarray) -> np.ndarray:
         factors = jac.noise_factors(spans)
         return (factors.rows[rows[selection]] * factors.columns)[None, :]
 
+    evaluate = along_elements(lambda r, c, powers, factors: jac.sides(position, r, c, powers, factors), rows, cols,
+                              jac.y0[rows], element_noise,
+                              lambda selection: None if sigma is None else sigma[:, selection])
     first_noise = (noise.rows[rows] * noise.columns[cols] if isinstance(noise, _compare.RankOne) else noise[rows, cols])
     estimate, found, allowed, sides = examined(
         evaluate, Line(lambda selection: jac.steps(position)[cols[selection]], element_noise), a[rows, cols][None],

@@ -100,6 +100,13 @@ class _Jacobians:
 
         return evaluate
 
+    def sides(self, position: int, rows: np.ndarray, cols: np.ndarray, powers: list, factors=None) -> list:
+        """Per power: f(x + d), f(x - d) [k] at each element's row along its column at step h / 4**p (times
+        ``factors``, where given), and the spans [k]: ``_refine.Sides``, as coloured mode's ``_Columns.sides``."""
+        columns, slot = np.unique(cols, return_inverse=True)
+        found = self.ladder(position, columns)(np.arange(len(columns)), powers, factors)
+        return [(plus[rows, slot], minus[rows, slot], spans[slot]) for _, _, plus, minus, spans in found.levels]
+
     def line(self, position: int, columns: np.ndarray) -> Line:
         """The ``Line`` of ``columns`` for ``confirmation``: their first steps, the noise over a span."""
         return Line(lambda selection: self.steps(position)[columns[selection]],

@@ -349,6 +349,33 @@ def examined(evaluate: Evaluate, line: Line, analytical: np.ndarray, first: np.n
     return estimate, status, band, {(row, int(doubtful[k])): value for (row, k), value in sides.items()}
 
 
+# (rows, cols, powers, factors) -> per power: f(x + d), f(x - d) [k] at each element's row along its column's direction
+# at step h / REFINE_RATIO**p (times the factor), and the spans [k]: what an element-wise mode's evaluator gives.
+Sides = Callable[..., list]
+
+
+def along_elements(sides: Sides, rows: np.ndarray, cols: np.ndarray, y0: np.ndarray,
+                   noise: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                   sigma: Callable[[np.ndarray], np.ndarray | None]) -> Evaluate:
+    """The evaluation ``descend`` drives for the elements (rows[k], cols[k]) of a Jacobian, each a direction of its
+    own (its column, read at its row), in full and coloured mode alike: a selection of them at steps h / 4**p, as
+    [1, k] levels.  Each element's f(x) (``y0`` [k]) is subtracted from its sides, so the shared ``y0`` of
+    ``_compare.refine`` is 0 (its one-sided quotients and second differences only use differences from f(x)).
+    ``noise(selection, spans)`` and ``sigma(selection)`` [1, k']: the rounding bound of the quotients and f's grid
+    for the quantum test (or None)."""
+
+    def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
+        base, levels = y0[selection], []
+        for plus, minus, spans in sides(rows[selection], cols[selection], list(powers), factors):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                derivative = (plus - minus) / spans
+                moved = (plus - base)[None, :], (minus - base)[None, :]
+            levels.append((derivative[None, :], noise(selection, spans), *moved, spans))
+        return Rungs(levels, np.zeros(1), sigma(selection))
+
+    return evaluate
+
+
 def _within(evaluate: Evaluate, index: np.ndarray) -> Evaluate:
     """``evaluate`` over the directions ``index`` alone (selections index them)."""
     return lambda selection, powers, factors=None: evaluate(index[selection], powers, factors)
