@@ -368,17 +368,9 @@ class _Block:
                               lambda selection: self.grid(plan, rows[selection])[None, :])
 
     def grid(self, plan: Plan, rows: np.ndarray) -> np.ndarray:
-        """f's grid per element, for the test of steps below what f resolves (``_compare._below_quantum``: sides
-        come back exactly f(x) after a coarser step moved f by a few quanta; their zero quotients would otherwise
-        look like a settled ladder, or a step that resolves a kink).  The measured noise where there is one (its
-        largest over ``rows``), floored by the outputs' own rounding: one unit roundoff of the terms f_i sums,
-        sum_j |a_ij x_j| (a float32 convolution's output near 0 moves in steps of its partial sums' roundoff, far
-        above |f_i|'s), and of |f_i| -- the measurement can read 0 on rows it sampled."""
-        eps = MACHINE_EPSILON[plan.eval_dtype]
-        grid = eps * np.maximum(np.abs(plan.eval_output[rows]), self.row_terms(rows)) / np.sqrt(12.0)
-        if plan.noise is not None:
-            grid = np.maximum(grid, float(np.max(plan.noise.sigma[rows], initial=0.0)))
-        return grid
+        """f's grid at each entry of ``rows`` (``_compare.grid``)."""
+        return _compare.grid(plan.eval_output[rows], self.row_terms(rows), MACHINE_EPSILON[plan.eval_dtype],
+                             None if plan.noise is None else plan.noise.sigma[rows])
 
     def row_terms(self, rows: np.ndarray) -> np.ndarray:
         """sum_j |a_ij x_j| over each row's nonzeros (f_i's terms were it linear), per entry of ``rows``."""

@@ -451,6 +451,17 @@ def _kinks(levels: list, y0: np.ndarray):
     return kink, right, left, uncertainty, usable, resolved, resolved_error
 
 
+def grid(y0: np.ndarray, terms: np.ndarray, eps: float, sigma: np.ndarray | None) -> np.ndarray:
+    """f's grid per element, for the test of steps below what f resolves (``_below_quantum``: sides come back exactly
+    f(x) after a coarser step moved f by a few quanta; their zero quotients would otherwise look like a settled
+    ladder, or a step that resolves a kink): f's measured noise ``sigma`` at the element's output, where there is
+    one, floored by the output's own rounding -- one unit roundoff ``eps`` of the terms f_i sums, ``terms`` =
+    sum_j |a_ij x_j| (a float32 convolution's output near 0 moves in steps of its partial sums' roundoff, far above
+    |f_i|'s), and of |f_i| (``y0``; the measurement can read 0 on rows it sampled)."""
+    floor = eps * np.maximum(np.abs(y0), terms) / np.sqrt(12.0)
+    return floor if sigma is None else np.maximum(floor, sigma)
+
+
 def _below_quantum(levels: list, y0: np.ndarray, sigma: np.ndarray) -> list:
     """The levels with quotients made NaN where the step fell below f's quantum.
 

@@ -19,7 +19,7 @@ from fastcheck._events import ForwardNotChecked, ForwardProbe
 from fastcheck._executor import Executor, timed
 from fastcheck._full_steps import _coarsen, _Jacobians
 from fastcheck._paths import EAGER
-from fastcheck._plan import Plan, first_line
+from fastcheck._plan import Plan, first_line, view
 from fastcheck._refine import LADDER, Line, along_elements, confirmation, descend, examined, stages
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense
@@ -287,7 +287,12 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
     if not len(rows):
         return status, band, {}
     # Each failing element a direction of its own: its column, read at its row (as coloured mode's nonzeros).
-    sigma = None if jac.plan.noise is None else jac.plan.noise.sigma[rows][None, :]
+    unique, inverse = np.unique(rows, return_inverse=True)
+    with np.errstate(invalid="ignore", over="ignore"):  # sum_j |a_ij x_j| over each row's finite terms
+        terms = np.abs(a[unique] * view(jac.executor.values[position]).reshape(1, -1))
+        terms = np.sum(np.where(np.isfinite(terms), terms, 0.0), axis=1)[inverse]
+    sigma = _compare.grid(jac.y0[rows], terms, jac.eps_eval,
+                          None if jac.plan.noise is None else jac.plan.noise.sigma[rows])[None, :]
 
     def element_noise(selection: np.ndarray, spans: np.ndarray) -> np.ndarray:
         factors = jac.noise_factors(spans)
@@ -295,7 +300,7 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
 
     evaluate = along_elements(lambda r, c, powers, factors: jac.sides(position, r, c, powers, factors), rows, cols,
                               jac.y0[rows], element_noise,
-                              lambda selection: None if sigma is None else sigma[:, selection])
+                              lambda selection: sigma[:, selection])
     first_noise = (noise.rows[rows] * noise.columns[cols] if isinstance(noise, _compare.RankOne) else noise[rows, cols])
     estimate, found, allowed, sides = examined(
         evaluate, Line(lambda selection: jac.steps(position)[cols[selection]], element_noise), a[rows, cols][None],
