@@ -326,24 +326,21 @@ class _Block:
     def _coarsened(self, plan: Plan, index: np.ndarray, atol: float, rtol: float) -> np.ndarray:
         """``coarsen`` on the noise-limited nonzeros ``index``; returns those taken."""
         rows, cols = self.pattern.at(index)
-        a, y0 = self.analytical.at(rows, cols)[None, :], plan.eval_output[rows][None, :]
+        a = self.analytical.at(rows, cols)
         assert plan.noise is not None, "coarsen under measured noise"
-        sigma = _take(plan.noise.sigma, rows)[None, :]
         x, dtype, eps_eval = self.columns.x[cols], self.columns.dtype, MACHINE_EPSILON[plan.eval_dtype]
         base = self.columns.step[cols].astype(np.float64)
-        need = _wide.widths(a, sigma, base, base / self.columns.executor.config.step(eps_eval), atol, rtol)
-        distinct, slot = np.unique(cols, return_inverse=True)
-        widest = np.zeros(len(distinct))
-        np.maximum.at(widest, slot, need)
 
-        def sample(width: np.ndarray):
+        def along(width: np.ndarray):
             plus, minus = self.columns.along(rows, cols, width, (1.0, 2.0, 3.0, 4.0))
             # the step actually realised: half the span at t = 4, over 4
-            return plus[None], minus[None], _span(x, width.astype(dtype) * dtype(4)) / 8
+            return plus, minus, _span(x, width.astype(dtype) * dtype(4)) / 8
 
-        taken, estimate, error = _wide.fitted(sample, widest[slot], y0, sigma, eps_eval)
-        index, estimate, error = index[taken], estimate[0, taken], error[0, taken]
-        self.status[index], band = _verdicts(a[0, taken], estimate, error, atol, rtol)
+        taken, estimate, error = _wide.coarsened(along, a, plan.eval_output[rows], _take(plan.noise.sigma, rows), base,
+                                                 base / self.columns.executor.config.step(eps_eval), cols, eps_eval,
+                                                 atol, rtol)
+        index, estimate, error = index[taken], estimate[taken], error[taken]
+        self.status[index], band = _verdicts(a[taken], estimate, error, atol, rtol)
         self._override(index, estimate, band)
         return index
 

@@ -280,10 +280,10 @@ def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, t
             return status, band, {}  # a passing sweep: nothing to refine, no [m, n] noise needed
         if jac.noisy:  # _coarsen reads every column's allowance
             noise = noise.dense()
-    coarsened = _coarsen(jac, position, a, numerical, noise, status, band, tolerances) if jac.noisy else np.zeros(0, int)
-    rows, cols = np.nonzero((status == _compare.MISMATCH) | (status == _compare.NUMERICAL_NONFINITE))
-    keep = ~np.isin(cols, coarsened)
-    rows, cols = rows[keep], cols[keep]
+    failing = (status == _compare.MISMATCH) | (status == _compare.NUMERICAL_NONFINITE)
+    if jac.noisy:
+        failing &= ~_coarsen(jac, position, a, numerical, noise, status, band, tolerances)
+    rows, cols = np.nonzero(failing)
     if not len(rows):
         return status, band, {}
     # Each failing element a direction of its own: its column, read at its row (as coloured mode's nonzeros).

@@ -107,6 +107,16 @@ class _Jacobians:
         found = self.ladder(position, columns)(np.arange(len(columns)), powers, factors)
         return [(plus[rows, slot], minus[rows, slot], spans[slot]) for _, _, plus, minus, spans in found.levels]
 
+    def along(self, position: int, rows: np.ndarray, cols: np.ndarray, width: np.ndarray):
+        """f(x + t d), f(x - t d) [4, k] at each element's row for t = 1 .. 4, d moving its column by its ``width``
+        (the same within a column), and the step realised [k]: half the span at t = 4, over 4."""
+        columns, first, slot = np.unique(cols, return_index=True, return_inverse=True)
+        count = len(columns)
+        delta = np.concatenate([t * width[first] for t in (1.0, 2.0, 3.0, 4.0)])
+        _, plus, minus, spans = numerical_columns(self.executor, position, np.tile(columns, 4), delta)
+        pick = slot[None, :] + count * np.arange(4)[:, None]
+        return plus[rows[None, :], pick], minus[rows[None, :], pick], (spans.reshape(4, count)[3] / 8)[slot]
+
     def line(self, position: int, columns: np.ndarray) -> Line:
         """The ``Line`` of ``columns`` for ``confirmation``: their first steps, the noise over a span."""
         return Line(lambda selection: self.steps(position)[columns[selection]],
@@ -119,39 +129,25 @@ class _Jacobians:
 
 
 def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:
-    """Re-estimate, in place, the columns whose allowance is mostly f's measured noise, at wide steps
-    (``_wide``); returns them."""
+    """Re-estimate, in place, the elements whose allowance is mostly f's measured noise at wide steps
+    (``_wide.coarsened``, as coloured mode's nonzeros); returns which [m, n_k] were."""
     atol, rtol = tolerances
+    # Elements that left f's domain are for the shrinking ladder, not this one.
+    rows, cols = np.nonzero(_wide.limited(noise, numerical, atol, rtol) & np.isfinite(numerical) & np.isfinite(a))
+    taken_where = np.zeros(numerical.shape, bool)
     sigma = jac.plan.noise.sigma if jac.plan.noise is not None else np.zeros(jac.plan.m)
-    # Columns that left f's domain are for the shrinking ladder, not this one.
-    columns = np.flatnonzero(np.any(_wide.limited(noise, numerical, atol, rtol), axis=0)
-                             & np.all(np.isfinite(numerical), axis=0) & np.all(np.isfinite(a), axis=0))
-    if not len(columns):
-        return columns
-    # Columns are independent: in chunks whose [m, 9, k] tables (the evaluations' quotients, both sides, the fit's
-    # values; twice) stay within memory_budget (all noisy columns of a large conv at once can exhaust memory).
+    # By columns, in chunks whose [m, 9, k] tables (the evaluations' quotients, both sides, the fit's values; twice)
+    # stay within memory_budget (all noisy columns of a large conv at once can exhaust memory).
+    columns = np.unique(cols)
     chunk = max(1, int(jac.config.budget // (COARSE_TABLES * 9 * 8 * max(jac.plan.m, 1))))
-    taken = [_coarsen_columns(jac, position, columns[start:start + chunk], a, numerical, noise, status, band,
-                              tolerances, sigma) for start in range(0, len(columns), chunk)]
-    return np.concatenate(taken)
-
-
-def _coarsen_columns(jac: _Jacobians, position: int, columns, a, numerical, noise, status, band, tolerances,
-                     sigma) -> np.ndarray:
-    """``_coarsen`` on the noise-limited ``columns``; returns those taken."""
-    atol, rtol = tolerances
-    base = jac.steps(position)[columns]
-    width = _wide.widths(a[:, columns], sigma[:, None], base, base / jac.config.step(jac.eps_eval), atol, rtol)
-
-    def sample(width: np.ndarray):
-        count = len(columns)
-        delta = np.concatenate([k * width for k in (1.0, 2.0, 3.0, 4.0)])
-        _, plus, minus, spans = numerical_columns(jac.executor, position, np.tile(columns, 4), delta)
-        # the step actually realised: half the span at t = 4, over 4
-        return plus.reshape(-1, 4, count), minus.reshape(-1, 4, count), spans.reshape(4, count)[3] / 8
-
-    taken, estimate, error = _wide.fitted(sample, width, jac.y0[:, None], sigma[:, None], jac.eps_eval)
-    columns, estimate, error = columns[taken], estimate[:, taken], error[:, taken]
-    numerical[:, columns], noise[:, columns] = estimate, error
-    status[:, columns], band[:, columns] = _compare.verdicts(a[:, columns], estimate, error, atol, rtol)
-    return columns
+    for start in range(0, len(columns), chunk):
+        inside = np.isin(cols, columns[start:start + chunk])
+        r, c = rows[inside], cols[inside]
+        base = jac.steps(position)[c]
+        taken, estimate, error = _wide.coarsened(lambda width, r=r, c=c: jac.along(position, r, c, width), a[r, c], jac.y0[r],
+                                                 sigma[r], base, base / jac.config.step(jac.eps_eval), c, jac.eps_eval,
+                                                 atol, rtol)
+        r, c, estimate, error = r[taken], c[taken], estimate[taken], error[taken]
+        numerical[r, c], noise[r, c], taken_where[r, c] = estimate, error, True
+        status[r, c], band[r, c] = (v[0] for v in _compare.verdicts(a[r, c][None], estimate[None], error[None], atol, rtol))
+    return taken_where

@@ -46,6 +46,27 @@ def widths(a: np.ndarray, sigma: np.ndarray, base: np.ndarray, scale: np.ndarray
     return np.clip(needed, 4 * base, COARSE_MAX_STEP * scale / 4)
 
 
+def coarsened(along: Callable, a: np.ndarray, y0: np.ndarray, sigma: np.ndarray, base: np.ndarray,
+              scale: np.ndarray, cols: np.ndarray, eps_eval: float, atol: float,
+              rtol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(taken [k], estimate [k], error [k]) of noise-limited elements of a Jacobian (their analytical values ``a``,
+    f at their outputs ``y0``, its noise ``sigma``, their columns' first steps ``base`` and ``scale`` and their
+    columns ``cols``, all [k]) re-estimated at wide steps, in full and coloured mode alike: each column moved by the
+    widest step its elements need (``widths``); ``along(width [k])`` -> f(x + t d), f(x - t d) [4, k] at each
+    element's output for t = 1 .. 4, and the step realised [k]."""
+    need = widths(a[None, :], sigma[None, :], base, scale, atol, rtol)
+    distinct, slot = np.unique(cols, return_inverse=True)
+    widest = np.zeros(len(distinct))
+    np.maximum.at(widest, slot, need)
+
+    def sample(width: np.ndarray):
+        plus, minus, realised = along(width)
+        return plus[None], minus[None], realised
+
+    taken, estimate, error = fitted(sample, widest[slot], y0[None, :], sigma[None, :], eps_eval)
+    return taken, estimate[0], error[0]
+
+
 def fitted(sample: Sample, width: np.ndarray, y0: np.ndarray, sigma: np.ndarray,
            eps_eval: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(taken [k], estimate, error [m, k]): the wide fit where a cubic fits it and the narrow one (H / 4) agrees,
