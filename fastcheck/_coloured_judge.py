@@ -300,11 +300,12 @@ class _Block:
             return
         index, rows, cols, a = index[flat], rows[flat], cols[flat], a[flat]
         base, x = self.columns.step[cols], self.columns.x[cols]
-        multiples = REFINE_RATIO ** np.arange(1, _flat.levels(plan, self.columns.executor.config) + 1)
-        plus, minus = self.columns.along(rows, cols, base, multiples)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            quotient = (plus - minus) / np.stack([_span(x, base * self.columns.dtype(t)) for t in multiples])
-        self.status[index] = _flat.decided(plan, rows, plus.T, minus.T, quotient.T, a)
+
+        def along(multiples):
+            plus, minus = self.columns.along(rows, cols, base, multiples)
+            return plus, minus, np.stack([_span(x, base * self.columns.dtype(t)) for t in multiples])
+
+        self.status[index] = _flat.status(plan, self.columns.executor.config, rows, a, along)
 
     def coarsen(self, plan: Plan, atol: float, rtol: float) -> np.ndarray:
         """The nonzeros whose allowance is mostly f's measured noise, re-estimated at wide steps (``_wide``, the

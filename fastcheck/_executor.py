@@ -684,6 +684,19 @@ def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
     return config.step(MACHINE_EPSILON[plan.eval_dtype]) * np.maximum(1.0, np.abs(x))
 
 
+def along_columns(executor: Executor, position: int, rows: np.ndarray, cols: np.ndarray, width: np.ndarray,
+                  multiples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """f(x + t d), f(x - t d) and the spans [len(multiples), k] at each element's row (``rows``, ``cols`` [k] of input
+    ``position``), for each t of ``multiples``, d moving each element's column by its ``width`` (the same within a
+    column): every t in one batch."""
+    columns, first, slot = np.unique(cols, return_index=True, return_inverse=True)
+    count = len(columns)
+    delta = np.concatenate([t * width[first] for t in multiples])
+    plus, minus, spans = executor.differences(position, np.tile(columns, len(multiples)), delta)
+    pick = slot[None, :] + count * np.arange(len(multiples))[:, None]
+    return plus[rows[None, :], pick], minus[rows[None, :], pick], spans[pick]
+
+
 def numerical_columns(executor: Executor, position: int, columns: np.ndarray, delta: np.ndarray):
     """Central differences for some columns: Jacobian [m, k], and f(x+), f(x-) as [m, k], spans [k]."""
     plus, minus, span = executor.differences(position, columns, delta)

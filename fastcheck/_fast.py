@@ -59,7 +59,7 @@ import tensorflow as tf
 from fastcheck import _compare, _flat
 from fastcheck._directions import F64, Joint, _normal, _vjp
 from fastcheck._events import FastSummary, Hint
-from fastcheck._executor import Executor, measured, timed
+from fastcheck._executor import Executor, along_columns, measured, steps, timed
 from fastcheck._plan import Plan
 from fastcheck._refine import LADDER, Evaluate, Line, Rungs, confirmation, descend
 from fastcheck._results import Outcome, PairReport
@@ -714,6 +714,7 @@ def _flat_element(joint: Joint, position: int, column: int, row: int | None, fir
     level = _flat.rounding_level(joint.plan)[row]
     if not moved <= FLAT_ROUNDINGS * level:
         return False
-    executor = joint.executor
-    return int(_flat.status(executor, executor.plan, joint.config, position, np.array([row]), np.array([column]),
-                            np.array([analytical]))[0]) != _compare.MISMATCH
+    executor, rows, cols = joint.executor, np.array([row]), np.array([column])
+    base = steps(executor.plan, joint.config, position)[cols]
+    return int(_flat.status(executor.plan, joint.config, rows, np.array([analytical]), lambda multiples: along_columns(
+        executor, position, rows, cols, base, multiples))[0]) != _compare.MISMATCH

@@ -23,7 +23,6 @@ import numpy as np
 
 from fastcheck import _compare
 from fastcheck._config import MACHINE_EPSILON
-from fastcheck._executor import numerical_columns, steps
 from fastcheck._tables import FLAT_AGREES, FLAT_JUMP_GROWTH, FLAT_MAX_STEP, FLAT_ROUNDINGS, NOISE_IS_F, REFINE_RATIO
 
 
@@ -61,26 +60,22 @@ def levels(plan, config) -> int:
     return max(1, int(np.ceil(np.log(FLAT_MAX_STEP / relative) / np.log(REFINE_RATIO)))) + 1
 
 
-def status(executor, plan, config, position: int, rows: np.ndarray, cols: np.ndarray,
-           analytical: np.ndarray) -> np.ndarray:
-    """[len(rows)] the status of flat mismatches (``rows``, ``cols`` of input ``position``, with their ``analytical``
-    values) that larger steps show, along each column: FLAT, UNRESOLVED, or MISMATCH where it stands (see the
-    module docstring)."""
+def status(plan, config, rows: np.ndarray, analytical: np.ndarray, along) -> np.ndarray:
+    """[len(rows)] the status of flat mismatches at outputs ``rows`` (with their ``analytical`` values) that larger
+    steps show along each one's column: FLAT, UNRESOLVED, or MISMATCH where it stands (see the module docstring).
+    ``along(multiples)`` -> f(x + t h), f(x - t h) and the spans [levels, elements] at the steps t h, whatever
+    evaluates them (the executor's columns, coloured mode's colours)."""
     if not len(rows):
         return np.zeros(0, np.int8)
-    columns, where = np.unique(cols, return_inverse=True)
-    count = levels(plan, config)
-    delta = steps(plan, config, position)[columns][None, :] * REFINE_RATIO ** np.arange(1, count + 1)[:, None]
-    quotient, plus, minus, _ = numerical_columns(executor, position, np.tile(columns, count), delta.reshape(-1))
-    shape = (len(plan.eval_output), count, len(columns))
-    pick = lambda t: t.reshape(shape)[rows, :, where]  # noqa: E731  [elements, levels]
-    return decided(plan, rows, pick(plus), pick(minus), pick(quotient), analytical)
+    plus, minus, spans = along(REFINE_RATIO ** np.arange(1, levels(plan, config) + 1))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        quotient = (plus - minus) / spans
+    return decided(plan, rows, plus.T, minus.T, quotient.T, analytical)
 
 
 def decided(plan, rows: np.ndarray, plus: np.ndarray, minus: np.ndarray, quotient: np.ndarray,
             analytical: np.ndarray) -> np.ndarray:
-    """``status`` from f's sides and quotients [elements, levels] at the larger steps, whatever evaluated them
-    (full mode's columns, coloured mode's colours)."""
+    """``status`` from f's sides and quotients [elements, levels] at the larger steps."""
     y0 = plan.eval_output[rows][:, None]
     count = plus.shape[1]
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -16,7 +16,7 @@ from fastcheck import _compare, _flat
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
 from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ForwardNotChecked, ForwardProbe
-from fastcheck._executor import Executor, timed
+from fastcheck._executor import Executor, along_columns, timed
 from fastcheck._full_steps import _coarsen, _Jacobians
 from fastcheck._paths import EAGER
 from fastcheck._plan import Plan, first_line, view
@@ -126,8 +126,8 @@ class _Pair:
                 rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack(refined)], axis=1), axis=1)
                 still = status[rows, cols] == _compare.MISMATCH
                 rows, cols = rows[still], cols[still]
-                status[rows, cols] = _flat.status(jac.executor, jac.plan, jac.config, position, rows, cols,
-                                                  a[rows, cols])
+                status[rows, cols] = _flat.status(jac.plan, jac.config, rows, a[rows, cols], lambda multiples: along_columns(
+                    jac.executor, position, rows, cols, jac.steps(position)[cols], multiples))
         _resolve(jac, position, a, numerical, self.status, self.band, (atol, rtol))
 
 

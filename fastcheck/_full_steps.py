@@ -11,7 +11,7 @@ import numpy as np
 from fastcheck import _compare, _wide
 from fastcheck._autodiff import AutodiffJacobian
 from fastcheck._config import MACHINE_EPSILON
-from fastcheck._executor import Executor, measured, numerical_columns, steps
+from fastcheck._executor import Executor, along_columns, measured, numerical_columns, steps
 from fastcheck._plan import Plan
 from fastcheck._refine import Evaluate, Line, Rungs
 from fastcheck._tables import (
@@ -107,16 +107,6 @@ class _Jacobians:
         found = self.ladder(position, columns)(np.arange(len(columns)), powers, factors)
         return [(plus[rows, slot], minus[rows, slot], spans[slot]) for _, _, plus, minus, spans in found.levels]
 
-    def along(self, position: int, rows: np.ndarray, cols: np.ndarray, width: np.ndarray):
-        """f(x + t d), f(x - t d) [4, k] at each element's row for t = 1 .. 4, d moving its column by its ``width``
-        (the same within a column), and the step realised [k]: half the span at t = 4, over 4."""
-        columns, first, slot = np.unique(cols, return_index=True, return_inverse=True)
-        count = len(columns)
-        delta = np.concatenate([t * width[first] for t in (1.0, 2.0, 3.0, 4.0)])
-        _, plus, minus, spans = numerical_columns(self.executor, position, np.tile(columns, 4), delta)
-        pick = slot[None, :] + count * np.arange(4)[:, None]
-        return plus[rows[None, :], pick], minus[rows[None, :], pick], (spans.reshape(4, count)[3] / 8)[slot]
-
     def line(self, position: int, columns: np.ndarray) -> Line:
         """The ``Line`` of ``columns`` for ``confirmation``: their first steps, the noise over a span."""
         return Line(lambda selection: self.steps(position)[columns[selection]],
@@ -126,6 +116,12 @@ class _Jacobians:
         if self.plan.n == 0:
             return [np.zeros((self.plan.m, 0)) for _ in self.plan.checked]
         return self.autodiff()
+
+
+def _wide_sides(jac: _Jacobians, position: int, rows: np.ndarray, cols: np.ndarray, width: np.ndarray):
+    """``_wide.coarsened``'s evaluation: f at t = 1 .. 4 widths, and the step realised (half the span at 4, over 4)."""
+    plus, minus, spans = along_columns(jac.executor, position, rows, cols, width, (1.0, 2.0, 3.0, 4.0))
+    return plus, minus, spans[3] / 8
 
 
 def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:
@@ -144,7 +140,7 @@ def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, 
         inside = np.isin(cols, columns[start:start + chunk])
         r, c = rows[inside], cols[inside]
         base = jac.steps(position)[c]
-        taken, estimate, error = _wide.coarsened(lambda width, r=r, c=c: jac.along(position, r, c, width), a[r, c], jac.y0[r],
+        taken, estimate, error = _wide.coarsened(lambda width, r=r, c=c: _wide_sides(jac, position, r, c, width), a[r, c], jac.y0[r],
                                                  sigma[r], base, base / jac.config.step(jac.eps_eval), c, jac.eps_eval,
                                                  atol, rtol)
         r, c, estimate, error = r[taken], c[taken], estimate[taken], error[taken]
