@@ -67,6 +67,16 @@ def _module_runs() -> list[str]:
     return [m for i, m in enumerate(modules) if i == 0 or modules[i - 1] != m]
 
 
+def test_the_rule_evaluates_f_only_through_the_strategys_evaluation():
+    """The rule's modules judge what a strategy evaluated and call back into its evaluation (``Evaluate``,
+    ``sides``, ``along``) for more: they import only each other, the configuration, the tables and the events --
+    no evaluator, strategy or plan (one mechanism, whatever evaluates f)."""
+    package = ROOT / "fastcheck"
+    rule = {"_refine", "_compare", "_wide", "_flat"}
+    for module in sorted(rule):
+        assert _imported_modules(package / f"{module}.py") <= rule | {"_config", "_tables", "_events"}, module
+
+
 def test_following_f_visits_each_module_at_most_twice():
     """Every call of f, from check_gradients down (planning, routing, tracing, the batched sweeps, refinement,
     each mode), passes through each of fastcheck's modules in at most two separate stretches of the stack."""
