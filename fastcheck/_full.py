@@ -265,11 +265,12 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
 
 
 def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances):
-    """Re-examine suspicious columns in place; returns the new (status, band, one-sided values).
+    """Re-examine the failing elements in place; returns the new (status, band, one-sided values).
 
-    Only columns with a mismatch or a non-finite difference are re-evaluated, so the first pass stays one batched
-    sweep; under a noisy f the columns its noise swamps are re-estimated at wide steps first (``_coarsen``).  The
-    rest go through the stages every element-wise mode runs (``_refine.examined``): the second step at h/4, the
+    Only elements with a mismatch or a non-finite difference are re-evaluated, each a direction of its own (its
+    column, read at its row, as coloured mode's nonzeros), so the first pass stays one batched sweep; under a noisy f
+    the elements its noise swamps are re-estimated at wide steps first (``_coarsen``).  The rest go through the
+    stages every element-wise mode runs (``_refine.examined``): the second step at h/4, the
     triage there (a conclusive mismatch that holds at an independent step and at the finest step its rounding allows
     stands), the ladder h ... h/4**5, deeper where unsettled, a settled mismatch standing only where it is confirmed;
     what no step settles is undecidable, and kinks are classified (``_compare.classify``), never a mismatch.
