@@ -88,8 +88,9 @@ def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
         level *= NOISE_FACTOR * plan.row_epsilon_at(rows)
         if plan.noise is not None:
             np.maximum(level, MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
-        # Tested once, after the division: a non-finite level stays non-finite (or NaN) over a span; both become 0.
-        level /= np.abs(spans)
+        # Times the span's reciprocal, as the rank-one factors multiply (full mode's noise, bit for bit); tested once,
+        # after: a non-finite level or reciprocal makes the product non-finite (or NaN), and both become 0.
+        level *= 1.0 / np.abs(spans)
         level[~np.isfinite(level)] = 0.0
         return level
 
