@@ -695,12 +695,3 @@ def along_columns(executor: Executor, position: int, rows: np.ndarray, cols: np.
     plus, minus, spans = executor.differences(position, np.tile(columns, len(multiples)), delta)
     pick = slot[None, :] + count * np.arange(len(multiples))[:, None]
     return plus[rows[None, :], pick], minus[rows[None, :], pick], spans[pick]
-
-
-def numerical_columns(executor: Executor, position: int, columns: np.ndarray, delta: np.ndarray):
-    """Central differences for some columns: Jacobian [m, k], and f(x+), f(x-) as [m, k], spans [k]."""
-    plus, minus, span = executor.differences(position, columns, delta)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        jacobian = plus - minus
-        jacobian /= span[None, :]
-        return jacobian, plus, minus, span

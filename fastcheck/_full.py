@@ -126,8 +126,9 @@ class _Pair:
                 rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack(refined)], axis=1), axis=1)
                 still = status[rows, cols] == _compare.MISMATCH
                 rows, cols = rows[still], cols[still]
-                status[rows, cols] = _flat.status(jac.plan, jac.config, rows, a[rows, cols], lambda multiples: along_columns(
-                    jac.executor, position, rows, cols, jac.steps(position)[cols], multiples))
+                base = jac.steps(position)[cols]
+                status[rows, cols] = _flat.status(jac.plan, jac.config, rows, a[rows, cols], lambda multiples: (
+                    along_columns(jac.executor, position, rows, cols, base, multiples)))
         _resolve(jac, position, a, numerical, self.status, self.band, (atol, rtol))
 
 

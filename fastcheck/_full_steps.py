@@ -11,7 +11,7 @@ import numpy as np
 from fastcheck import _compare, _wide
 from fastcheck._autodiff import AutodiffJacobian
 from fastcheck._config import MACHINE_EPSILON
-from fastcheck._executor import Executor, along_columns, measured, numerical_columns, steps
+from fastcheck._executor import Executor, along_columns, measured, steps
 from fastcheck._plan import Plan
 from fastcheck._refine import Evaluate, Line, Rungs
 from fastcheck._tables import (
@@ -29,7 +29,7 @@ class _Jacobians:
         self.autodiff = AutodiffJacobian(executor, forward=self.config.autodiff == "forward")
         self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
         self.y0 = plan.eval_output  # f at the point, from planning: no extra call
-        self._quarters: dict = {}  # position -> (columns, their quotients, sides and spans at h/4: the second step)
+        self._quarters: dict = {}  # position -> (columns, their sides and spans at h/4: the second step)
         self._steps: dict = {}  # position -> its first steps (``_executor.steps``): every evaluation reads them
 
     def steps(self, position: int) -> np.ndarray:
@@ -74,28 +74,11 @@ class _Jacobians:
         sigma = self.plan.noise.sigma if self.plan.noise is not None else None
 
         def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
-            chosen = columns[selection]
-            # The second step's level (h/4): the second step before f's noise is measured and the triage after it
-            # read the same evaluations, made once per check (their noise as the plan's now).
-            second = factors is None and list(powers) == [SECOND_STEP]
-            cached = self._quarters.get(position) if second else None
-            if cached is not None and np.isin(chosen, cached[0]).all():
-                where = np.searchsorted(cached[0], chosen)
-                quotient, plus, minus, spans = (value[..., where] for value in cached[1:])
-                return Rungs([(quotient, self.noise(spans), plus, minus, spans)], self.y0, sigma)
-            count = len(chosen)
-            base = self.steps(position)[chosen]
-            divisors = [REFINE_RATIO**k for k in powers]
-            idx = np.tile(chosen, len(divisors))
-            delta = np.concatenate([base / d * factor for d, factor in zip(divisors, factors or [1.0] * len(divisors))])
-            jacobian, plus, minus, spans = numerical_columns(self.executor, position, idx, delta)
-            noise = self.noise(spans)
             levels = []
-            for k in range(len(divisors)):
-                part = slice(k * count, (k + 1) * count)
-                levels.append((jacobian[:, part], noise[:, part], plus[:, part], minus[:, part], spans[part]))
-            if second:
-                self._quarters[position] = (chosen, jacobian, plus, minus, spans)
+            for plus, minus, spans in self._levels(position, columns[selection], powers, factors):
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    jacobian = (plus - minus) / spans[None, :]
+                levels.append((jacobian, self.noise(spans), plus, minus, spans))
             return Rungs(levels, self.y0, sigma)
 
         return evaluate
@@ -104,8 +87,27 @@ class _Jacobians:
         """Per power: f(x + d), f(x - d) [k] at each element's row along its column at step h / 4**p (times
         ``factors``, where given), and the spans [k]: ``_refine.Sides``, as coloured mode's ``_Columns.sides``."""
         columns, slot = np.unique(cols, return_inverse=True)
-        found = self.ladder(position, columns)(np.arange(len(columns)), powers, factors)
-        return [(plus[rows, slot], minus[rows, slot], spans[slot]) for _, _, plus, minus, spans in found.levels]
+        return [(plus[rows, slot], minus[rows, slot], spans[slot])
+                for plus, minus, spans in self._levels(position, columns, powers, factors)]
+
+    def _levels(self, position: int, columns: np.ndarray, powers, factors=None) -> list:
+        """Per power: f(x + d), f(x - d) [m, k] and the spans [k] of ``columns`` (sorted) at steps h / 4**p (times
+        ``factors``), every power in one batch.  The second step's level (h/4) is made once per check: the second
+        step before f's noise is measured and the triage after it read the same evaluations."""
+        second = factors is None and list(powers) == [SECOND_STEP]
+        cached = self._quarters.get(position) if second else None
+        if cached is not None and np.isin(columns, cached[0]).all():
+            where = np.searchsorted(cached[0], columns)
+            return [tuple(value[..., where] for value in cached[1:])]
+        count = len(columns)
+        base = self.steps(position)[columns]
+        divisors = [REFINE_RATIO**k for k in powers]
+        delta = np.concatenate([base / d * factor for d, factor in zip(divisors, factors or [1.0] * len(divisors))])
+        plus, minus, spans = self.executor.differences(position, np.tile(columns, len(divisors)), delta)
+        if second:
+            self._quarters[position] = (columns, plus, minus, spans)
+        return [(plus[:, k * count:(k + 1) * count], minus[:, k * count:(k + 1) * count], spans[k * count:(k + 1) * count])
+                for k in range(len(divisors))]
 
     def line(self, position: int, columns: np.ndarray) -> Line:
         """The ``Line`` of ``columns`` for ``confirmation``: their first steps, the noise over a span."""
@@ -140,10 +142,11 @@ def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, 
         inside = np.isin(cols, columns[start:start + chunk])
         r, c = rows[inside], cols[inside]
         base = jac.steps(position)[c]
-        taken, estimate, error = _wide.coarsened(lambda width, r=r, c=c: _wide_sides(jac, position, r, c, width), a[r, c], jac.y0[r],
-                                                 sigma[r], base, base / jac.config.step(jac.eps_eval), c, jac.eps_eval,
-                                                 atol, rtol)
+        taken, estimate, error = _wide.coarsened(
+            lambda width, r=r, c=c: _wide_sides(jac, position, r, c, width), a[r, c], jac.y0[r], sigma[r], base,
+            base / jac.config.step(jac.eps_eval), c, jac.eps_eval, atol, rtol)
         r, c, estimate, error = r[taken], c[taken], estimate[taken], error[taken]
         numerical[r, c], noise[r, c], taken_where[r, c] = estimate, error, True
-        status[r, c], band[r, c] = (v[0] for v in _compare.verdicts(a[r, c][None], estimate[None], error[None], atol, rtol))
+        found, allowed = _compare.verdicts(a[r, c][None], estimate[None], error[None], atol, rtol)
+        status[r, c], band[r, c] = found[0], allowed[0]
     return taken_where
