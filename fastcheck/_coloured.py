@@ -42,7 +42,8 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _colouring, _compare, _pattern, _sparsity
-from fastcheck._coloured_judge import TRACED, _Block, _judged, _pattern_probes, _probes
+from fastcheck._block import _Block
+from fastcheck._coloured_judge import TRACED, _judged, _pattern_probes, _probes
 from fastcheck._colours import (
     _Analytical,
     _analytical,

@@ -373,10 +373,22 @@ class _Columns:
         power, factor = level if isinstance(level, tuple) else (level, 1.0)
         return self.dtype(REFINE_RATIO ** -float(power) * factor)
 
-    def along(self, rows: np.ndarray, cols: np.ndarray, width: np.ndarray, multiples) -> tuple[np.ndarray, np.ndarray]:
-        """f(x + t d), f(x - t d) [len(multiples), len(rows)] at each nonzero's row, for each t of ``multiples``,
-        d moving each of the columns ``cols`` by its ``width`` (one per nonzero, the same within a column)."""
-        return self._evaluated(rows, cols, [self.dtype(t) for t in multiples], np.asarray(width, self.dtype))
+    def along(self, rows: np.ndarray, cols: np.ndarray, width: np.ndarray, multiples) -> tuple:
+        """f(x + t d), f(x - t d) and the spans [len(multiples), len(rows)] at each nonzero's row, for each t of
+        ``multiples``, d moving each of the columns ``cols`` by its ``width`` (one per nonzero, the same within a
+        column)."""
+        width = np.asarray(width, self.dtype)
+        plus, minus = self._evaluated(rows, cols, [self.dtype(t) for t in multiples], width)
+        x = self.x[cols]
+        return plus, minus, np.stack([_span(x, width * self.dtype(t)) for t in multiples])
+
+    def quotients(self, compressed: _Differences, rows, cols, spans: np.ndarray) -> np.ndarray:
+        """The first sweep's quotient of each nonzero (float64, a fresh array) off ``compressed``."""
+        colours = None if compressed.colours == 1 else self.labels[cols]
+        differences = compressed.take(colours, rows)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            differences /= spans
+        return differences
 
     def _evaluated(self, rows: np.ndarray, cols: np.ndarray, scales: list,
                    width: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -676,7 +676,7 @@ def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
 
     ``eps`` is the evaluation dtype's ``machine_epsilon ** (1/3)``: the steps do not follow f's measured noise (a
     larger relative step spans periods of cos at 5e7); noise-limited columns are re-estimated over larger steps
-    instead (``_full_steps._coarsen``).
+    instead (``_block._Block.coarsen``, every mode's).
     """
     if config.absolute_step and config.eps is not None:  # the configuration refuses one without the other
         return np.full(plan.inputs[position].size, float(config.eps))

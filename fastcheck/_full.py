@@ -2,34 +2,36 @@
 
 One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): the numerical Jacobian by batched central
 differences through the executor, the analytical one from reverse mode (or the user's gradients), the element rule
-of ``_compare``, then the stages every element-wise mode runs (``_refine.stages`` over each input's ``_Pair``: only
-for failing elements, a second step at h/4, and where that does not pass them f's noise and precision, larger steps
-for noise-limited columns (``_full_steps._coarsen``), ``_refine.examined`` for the rest), a coarse pass sharpened
-(``_resolve``), the float64 twin (``_twin``) and the forward-mode side (``_forward_side``).
+of ``_compare``, then the stages every element-wise mode runs over each input's elements as a ``_block._Block``
+(the trivial colouring: ``Pattern.full``, ``_full_steps._DenseColumns``), as coloured mode runs them over its
+nonzeros (``_refine.stages``: only for failing elements, a second step at h/4, and where that does not pass them f's
+noise and precision, wide steps for noise-limited elements, ``_refine.examined`` for the rest, ``_flat``); then a
+coarse pass sharpened (``_resolve``), the float64 twin (``_twin``) and the forward-mode side (``_forward_side``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fastcheck import _compare, _flat
+from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
+from fastcheck._block import _Block
+from fastcheck._colours import _Analytical
 from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ForwardNotChecked, ForwardProbe
-from fastcheck._executor import Executor, along_columns, timed
-from fastcheck._full_steps import _coarsen, _Jacobians
+from fastcheck._executor import Executor, timed
+from fastcheck._full_steps import _DenseColumns, _Jacobians
 from fastcheck._paths import EAGER
-from fastcheck._plan import Plan, first_line, view
-from fastcheck._refine import LADDER, Line, along_elements, confirmation, descend, examined, stages
+from fastcheck._pattern import Pattern
+from fastcheck._plan import Plan, first_line
+from fastcheck._refine import LADDER, confirmation, descend, stages
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense
 from fastcheck._tables import (
     FORWARD_MIN_EVALUATIONS,
     FORWARD_PROBES,
-    REFINE_RATIO,
     RESOLUTION_RTOLS,
     RESOLVE_COLUMNS,
-    SECOND_STEP,
 )
 from fastcheck._text import element_name
 
@@ -52,84 +54,46 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
         analytical = supplied(plan) if supplied is not None else jac.analytical()
 
     with timed(jac.timings, "numerical"):
-        first = [jac.numerical(spec.position) for spec in plan.checked]
+        blocks = [_block(jac, spec, a, *jac.numerical(spec.position)) for spec, a in zip(plan.checked, analytical)]
     atol, rtol = jac.config.tolerances(jac.plan.precision)
-    pairs = [_Pair(jac, spec, a, sweep, atol, rtol) for spec, a, sweep in zip(plan.checked, analytical, first)]
+    for block in blocks:
+        block.judge(jac.plan, atol, rtol)
 
     def measure(plan: Plan, passed: dict) -> Plan:
         with timed(jac.timings, "noise"):
             jac.measure()
         return jac.plan
 
-    _, atol, rtol = stages(pairs, jac.plan, measure, lambda plan: jac.config.tolerances(plan.precision),
+    _, atol, rtol = stages(blocks, jac.plan, measure, lambda plan: jac.config.tolerances(plan.precision),
                            lambda stage: timed(jac.timings, stage))
-    results = [(p.spec, p.a, p.numerical, p.status, p.band, p.one_sided, None) for p in pairs]
+    results = []
+    for block in blocks:
+        numerical, status, band, one_sided = _dense(block)
+        with timed(jac.timings, "refine"):
+            _resolve(jac, block.spec.position, block.analytical.compressed, numerical, status, band, (atol, rtol))
+        results.append((block.spec, block.analytical.compressed, numerical, status, band, one_sided, None))
     if twin:
-        results = _twin(jac, results, [p.spans for p in pairs], (atol, rtol))
+        results = _twin(jac, results, [b.columns.spans for b in blocks], (atol, rtol))
     return results, (atol, rtol)
 
 
-class _Pair:
-    """One checked input's Jacobians [m, n_k] under judgement (``_refine.Judged``, driven by ``_refine.stages``): the
-    analytical and numerical blocks, the first sweep's noise and spans, the verdicts, the one-sided values of the
-    elements at kinks."""
+def _block(jac: _Jacobians, spec, analytical: np.ndarray, first: np.ndarray, spans: np.ndarray) -> _Block:
+    """One checked input's elements as a block (``_block._Block``: every element a nonzero of ``Pattern.full``)
+    over full mode's first sweep."""
+    block = _Block(spec, Pattern.full(*first.shape), _DenseColumns(jac, spec.position, first, spans),
+                   _Analytical(analytical, None))
+    block.sweep()
+    return block
 
-    def __init__(self, jac: _Jacobians, spec, analytical: np.ndarray, first: tuple, atol: float, rtol: float):
-        self.jac, self.spec, self.a = jac, spec, analytical
-        self.numerical, self.noise, self.spans = first
-        self.status, self.band = _compare.verdicts(analytical, self.numerical, self.noise, atol, rtol)
-        self.one_sided: dict = {}
 
-    def _failing(self) -> np.ndarray:
-        return np.flatnonzero(np.any(self.status != _compare.OK, axis=0))
-
-    def directions(self) -> int:
-        return len(self._failing())
-
-    def second_step(self, plan: Plan, atol: float, rtol: float):
-        columns = self._failing()
-        (second, second_noise, *_), = self.jac.ladder(self.spec.position, columns)(np.arange(len(columns)),
-                                                                                   (SECOND_STEP,)).levels
-        passes, estimate, rounding = _compare.second_step(self.a[:, columns], self.numerical[:, columns],
-                                                          self.noise[:, columns], second, second_noise, atol, rtol,
-                                                          REFINE_RATIO)
-
-        def take() -> None:
-            self.numerical[:, columns] = estimate
-            self.status[:, columns], self.band[:, columns] = _compare.verdicts(self.a[:, columns], estimate, rounding,
-                                                                               atol, rtol)
-
-        return passes, take
-
-    def rejudge(self, plan: Plan, atol: float, rtol: float) -> None:
-        self.noise = self.jac.noise_factors(self.spans)
-        self.status, self.band = _compare.verdicts(self.a, self.numerical, self.noise, atol, rtol,
-                                                   out=(self.status, self.band))
-
-    def refine(self, plan: Plan, atol: float, rtol: float) -> None:
-        """Where an element failed (OK is 0) or f's noise limits columns: ``_refine`` (in place), then the mismatches
-        where f does not move (``_flat``); last, a coarse pass sharpened (``_resolve``)."""
-        jac, position, a, numerical, spans = self.jac, self.spec.position, self.a, self.numerical, self.spans
-        if self.status.any() or jac.noisy:
-            flat = _flat.candidates(jac.plan, numerical, spans, self.status == _compare.MISMATCH)  # before refinement
-            self.status, self.band, self.one_sided = _refine(jac, position, a, numerical, self.noise, self.status,
-                                                             self.band, (atol, rtol))
-            # ... and mismatches whose refined estimate is flat at the first step too: the steps that settled it
-            # moved f by a few roundings at most (a weight near sign's jump: the first step crosses it, every
-            # settling step is below it; a staircase's element whose sides differ by one rounding of f).  So too a
-            # column judged at wide steps (``_wide``): a cubic through a staircase's few steps (bfloat16 inside) can
-            # fit within its noise.
-            status = self.status
-            mismatched = status == _compare.MISMATCH
-            if mismatched.any():
-                refined = _flat.candidates(jac.plan, numerical, spans, mismatched)
-                rows, cols = np.unique(np.concatenate([np.stack(flat), np.stack(refined)], axis=1), axis=1)
-                still = status[rows, cols] == _compare.MISMATCH
-                rows, cols = rows[still], cols[still]
-                base = jac.steps(position)[cols]
-                status[rows, cols] = _flat.status(jac.plan, jac.config, rows, a[rows, cols], lambda multiples: (
-                    along_columns(jac.executor, position, rows, cols, base, multiples)))
-        _resolve(jac, position, a, numerical, self.status, self.band, (atol, rtol))
+def _dense(block: _Block) -> tuple:
+    """(numerical, status, band [m, n_k], the one-sided values {(row, column): (left, right)}) of a full block."""
+    m, n = block.pattern.shape
+    numerical, band = np.empty(m * n), np.empty(m * n)
+    for part in block.parts():
+        _, _, _, numerical[part], band[part] = block.values(part, bands=True)
+    return (numerical.reshape(m, n), block.status.reshape(m, n), band.reshape(m, n),
+            {divmod(k, n): value for (k,), value in block.one_sided.items()})
 
 
 def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:
@@ -184,11 +148,12 @@ def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
                 sharpened.append((spec, a, numerical, status, band, one_sided, None))
                 continue
             # Every row is judged (the evaluations give them all), only the coarse pairs' rows are used.
-            n_twin = numerical.copy()
-            noise = jac.noise_factors(spans)
-            t_status, t_band = _compare.verdicts(t, n_twin, noise, atol64, rtol64)
-            t_status[~rows] = _compare.OK  # the other pairs' columns need no refinement for the twin
-            t_status, t_band, _ = _refine(jac, spec.position, t, n_twin, noise, t_status, t_band, (atol64, rtol64))
+            twin_block = _block(jac, spec, t, numerical.copy(), spans)
+            twin_block.judge(jac.plan, atol64, rtol64)
+            twin_block.status.reshape(rows.size, -1)[~rows] = _compare.OK  # the other pairs' need no refinement
+            twin_block.flagged = twin_block.failing()
+            twin_block.refine(jac.plan, atol64, rtol64, flat=False)
+            n_twin, t_status, t_band, _ = _dense(twin_block)
             with np.errstate(invalid="ignore"):
                 allowed = t_band + np.abs(a - t)
                 usable = (rows[:, None] & np.isin(t_status, (_compare.OK, _compare.MISMATCH))
@@ -263,52 +228,6 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
                   & (status[:, columns] == _compare.OK))
     band[:, columns] = np.where(better, allowed, band[:, columns])
     numerical[:, columns] = np.where(better, estimate, numerical[:, columns])
-
-
-def _refine(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances):
-    """Re-examine the failing elements in place; returns the new (status, band, one-sided values).
-
-    Only elements with a mismatch or a non-finite difference are re-evaluated, each a direction of its own (its
-    column, read at its row, as coloured mode's nonzeros), so the first pass stays one batched sweep; under a noisy f
-    the elements its noise swamps are re-estimated at wide steps first (``_coarsen``).  The rest go through the
-    stages every element-wise mode runs (``_refine.examined``): the second step at h/4, the
-    triage there (a conclusive mismatch that holds at an independent step and at the finest step its rounding allows
-    stands), the ladder h ... h/4**5, deeper where unsettled, a settled mismatch standing only where it is confirmed;
-    what no step settles is undecidable, and kinks are classified (``_compare.classify``), never a mismatch.
-    """
-    atol, rtol = tolerances
-    if isinstance(noise, _compare.RankOne):
-        if not jac.noisy and not np.any(status != _compare.OK):
-            return status, band, {}  # a passing sweep: nothing to refine, no [m, n] noise needed
-        if jac.noisy:  # _coarsen reads every column's allowance
-            noise = noise.dense()
-    failing = (status == _compare.MISMATCH) | (status == _compare.NUMERICAL_NONFINITE)
-    if jac.noisy:
-        failing &= ~_coarsen(jac, position, a, numerical, noise, status, band, tolerances)
-    rows, cols = np.nonzero(failing)
-    if not len(rows):
-        return status, band, {}
-    # Each failing element a direction of its own: its column, read at its row (as coloured mode's nonzeros).
-    unique, inverse = np.unique(rows, return_inverse=True)
-    with np.errstate(invalid="ignore", over="ignore"):  # sum_j |a_ij x_j| over each row's finite terms
-        terms = np.abs(a[unique] * view(jac.executor.values[position]).reshape(1, -1))
-        terms = np.sum(np.where(np.isfinite(terms), terms, 0.0), axis=1)[inverse]
-    sigma = _compare.grid(jac.y0[rows], terms, jac.eps_eval,
-                          None if jac.plan.noise is None else jac.plan.noise.sigma[rows])[None, :]
-
-    def element_noise(selection: np.ndarray, spans: np.ndarray) -> np.ndarray:
-        factors = jac.noise_factors(spans)
-        return (factors.rows[rows[selection]] * factors.columns)[None, :]
-
-    evaluate = along_elements(lambda r, c, powers, factors: jac.sides(position, r, c, powers, factors), rows, cols,
-                              jac.y0[rows], element_noise,
-                              lambda selection: sigma[:, selection])
-    first_noise = (noise.rows[rows] * noise.columns[cols] if isinstance(noise, _compare.RankOne) else noise[rows, cols])
-    estimate, found, allowed, sides = examined(
-        evaluate, Line(lambda selection: jac.steps(position)[cols[selection]], element_noise), a[rows, cols][None],
-        numerical[rows, cols][None], first_noise[None], np.ones((1, len(rows)), bool), atol, rtol)
-    numerical[rows, cols], status[rows, cols], band[rows, cols] = estimate[0], found[0], allowed[0]
-    return status, band, {(int(rows[k]), int(cols[k])): value for (_, k), value in sides.items()}
 
 
 def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:

@@ -1,6 +1,6 @@
-"""Full mode's evaluator (_Jacobians: columns at given steps through the executor) and the coarsening of
-noise-limited columns (_coarsen: ``_wide``'s cubic fits at larger steps); the triage at h/4 (``_refine.triage``) and
-a settled mismatch's confirmation (``_refine.confirmation``) run over this evaluator's ladder and ``line``.
+"""Full mode's evaluator (_Jacobians: columns at given steps through the executor), and the same as a block's columns
+(_DenseColumns: the trivial colouring, what ``_block._Block`` judges and refines); a coarse pass sharpened and a
+twin's mismatch confirmed (``_full``) run over its ladder and ``line``.
 """
 
 
@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastcheck import _compare, _wide
+from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import Executor, along_columns, measured, steps
-from fastcheck._plan import Plan
+from fastcheck._plan import Plan, view
 from fastcheck._refine import Evaluate, Line, Rungs
-from fastcheck._tables import (
-    COARSE_TABLES,
-    REFINE_RATIO,
-    SECOND_STEP,
-)
+from fastcheck._tables import REFINE_RATIO, SECOND_STEP
 
 
 class _Jacobians:
@@ -56,14 +52,12 @@ class _Jacobians:
         return _compare.rounding_noise_factors(self.y0, spans, self.plan.row_epsilon, sigma)
 
     def numerical(self, position: int, columns=None):
-        """Central differences [m, k] for ``columns`` (default all), their noise [m, k] and spans [k]."""
+        """Central differences [m, k] for ``columns`` (default all) and their spans [k]."""
         size = self.plan.inputs[position].size
         columns = np.arange(size) if columns is None else columns
         if not len(columns):
-            return np.zeros((self.plan.m, 0)), np.zeros((self.plan.m, 0)), np.zeros(0)
-        delta = self.steps(position)[columns]
-        jacobian, spans = self.executor.quotients(position, columns, delta)
-        return jacobian, self.noise_factors(spans), spans
+            return np.zeros((self.plan.m, 0)), np.zeros(0)
+        return self.executor.quotients(position, columns, self.steps(position)[columns])
 
     def ladder(self, position: int, columns: np.ndarray) -> Evaluate:
         """The evaluation ``descend`` drives for ``columns``: a selection of them at steps h / 4**p, every power in
@@ -120,33 +114,28 @@ class _Jacobians:
         return self.autodiff()
 
 
-def _wide_sides(jac: _Jacobians, position: int, rows: np.ndarray, cols: np.ndarray, width: np.ndarray):
-    """``_wide.coarsened``'s evaluation: f at t = 1 .. 4 widths, and the step realised (half the span at 4, over 4)."""
-    plus, minus, spans = along_columns(jac.executor, position, rows, cols, width, (1.0, 2.0, 3.0, 4.0))
-    return plus, minus, spans[3] / 8
+class _DenseColumns:
+    """Full mode's evaluations as a block's columns (``_block._Block`` over ``Pattern.full``): the trivial colouring,
+    every column its own colour; the first sweep is the quotients [m, n_k] themselves (``first``), every further
+    evaluation the executor's columns (``_Jacobians.sides``, ``_executor.along_columns``)."""
 
+    def __init__(self, jac: _Jacobians, position: int, first: np.ndarray, spans: np.ndarray):
+        self.jac, self.position, self.executor, self.first, self.spans = jac, position, jac.executor, first, spans
+        self.labels = np.arange(spans.size)
+        self.step = jac.steps(position)
+        self.x = view(jac.executor.values[position]).reshape(-1)
 
-def _coarsen(jac: _Jacobians, position: int, a, numerical, noise, status, band, tolerances) -> np.ndarray:
-    """Re-estimate, in place, the elements whose allowance is mostly f's measured noise at wide steps
-    (``_wide.coarsened``, as coloured mode's nonzeros); returns which [m, n_k] were."""
-    atol, rtol = tolerances
-    # Elements that left f's domain are for the shrinking ladder, not this one.
-    rows, cols = np.nonzero(_wide.limited(noise, numerical, atol, rtol) & np.isfinite(numerical) & np.isfinite(a))
-    taken_where = np.zeros(numerical.shape, bool)
-    sigma = jac.plan.noise.sigma if jac.plan.noise is not None else np.zeros(jac.plan.m)
-    # By columns, in chunks whose [m, 9, k] tables (the evaluations' quotients, both sides, the fit's values; twice)
-    # stay within memory_budget (all noisy columns of a large conv at once can exhaust memory).
-    columns = np.unique(cols)
-    chunk = max(1, int(jac.config.budget // (COARSE_TABLES * 9 * 8 * max(jac.plan.m, 1))))
-    for start in range(0, len(columns), chunk):
-        inside = np.isin(cols, columns[start:start + chunk])
-        r, c = rows[inside], cols[inside]
-        base = jac.steps(position)[c]
-        taken, estimate, error = _wide.coarsened(
-            lambda width, r=r, c=c: _wide_sides(jac, position, r, c, width), a[r, c], jac.y0[r], sigma[r], base,
-            base / jac.config.step(jac.eps_eval), c, jac.eps_eval, atol, rtol)
-        r, c, estimate, error = r[taken], c[taken], estimate[taken], error[taken]
-        numerical[r, c], noise[r, c], taken_where[r, c] = estimate, error, True
-        found, allowed = _compare.verdicts(a[r, c][None], estimate[None], error[None], atol, rtol)
-        status[r, c], band[r, c] = found[0], allowed[0]
-    return taken_where
+    def sweep(self) -> np.ndarray:
+        return self.first
+
+    def quotients(self, first: np.ndarray, rows, cols, spans: np.ndarray) -> np.ndarray:
+        return first[rows, cols]
+
+    def span(self, cols) -> np.ndarray:
+        return self.spans[cols]
+
+    def sides(self, rows: np.ndarray, cols: np.ndarray, powers: list, factors=None) -> list:
+        return self.jac.sides(self.position, rows, cols, powers, factors)
+
+    def along(self, rows: np.ndarray, cols: np.ndarray, width: np.ndarray, multiples) -> tuple:
+        return along_columns(self.executor, self.position, rows, cols, np.asarray(width, np.float64), multiples)

@@ -63,6 +63,16 @@ class Pattern:
         # Tables built on first use: a diagonal pattern is read without them (at 10^7 elements: 0.4 s of page faults).
         return Pattern((size, size), None, None, None, True)
 
+    @staticmethod
+    def full(m: int, n: int) -> Pattern:
+        """Every element of an [m, n] block (full mode's): one column set that every row shares, O(m + n)."""
+        return Pattern((m, n), np.array([0, n], np.int64), np.arange(n, dtype=np.int64), np.zeros(m, np.int64))
+
+    @property
+    def dense(self) -> bool:
+        """Whether every element is a nonzero."""
+        return self.nnz == self.shape[0] * self.shape[1]
+
     @property
     def gptr(self) -> np.ndarray:
         if self.stored_gptr is None:

@@ -1,0 +1,353 @@
+"""The elements of one checked input under judgement, as every element-wise mode holds them (``_Block``).
+
+One representation for full and coloured mode: the nonzeros of a ``Pattern`` (full mode's is dense: every element
+of the Jacobian block, the trivial colouring, each column its own colour), their statuses (int8), their numerical
+values read off the first sweep its evaluator (the "columns") keeps -- full mode's [m, n_k] quotients, coloured
+mode's differences compressed by colours -- and the analytical ones off ``_colours._Analytical``.  The block is what
+``_refine.stages`` drives (``_refine.Judged``): the second step, the rule again under f's measured noise, then each
+input refined -- wide steps where a noisy f swamps the allowance (``_wide``), ``_refine.examined`` for failing
+elements, each a direction of its own read at its row, larger steps where f does not move (``_flat``).
+
+A block's columns supply the evaluations: ``sweep()`` (what ``first_sweep`` reads), ``quotients``, ``span``,
+``step`` and ``x`` [n], ``labels`` (the colour of each column), ``sides`` (``_refine.Sides``) and ``along``.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from fastcheck import _compare, _flat, _pattern, _wide
+from fastcheck._colours import _Analytical, _array
+from fastcheck._config import MACHINE_EPSILON
+from fastcheck._plan import InputSpec, Plan
+from fastcheck._refine import Evaluate, Line, along_elements, examined
+from fastcheck._results import having
+from fastcheck._tables import (
+    COARSE_TABLES,
+    MEASURED_NOISE_FACTOR,
+    NOISE_FACTOR,
+    REFINE_RATIO,
+    SECOND_STEP,
+    VERDICT_CHUNK,
+)
+
+
+def _take(array: np.ndarray, index) -> np.ndarray:
+    """``array[index]``, or ``array`` itself where ``index`` is None (the identity: a diagonal pattern)."""
+    return array if index is None else array[index]
+
+
+def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
+    """``_compare.rounding_noise_factors`` for single elements (row, span) rather than an outer product
+    (``rows``: an index array, a slice, or None for every row)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        level = np.abs(_take(plan.eval_output, rows))
+        level *= NOISE_FACTOR * plan.row_epsilon_at(rows)
+        if plan.noise is not None:
+            np.maximum(level, MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
+        # Times the span's reciprocal, as the rank-one factors multiply (full mode's noise, bit for bit); tested once,
+        # after: a non-finite level or reciprocal makes the product non-finite (or NaN), and both become 0.
+        level *= 1.0 / np.abs(spans)
+        level[~np.isfinite(level)] = 0.0
+        return level
+
+
+def _verdicts(a, numerical, noise, atol, rtol):
+    status, band = _compare.verdicts(a[None, :], numerical[None, :], noise[None, :], atol, rtol)
+    return status[0], band[0]
+
+
+@dataclasses.dataclass
+class _Block:
+    """The nonzeros of one checked input and everything known about them.
+
+    Held per nonzero: the status (int8) only.  Numerical values are read off the columns' first sweep
+    ``compressed`` (``columns.quotients``: coloured mode's differences [C, m], nonzero (i, j) = D[colour of j, i] /
+    span_j; full mode's quotients [m, n]), analytical ones off ``analytical``; bands are recomputed from the last
+    judgement's rule; refined nonzeros override both (``override``).
+    """
+
+    spec: InputSpec
+    pattern: _pattern.Pattern
+    columns: Any  # the evaluator: ``_colours._Columns``, ``_full_steps._DenseColumns``
+    analytical: _Analytical
+    compressed: Any = None  # the columns' first sweep (``sweep``)
+    status: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int8))
+    # (sorted nonzero indices, numerical, band) that refinement settled; ``reset`` drops them.
+    override: tuple | None = None
+    # (plan, atol, rtol) of the last judgement: what the bands are computed under.
+    rule: tuple | None = None
+    # The nonzeros not OK after the last judgement (ascending): later stages change only statuses that
+    # are not OK, so those not OK now are among them (10^7 statuses: no pass over them all to find 5321).
+    flagged: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    one_sided: dict = dataclasses.field(default_factory=dict)
+    cleared: int = 0  # nonzeros the last judgement's device screen passed (``_screen``)
+    wrong_pattern: bool = False
+    inconsistent: bool = False  # the reverse-mode gradient failed the dense cotangent probe
+
+    @property
+    def nnz(self) -> int:
+        return self.pattern.nnz
+
+    def parts(self, start: int = 0, stop: int | None = None):
+        """Consecutive slices of at most ``VERDICT_CHUNK`` nonzeros over ``start:stop``."""
+        stop = self.nnz if stop is None else stop
+        for first in range(start, stop, VERDICT_CHUNK):
+            yield slice(first, min(first + VERDICT_CHUNK, stop))
+
+    def where(self, part: slice):
+        """(rows, cols) of the nonzeros ``part``: slices for a diagonal pattern (no gather)."""
+        if self.pattern.diagonal:
+            return part, part
+        return self.pattern.entries(part.start, part.stop)
+
+    def first_sweep(self, rows, cols, spans: np.ndarray) -> np.ndarray:
+        """The first sweep's quotient of each nonzero (float64, a fresh array); ``spans`` are its columns'."""
+        assert self.compressed is not None, "sweep() first"
+        return self.columns.quotients(self.compressed, rows, cols, spans)
+
+    def values(self, part, bands: bool = False):
+        """(rows, cols, analytical, numerical[, band]) of the nonzeros ``part`` (a slice, or an
+        index array), refinement applied."""
+        rows, cols, a, spans, numerical = self._read(part)
+        band = None
+        if bands:
+            assert self.rule is not None, "judge() first"
+            plan, atol, rtol = self.rule
+            _, band = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
+        if self.override is not None:
+            index, values, refined_band = self.override
+            if isinstance(part, slice):
+                lo, hi = np.searchsorted(index, [part.start, part.stop])
+                mine, theirs = index[lo:hi] - part.start, slice(lo, hi)
+            else:
+                found = np.minimum(np.searchsorted(index, part), len(index) - 1)
+                mine = np.flatnonzero(index[found] == part)
+                theirs = found[mine]
+            numerical[mine] = values[theirs]
+            if band is not None:
+                band[mine] = refined_band[theirs]
+        return (rows, cols, a, numerical, band) if bands else (rows, cols, a, numerical)
+
+    def _read(self, part):
+        """(rows, cols, analytical, spans, first-sweep numerical) of the nonzeros ``part``."""
+        rows, cols = self.where(part) if isinstance(part, slice) else self.pattern.at(part)
+        spans = self.columns.span(cols)
+        return rows, cols, self.analytical.at(rows, cols), spans, self.first_sweep(rows, cols, spans)
+
+    def materialise(self, start: int, stop: int):
+        """(rows, cols, analytical, numerical, band) as whole arrays over ``start:stop`` (a small pair's report)."""
+        found = [self.values(part, bands=True) for part in self.parts(start, stop)]
+        if not found:
+            empty = np.zeros(0)
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), empty, empty, empty
+        return tuple(np.concatenate([_array(f[k]) for f in found]) for k in range(5))
+
+    def sweep(self) -> None:
+        """The columns' first sweep (coloured mode: one central difference per colour, kept compressed: [C, m])."""
+        self.compressed = self.columns.sweep()
+
+    def reset(self) -> None:
+        """Back to the first sweep's values (before a new judgement under measured noise)."""
+        self.override, self.one_sided = None, {}
+
+    def judge(self, plan: Plan, atol: float, rtol: float, beside=None, among: np.ndarray | None = None) -> None:
+        """The status of every nonzero under the rounding (or measured) noise, block by block;
+        ``beside(part, numerical, band)``, when given, reads each block's values and bands as they
+        are judged (what ``values(part, bands=True)`` would compute again).  ``among``: the nonzeros
+        a screen (``_screen``) did not clear, the only ones judged; every other one is OK."""
+        assert self.override is None, "reset() first"
+        self.rule = (plan, atol, rtol)
+        self.cleared = 0 if among is None else self.nnz - len(among)
+        if among is not None:
+            self.status = np.zeros(self.nnz, np.int8)  # OK is 0 (fresh zero pages: only the judged ones written)
+            self.flagged = np.zeros(0, np.int64)
+            if len(among):
+                rows, _, a, spans, numerical = self._read(among)
+                status, _ = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
+                self.status[among] = status
+                self.flagged = among[status != 0]
+            return
+        status = self.status if self.status.size == self.nnz else np.empty(self.nnz, np.int8)
+        flagged = []
+        for part in self.parts():
+            rows, _, a, spans, numerical = self._read(part)
+            status[part], band = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
+            flagged.append(np.flatnonzero(status[part]) + part.start)  # OK is 0
+            if beside is not None:
+                beside(part, numerical, band)
+        self.status = status
+        self.flagged = np.concatenate(flagged) if flagged else np.zeros(0, np.int64)
+
+    def refine(self, plan: Plan, atol: float, rtol: float, flat: bool = True) -> None:
+        """Under a noisy f's measured noise, the nonzeros it swamps at wide steps first (``coarsen``); failing
+        nonzeros through the triage at h/4 and the ladder (``_settle``), re-evaluating only their colours; last,
+        mismatches where f does not move (``_flat``).  Full mode's stages, in its order."""
+        noisy = plan.noise is not None and plan.noise_epsilon > MACHINE_EPSILON[plan.eval_dtype]
+        coarsened = self.coarsen(plan, atol, rtol) if noisy else np.zeros(0, np.int64)
+        failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE, among=self.flagged)
+        failing = np.setdiff1d(failing, coarsened)
+        if len(failing):
+            self._settle(plan, failing, atol, rtol)
+        if flat:
+            self._flat(plan)
+
+    def failing(self) -> np.ndarray:
+        """The nonzeros not OK now (ascending)."""
+        return self.flagged[self.status[self.flagged] != _compare.OK]
+
+    def directions(self) -> int:
+        """The colours holding a nonzero that is not OK (``_refine.Judged``)."""
+        failing = self.failing()
+        return len(np.unique(self.columns.labels[self.pattern.at(failing)[1]])) if len(failing) else 0
+
+    def second_step(self, plan: Plan, atol: float, rtol: float):
+        """The failing nonzeros at h/4 (``_compare.second_step``): which pass, and what takes their estimates."""
+        index = self.failing()
+        rows, cols = self.pattern.at(index)
+        spans = self.columns.span(cols)
+        a = self.analytical.at(rows, cols)
+        (second, second_noise, *_), = self._ladder(plan, rows, cols)(np.arange(len(index)), (SECOND_STEP,)).levels
+        passes, estimate, error = _compare.second_step(a[None, :], self.first_sweep(rows, cols, spans)[None, :],
+                                                       _noise(plan, rows, spans)[None, :], second, second_noise, atol,
+                                                       rtol, REFINE_RATIO)
+
+        def take() -> None:
+            status, band = _verdicts(a, estimate[0], error[0], atol, rtol)
+            self.status[index] = status
+            self._override(index, np.asarray(estimate[0], np.float64), band)
+
+        return passes, take
+
+    def rejudge(self, plan: Plan, atol: float, rtol: float) -> None:
+        """Every nonzero judged again from the first sweep (under f's measured noise)."""
+        self.reset()
+        self.judge(plan, atol, rtol)
+
+    def _settle(self, plan: Plan, failing: np.ndarray, atol: float, rtol: float) -> None:
+        """``refine``'s second step, triage and ladder for the ``failing`` nonzeros (``_refine.examined``), each a
+        direction of its own (its colour restricted to its column) read at its row."""
+        rows, cols = self.pattern.at(failing)
+        a = self.analytical.at(rows, cols)[None, :]
+        spans = self.columns.span(cols)
+        line = Line(lambda selection: self.columns.step[cols[selection]].astype(np.float64),
+                    lambda selection, spans: _noise(plan, rows[selection], spans)[None, :])
+        estimate, status, band, sides = examined(self._ladder(plan, rows, cols), line, a,
+                                                 self.first_sweep(rows, cols, spans)[None, :],
+                                                 _noise(plan, rows, spans)[None, :], np.ones(a.shape, bool), atol, rtol)
+        self.one_sided.update({(int(failing[k]),): value for (_, k), value in sides.items()})
+        self._override(failing, estimate[0], band[0])
+        self.status[failing] = status[0]
+
+    def _flat(self, plan: Plan) -> None:
+        """Mismatches whose quotient, at the first step or refined, is f not moving: larger steps along their
+        colours tell (``_flat``), as in full mode (those judged at wide steps too: a cubic through a staircase's few
+        steps can fit within its noise)."""
+        index = having(self.status, _compare.MISMATCH, among=self.flagged)
+        if not len(index):
+            return
+        rows, cols, a, numerical = self.values(index)
+        spans = self.columns.span(cols)
+        level = _flat.rounding_level(plan)[rows][None, :]
+        flat = (_compare.flat(self.first_sweep(rows, cols, spans)[None, :], spans, level)
+                | _compare.flat(numerical[None, :], spans, level))[0]
+        if not flat.any():
+            return
+        index, rows, cols, a = index[flat], rows[flat], cols[flat], a[flat]
+        base = self.columns.step[cols]
+        self.status[index] = _flat.status(plan, self.columns.executor.config, rows, a,
+                                          lambda multiples: self.columns.along(rows, cols, base, multiples))
+
+    def coarsen(self, plan: Plan, atol: float, rtol: float) -> np.ndarray:
+        """The nonzeros whose allowance is mostly f's measured noise, re-estimated at wide steps (``_wide``, the
+        stage of full mode's noise-limited columns): those a fit takes get its estimate, band and status; returns
+        them (ascending).  The nonzeros of a column share its width, the largest any of them needs."""
+        found = []
+        for part in self.parts():
+            rows, _, a, spans, numerical = self._read(part)
+            limited = _wide.limited(_noise(plan, rows, spans), numerical, atol, rtol)
+            found.append(np.flatnonzero(limited & np.isfinite(numerical) & np.isfinite(a)) + part.start)
+        index = np.concatenate(found) if found else np.zeros(0, np.int64)
+        # In chunks of whole columns (each column's width is its elements' widest) whose [1, 9, k] tables stay
+        # within memory_budget: a chunk starts at each column that starts past a multiple of ``chunk`` nonzeros.
+        chunk = max(1, int(self.columns.executor.config.budget // (COARSE_TABLES * 9 * 8)))
+        cols = self.pattern.at(index)[1]
+        order = np.argsort(cols, kind="stable")
+        index, cols = index[order], cols[order]
+        starts = np.flatnonzero(np.diff(cols, prepend=-1) != 0)
+        cuts = [*starts[np.diff(starts // chunk, prepend=-1) != 0], len(index)]
+        taken = np.sort(np.concatenate([np.zeros(0, np.int64)] + [
+            self._coarsened(plan, np.sort(index[start:stop]), atol, rtol) for start, stop in zip(cuts, cuts[1:])]))
+        self.flagged = np.union1d(np.setdiff1d(self.flagged, taken), taken[self.status[taken] != _compare.OK])
+        return taken
+
+    def _coarsened(self, plan: Plan, index: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+        """``coarsen`` on the noise-limited nonzeros ``index``; returns those taken."""
+        rows, cols = self.pattern.at(index)
+        a = self.analytical.at(rows, cols)
+        assert plan.noise is not None, "coarsen under measured noise"
+        eps_eval = MACHINE_EPSILON[plan.eval_dtype]
+        base = self.columns.step[cols].astype(np.float64)
+
+        def along(width: np.ndarray):
+            plus, minus, spans = self.columns.along(rows, cols, width, (1.0, 2.0, 3.0, 4.0))
+            return plus, minus, spans[3] / 8  # the step actually realised: half the span at t = 4, over 4
+
+        taken, estimate, error = _wide.coarsened(along, a, plan.eval_output[rows], _take(plan.noise.sigma, rows), base,
+                                                 base / self.columns.executor.config.step(eps_eval), cols, eps_eval,
+                                                 atol, rtol)
+        index, estimate, error = index[taken], estimate[taken], error[taken]
+        self.status[index], band = _verdicts(a[taken], estimate, error, atol, rtol)
+        self._override(index, estimate, band)
+        return index
+
+    def _override(self, index: np.ndarray, numerical: np.ndarray, band: np.ndarray) -> None:
+        """Nonzeros ``index`` (ascending) take these values and bands, over any earlier stage's."""
+        if self.override is not None:
+            earlier, earlier_numerical, earlier_band = self.override
+            index, first = np.unique(np.concatenate([index, earlier]), return_index=True)
+            numerical = np.concatenate([numerical, earlier_numerical])[first]
+            band = np.concatenate([band, earlier_band])[first]
+        self.override = (index, numerical, band)
+
+    def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray) -> Evaluate:
+        """The evaluation ``descend`` drives for the nonzeros (rows, cols): a selection of them at steps
+        h / 4**p, elements as columns of one row (h, p = 0, is the first sweep's step again, with its sides:
+        the sweep keeps none; a kink crossed at h and h/4 then shows at two steps, as in full mode).
+
+        (``_refine.along_elements``, as full mode's elements.)
+        """
+        return along_elements(self.columns.sides, rows, cols, plan.eval_output[rows],
+                              lambda selection, spans: _noise(plan, rows[selection], spans)[None, :],
+                              lambda selection: self.grid(plan, rows[selection])[None, :])
+
+    def grid(self, plan: Plan, rows: np.ndarray) -> np.ndarray:
+        """f's grid at each entry of ``rows`` (``_compare.grid``)."""
+        return _compare.grid(plan.eval_output[rows], self.row_terms(rows), MACHINE_EPSILON[plan.eval_dtype],
+                             None if plan.noise is None else plan.noise.sigma[rows])
+
+    def row_terms(self, rows: np.ndarray) -> np.ndarray:
+        """sum_j |a_ij x_j| over each row's nonzeros (f_i's terms were it linear), per entry of ``rows``."""
+        x = self.columns.x
+        if self.pattern.diagonal:
+            with np.errstate(invalid="ignore", over="ignore"):
+                return np.abs(np.asarray(self.analytical.at(rows, rows), np.float64) * x[rows])
+        unique, inverse = np.unique(np.asarray(rows, np.int64), return_inverse=True)
+        if self.pattern.dense:  # every column: whole rows of the analytical block
+            with np.errstate(invalid="ignore", over="ignore"):
+                terms = np.abs(self.analytical.at(unique[:, None], np.arange(x.size)[None, :]) * x.reshape(1, -1))
+                return np.sum(np.where(np.isfinite(terms), terms, 0.0), axis=1)[inverse]
+        indptr = self.pattern.indptr
+        counts = indptr[unique + 1] - indptr[unique]
+        owner = np.repeat(np.arange(len(unique)), counts)
+        r, c = self.pattern.at(_pattern.ranges(indptr[unique], counts))
+        with np.errstate(invalid="ignore", over="ignore"):
+            terms = np.abs(np.asarray(self.analytical.at(r, c), np.float64) * x[c])
+        sums = np.bincount(owner, weights=np.where(np.isfinite(terms), terms, 0.0), minlength=len(unique))
+        return sums[inverse]
+
+
