@@ -4,7 +4,7 @@ One representation for full and coloured mode: the nonzeros of a ``Pattern`` (fu
 of the Jacobian block, the trivial colouring, each column its own colour), their statuses (int8), their numerical
 values read off the first sweep its evaluator (the "columns") keeps -- full mode's [m, n_k] quotients, coloured
 mode's differences compressed by colours -- and the analytical ones off ``_colours._Analytical``.  The block is what
-``_refine.stages`` drives (``_refine.Judged``): the second step, the rule again under f's measured noise, then each
+``stages`` drives: the second step, the rule again under f's measured noise, then each
 input refined -- wide steps where a noisy f swamps the allowance (``_wide``), ``_refine.examined`` for failing
 elements, each a direction of its own read at its row, larger steps where f does not move (``_flat``).
 
@@ -15,7 +15,9 @@ A block's columns supply the evaluations: ``sweep()`` (what ``first_sweep`` read
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,12 +26,14 @@ from fastcheck import _compare, _flat, _pattern, _wide
 from fastcheck._colours import _Analytical, _array
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import Evaluate, Line, along_elements, examined
+from fastcheck._refine import Evaluate, Line, Rungs, examined
 from fastcheck._results import having
 from fastcheck._tables import (
     COARSE_TABLES,
     MEASURED_NOISE_FACTOR,
     NOISE_FACTOR,
+    NOISE_SIDE,
+    NOISE_TABLES,
     REFINE_RATIO,
     SECOND_STEP,
     VERDICT_CHUNK,
@@ -190,7 +194,7 @@ class _Block:
         noisy = plan.noise is not None and plan.noise_epsilon > MACHINE_EPSILON[plan.eval_dtype]
         coarsened = self.coarsen(plan, atol, rtol) if noisy else np.zeros(0, np.int64)
         failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE, among=self.flagged)
-        failing = np.setdiff1d(failing, coarsened)
+        failing = np.setdiff1d(failing, coarsened) if len(coarsened) else failing
         if len(failing):
             self._settle(plan, failing, atol, rtol)
         if flat:
@@ -201,7 +205,7 @@ class _Block:
         return self.flagged[self.status[self.flagged] != _compare.OK]
 
     def directions(self) -> int:
-        """The colours holding a nonzero that is not OK (``_refine.Judged``)."""
+        """The colours holding a nonzero that is not OK."""
         failing = self.failing()
         return len(np.unique(self.columns.labels[self.pattern.at(failing)[1]])) if len(failing) else 0
 
@@ -315,15 +319,23 @@ class _Block:
         self.override = (index, numerical, band)
 
     def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray) -> Evaluate:
-        """The evaluation ``descend`` drives for the nonzeros (rows, cols): a selection of them at steps
-        h / 4**p, elements as columns of one row (h, p = 0, is the first sweep's step again, with its sides:
-        the sweep keeps none; a kink crossed at h and h/4 then shows at two steps, as in full mode).
+        """The evaluation ``descend`` drives for the nonzeros (rows[k], cols[k]), each a direction of its own (its
+        column, read at its row): a selection of them at steps h / 4**p, as [1, k] levels (h, p = 0, is the first
+        sweep's step again, with its sides: the sweep keeps none; a kink crossed at h and h/4 then shows at two
+        steps).  Each element's f(x) is subtracted from its sides (``columns.sides``), so the shared ``y0`` of
+        ``_compare.refine`` is 0 (its one-sided quotients and second differences only use differences from f(x))."""
+        y0 = plan.eval_output[rows]
 
-        (``_refine.along_elements``, as full mode's elements.)
-        """
-        return along_elements(self.columns.sides, rows, cols, plan.eval_output[rows],
-                              lambda selection, spans: _noise(plan, rows[selection], spans)[None, :],
-                              lambda selection: self.grid(plan, rows[selection])[None, :])
+        def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
+            base, levels = y0[selection], []
+            for plus, minus, spans in self.columns.sides(rows[selection], cols[selection], list(powers), factors):
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    derivative = (plus - minus) / spans
+                    moved = (plus - base)[None, :], (minus - base)[None, :]
+                levels.append((derivative[None, :], _noise(plan, rows[selection], spans)[None, :], *moved, spans))
+            return Rungs(levels, np.zeros(1), self.grid(plan, rows[selection])[None, :])
+
+        return evaluate
 
     def grid(self, plan: Plan, rows: np.ndarray) -> np.ndarray:
         """f's grid at each entry of ``rows`` (``_compare.grid``)."""
@@ -351,3 +363,46 @@ class _Block:
         return sums[inverse]
 
 
+def stages(judged: Sequence[_Block], plan: Plan, measure: Callable[[Plan, dict], Plan],
+           tolerances: Callable[[Plan], tuple], clock: Callable[[str], Any] = lambda stage: contextlib.nullcontext()) -> tuple:
+    """The stages every element-wise mode runs after its first sweep's verdicts, in order; returns the plan (with f's
+    noise and precision where they were measured) and its (atol, rtol).
+
+    1. The second step: the failing directions at h/4, where they cost at most a measurement's own calls of f
+       (``NOISE_TABLES`` tables of 2 ``NOISE_SIDE`` points).  Where every one of them passes there, each takes its
+       estimate and f's noise is never measured (a float32-only special function whose first step was only
+       truncation-limited at one element -- igamma, zeta, atan2 in TensorFlow's tests -- passes in one pair of
+       evaluations instead of ~100; so do the 5321 of 10^7 elements of float32 sin(x) x, one colour); otherwise
+       nothing changes (its evaluations are kept for the triage), and the inputs stop at the first that does not
+       pass.
+    2. Where an element still fails: f's noise and precision (``measure(plan, {input: passes})``, told which
+       directions the second step passed, where it ran: coloured mode measures the rows of the others), and every
+       element judged again under them, from the first sweep (a larger allowance only turns failures into passes,
+       so a pass needs none).
+    3. Each input refined (``_Block.refine``).
+
+    ``clock(stage)`` times a stage ("refine"; ``measure`` times its own).
+    """
+    atol, rtol = tolerances(plan)
+    passed: dict = {}  # input -> [k] which of its failing directions the second step passed
+    if plan.noise is None and 0 < sum(j.directions() for j in judged) <= NOISE_TABLES * NOISE_SIDE:
+        with clock("refine"):
+            taken = []
+            for index, j in enumerate(judged):
+                if j.directions():
+                    passed[index], take = j.second_step(plan, atol, rtol)
+                    if not passed[index].all():
+                        break
+                    taken.append(take)
+            else:
+                for take in taken:
+                    take()
+    if plan.noise is None and any(j.directions() for j in judged):
+        plan = measure(plan, passed)
+        atol, rtol = tolerances(plan)
+        for j in judged:
+            j.rejudge(plan, atol, rtol)
+    with clock("refine"):
+        for j in judged:
+            j.refine(plan, atol, rtol)
+    return plan, atol, rtol

@@ -13,7 +13,7 @@ normalisations over a small axis, stencils):
    row's colour;
 4. the element rule of ``_compare`` on the nonzeros, f's noise measured only when an element fails; a large
    diagonal block (``SCREEN_ELEMENTS``) is screened on the device beside its evaluations
-   (``_coloured_judge._screen``); then full mode's stages in its order (``_refine.stages`` over the blocks), along
+   (``_coloured_judge._screen``); then full mode's stages in its order (``_block.stages`` over the blocks), along
    colours: failing nonzeros at h/4 (the second step: where every one passes, f's noise is never measured), else
    f's noise on the rows that matter and the rule again under it; under a noisy f the nonzeros it swamps at wide
    steps (``_wide``), the others through ``_refine.examined`` (second step, triage, the ladder h ... h/4**5 and
@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _colouring, _compare, _pattern, _sparsity
-from fastcheck._block import _Block
+from fastcheck._block import _Block, stages
 from fastcheck._coloured_judge import TRACED, _judged, _pattern_probes, _probes
 from fastcheck._colours import (
     _Analytical,
@@ -57,7 +57,6 @@ from fastcheck._executor import Executor, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA
 from fastcheck._plan import Plan, first_line, with_noise
 from fastcheck._precision import measure_noise
-from fastcheck._refine import stages
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense, Nonzeros
 from fastcheck._tables import (

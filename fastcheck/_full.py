@@ -4,7 +4,7 @@ One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): the num
 differences through the executor, the analytical one from reverse mode (or the user's gradients), the element rule
 of ``_compare``, then the stages every element-wise mode runs over each input's elements as a ``_block._Block``
 (the trivial colouring: ``Pattern.full``, ``_full_steps._DenseColumns``), as coloured mode runs them over its
-nonzeros (``_refine.stages``: only for failing elements, a second step at h/4, and where that does not pass them f's
+nonzeros (``_block.stages``: only for failing elements, a second step at h/4, and where that does not pass them f's
 noise and precision, wide steps for noise-limited elements, ``_refine.examined`` for the rest, ``_flat``); then a
 coarse pass sharpened (``_resolve``), the float64 twin (``_twin``) and the forward-mode side (``_forward_side``).
 """
@@ -15,7 +15,7 @@ import numpy as np
 
 from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
-from fastcheck._block import _Block
+from fastcheck._block import _Block, stages
 from fastcheck._colours import _Analytical
 from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ForwardNotChecked, ForwardProbe
@@ -24,7 +24,7 @@ from fastcheck._full_steps import _DenseColumns, _Jacobians
 from fastcheck._paths import EAGER
 from fastcheck._pattern import Pattern
 from fastcheck._plan import Plan, first_line
-from fastcheck._refine import LADDER, confirmation, descend, stages
+from fastcheck._refine import LADDER, confirmation, descend
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._storage import Dense
 from fastcheck._tables import (
@@ -40,7 +40,7 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
     """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts; and (atol, rtol).
 
     ``supplied`` replaces autodiff: a callable returning the analytical blocks.  After the first sweep, the stages
-    of every element-wise mode (``_refine.stages``: the second step, f's noise only where an element still fails,
+    of every element-wise mode (``_block.stages``: the second step, f's noise only where an element still fails,
     refinement), then the float64 twin (``_twin``).
     """
     plan = jac.plan

@@ -57,6 +57,7 @@ class Pattern:
     stored_gcols: np.ndarray | None
     group: np.ndarray | None = None
     diagonal: bool = False
+    every: bool = False  # every element a nonzero, numbered row-major (``Pattern.full``): read by division
 
     @staticmethod
     def identity(size: int) -> Pattern:
@@ -66,12 +67,13 @@ class Pattern:
     @staticmethod
     def full(m: int, n: int) -> Pattern:
         """Every element of an [m, n] block (full mode's): one column set that every row shares, O(m + n)."""
-        return Pattern((m, n), np.array([0, n], np.int64), np.arange(n, dtype=np.int64), np.zeros(m, np.int64))
+        return Pattern((m, n), np.array([0, n], np.int64), np.arange(n, dtype=np.int64), np.zeros(m, np.int64),
+                       every=True)
 
     @property
     def dense(self) -> bool:
         """Whether every element is a nonzero."""
-        return self.nnz == self.shape[0] * self.shape[1]
+        return self.every or self.nnz == self.shape[0] * self.shape[1]
 
     @property
     def gptr(self) -> np.ndarray:
@@ -107,7 +109,7 @@ class Pattern:
 
     @property
     def nnz(self) -> int:
-        return self.shape[0] if self.diagonal else int(self.indptr[-1])
+        return self.shape[0] if self.diagonal else self.shape[0] * self.shape[1] if self.every else int(self.indptr[-1])
 
     @property
     def groups(self) -> np.ndarray:
@@ -129,9 +131,8 @@ class Pattern:
         """(rows, cols) int64 of the nonzeros ``start:stop``, vectorised over the rows they span."""
         if stop <= start:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        if self.diagonal:
-            index = np.arange(start, stop, dtype=np.int64)
-            return index, index
+        if self.diagonal or self.every:
+            return self.at(np.arange(start, stop, dtype=np.int64))
         indptr = self.indptr
         first, last = np.searchsorted(indptr, [start, stop - 1], side="right") - 1
         spanned = np.arange(first, last + 1, dtype=np.int64)
@@ -144,6 +145,8 @@ class Pattern:
         index = np.asarray(index, np.int64)
         if self.diagonal:
             return index, index
+        if self.every:
+            return np.divmod(index, self.shape[1])
         rows = np.searchsorted(self.indptr, index, side="right") - 1
         return rows, self._cols(rows, index)
 

@@ -16,9 +16,8 @@ calls back into the strategies' evaluations, the one place where the modes meet 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,8 +38,6 @@ from fastcheck._tables import (
     EDGE_LEVELS,
     FINEST_HOLDS,
     FINEST_ROUNDING,
-    NOISE_SIDE,
-    NOISE_TABLES,
     REFINE_LEVELS,
     REFINE_RATIO,
     RESOLVE_UP,
@@ -257,70 +254,6 @@ def settle(evaluate: Evaluate, line: Line, analytical: np.ndarray, atol: float,
     return (found, *_compare.judge_refined(analytical, found, atol, rtol))
 
 
-class Judged(Protocol):
-    """One checked input's elements under judgement as a strategy holds them (full mode's columns, coloured mode's
-    nonzeros), which ``stages`` drives."""
-
-    def directions(self) -> int:
-        """How many directions (columns; colours) hold an element that is not OK."""
-
-    def second_step(self, plan: Any, atol: float, rtol: float) -> tuple[np.ndarray, Callable[[], None]]:
-        """The failing directions at h/4 (``_compare.second_step``): [k] which of its failing elements' directions
-        pass, and what takes their estimates and verdicts."""
-
-    def rejudge(self, plan: Any, atol: float, rtol: float) -> None:
-        """Every element judged again from the first sweep, under the plan's measured noise."""
-
-    def refine(self, plan: Any, atol: float, rtol: float) -> None:
-        """Wide steps where a noisy f swamps the allowance, ``examined`` for the failing directions, larger steps
-        where f does not move."""
-
-
-def stages(judged: Sequence[Judged], plan: Any, measure: Callable[[Any, dict], Any], tolerances: Callable[[Any], tuple],
-           clock: Callable[[str], Any] = lambda stage: contextlib.nullcontext()) -> tuple:
-    """The stages every element-wise mode runs after its first sweep's verdicts, in order; returns the plan (with f's
-    noise and precision where they were measured) and its (atol, rtol).
-
-    1. The second step: the failing directions at h/4, where they cost at most a measurement's own calls of f
-       (``NOISE_TABLES`` tables of 2 ``NOISE_SIDE`` points).  Where every one of them passes there, each takes its
-       estimate and f's noise is never measured (a float32-only special function whose first step was only
-       truncation-limited at one element -- igamma, zeta, atan2 in TensorFlow's tests -- passes in one pair of
-       evaluations instead of ~100; so do the 5321 of 10^7 elements of float32 sin(x) x, one colour); otherwise
-       nothing changes (its evaluations are kept for the triage), and the inputs stop at the first that does not
-       pass.
-    2. Where an element still fails: f's noise and precision (``measure(plan, {input: passes})``, told which
-       directions the second step passed, where it ran: coloured mode measures the rows of the others), and every
-       element judged again under them, from the first sweep (a larger allowance only turns failures into passes,
-       so a pass needs none).
-    3. Each input refined (``Judged.refine``).
-
-    ``clock(stage)`` times a stage ("refine"; ``measure`` times its own).
-    """
-    atol, rtol = tolerances(plan)
-    passed: dict = {}  # input -> [k] which of its failing directions the second step passed
-    if plan.noise is None and 0 < sum(j.directions() for j in judged) <= NOISE_TABLES * NOISE_SIDE:
-        with clock("refine"):
-            taken = []
-            for index, j in enumerate(judged):
-                if j.directions():
-                    passed[index], take = j.second_step(plan, atol, rtol)
-                    if not passed[index].all():
-                        break
-                    taken.append(take)
-            else:
-                for take in taken:
-                    take()
-    if plan.noise is None and any(j.directions() for j in judged):
-        plan = measure(plan, passed)
-        atol, rtol = tolerances(plan)
-        for j in judged:
-            j.rejudge(plan, atol, rtol)
-    with clock("refine"):
-        for j in judged:
-            j.refine(plan, atol, rtol)
-    return plan, atol, rtol
-
-
 def examined(evaluate: Evaluate, line: Line, analytical: np.ndarray, first: np.ndarray, first_noise: np.ndarray,
              failing: np.ndarray, atol: float, rtol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """The stages of failing directions after the first sweep, in every element-wise mode's order: the second step at
@@ -347,33 +280,6 @@ def examined(evaluate: Evaluate, line: Line, analytical: np.ndarray, first: np.n
                                                                   analytical[:, doubtful], atol, rtol)
     estimate[:, doubtful] = found.estimate
     return estimate, status, band, {(row, int(doubtful[k])): value for (row, k), value in sides.items()}
-
-
-# (rows, cols, powers, factors) -> per power: f(x + d), f(x - d) [k] at each element's row along its column's direction
-# at step h / REFINE_RATIO**p (times the factor), and the spans [k]: what an element-wise mode's evaluator gives.
-Sides = Callable[..., list]
-
-
-def along_elements(sides: Sides, rows: np.ndarray, cols: np.ndarray, y0: np.ndarray,
-                   noise: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                   sigma: Callable[[np.ndarray], np.ndarray | None]) -> Evaluate:
-    """The evaluation ``descend`` drives for the elements (rows[k], cols[k]) of a Jacobian, each a direction of its
-    own (its column, read at its row), in full and coloured mode alike: a selection of them at steps h / 4**p, as
-    [1, k] levels.  Each element's f(x) (``y0`` [k]) is subtracted from its sides, so the shared ``y0`` of
-    ``_compare.refine`` is 0 (its one-sided quotients and second differences only use differences from f(x)).
-    ``noise(selection, spans)`` and ``sigma(selection)`` [1, k']: the rounding bound of the quotients and f's grid
-    for the quantum test (or None)."""
-
-    def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
-        base, levels = y0[selection], []
-        for plus, minus, spans in sides(rows[selection], cols[selection], list(powers), factors):
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                derivative = (plus - minus) / spans
-                moved = (plus - base)[None, :], (minus - base)[None, :]
-            levels.append((derivative[None, :], noise(selection, spans), *moved, spans))
-        return Rungs(levels, np.zeros(1), sigma(selection))
-
-    return evaluate
 
 
 def _within(evaluate: Evaluate, index: np.ndarray) -> Evaluate:

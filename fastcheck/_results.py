@@ -386,7 +386,7 @@ def having(status: np.ndarray, *codes: int, among: np.ndarray | None = None) -> 
     statuses (OK is 0), so no value-sized boolean temporary is made; only among the indices
     ``among`` (ascending) where given: a superset of those not OK, known without a pass over them all."""
     index = np.flatnonzero(status) if among is None else among[status[among] != OK]
-    return index[np.isin(status[index], codes)]
+    return index[np.isin(status[index], codes)] if len(index) else index
 
 
 def _top(score: np.ndarray, count: int) -> np.ndarray:
