@@ -30,8 +30,6 @@ from fastcheck._refine import Evaluate, Line, Rungs, examined
 from fastcheck._results import having
 from fastcheck._tables import (
     COARSE_TABLES,
-    MEASURED_NOISE_FACTOR,
-    NOISE_FACTOR,
     NOISE_SIDE,
     NOISE_TABLES,
     REFINE_RATIO,
@@ -46,18 +44,11 @@ def _take(array: np.ndarray, index) -> np.ndarray:
 
 
 def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
-    """``_compare.rounding_noise_factors`` for single elements (row, span) rather than an outer product
-    (``rows``: an index array, a slice, or None for every row)."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        level = np.abs(_take(plan.eval_output, rows))
-        level *= NOISE_FACTOR * plan.row_epsilon_at(rows)
-        if plan.noise is not None:
-            np.maximum(level, MEASURED_NOISE_FACTOR * _take(plan.noise.sigma, rows), out=level)
-        # Times the span's reciprocal, as the rank-one factors multiply (full mode's noise, bit for bit); tested once,
-        # after: a non-finite level or reciprocal makes the product non-finite (or NaN), and both become 0.
-        level *= 1.0 / np.abs(spans)
-        level[~np.isfinite(level)] = 0.0
-        return level
+    """The first sweep's noise of the elements (rows, spans) (``rows``: an index array, a slice, or None for every
+    row): ``_compare.rounding_level`` of their outputs over their spans."""
+    sigma = None if plan.noise is None else _take(plan.noise.sigma, rows)
+    level = _compare.rounding_level(_take(plan.eval_output, rows), plan.row_epsilon_at(rows), sigma)
+    return _compare.quotient_noise(level, spans)
 
 
 def _verdicts(a, numerical, noise, atol, rtol):
@@ -141,6 +132,9 @@ class _Block:
         """(rows, cols, analytical, spans, first-sweep numerical) of the nonzeros ``part``."""
         rows, cols = self.where(part) if isinstance(part, slice) else self.pattern.at(part)
         spans = self.columns.span(cols)
+        if self.pattern.every:  # nonzero k is element k of the [m, n] arrays: read by flat index, not gathered
+            numerical = np.array(self.compressed.reshape(-1)[part], np.float64)
+            return rows, cols, self.analytical.compressed.reshape(-1)[part], spans, numerical
         return rows, cols, self.analytical.at(rows, cols), spans, self.first_sweep(rows, cols, spans)
 
     def materialise(self, start: int, stop: int):

@@ -23,7 +23,6 @@ from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import Plan
 from fastcheck._tables import (
-    MEASURED_NOISE_FACTOR,
     NOISE_FACTOR,
     PATTERN_MARGIN,
     PATTERN_PROBES,
@@ -67,9 +66,8 @@ def _outside(plan: Plan, part, value, predicted, spread, realised, eps):
         if realised is not None:
             predicted = np.where(np.isfinite(predicted), predicted * realised, 0.0)
             spread = np.abs(spread * realised)
-        rounding = np.abs(plan.eval_output[part]) * (NOISE_FACTOR * eps)
-        if plan.noise is not None:
-            rounding = np.maximum(rounding, MEASURED_NOISE_FACTOR * plan.noise.sigma[part])
+        rounding = _compare.rounding_level(plan.eval_output[part], eps,
+                                           None if plan.noise is None else plan.noise.sigma[part])
         return np.abs(value - predicted), PATTERN_MARGIN * (spread + rounding)
 
 

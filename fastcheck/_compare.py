@@ -98,46 +98,24 @@ def coarse(resolved: float, tolerance: float, rtol: float) -> bool:
     return bool(resolved > max(RESOLUTION_RTOLS * rtol, RESOLUTION_NOISE_SHARE * tolerance))
 
 
-def rounding_noise_factors(y0: np.ndarray, spans: np.ndarray, eps_eval: float | np.ndarray,
-                           sigma: np.ndarray | None = None) -> RankOne:
-    """[m, n] rounding error estimate of (f(x+) - f(x-)) / span (0 where it is not finite), as its two factors
-    (per output, per column), not materialised; ``eps_eval`` per output row (``Plan.row_epsilon``) or one for all.
+def rounding_level(y0, eps_eval, sigma=None, factor: float = NOISE_FACTOR, measured: float = MEASURED_NOISE_FACTOR):
+    """What one evaluation of each output may be off by, the one statement of f's noise (numpy, broadcasting):
+    ``factor * eps_eval * |f_i|`` (rounding; ``eps_eval`` per output row, ``Plan.row_epsilon``, or one for all), or
+    ``measured * sigma_i`` where f's noise was measured (``sigma``: the standard deviation of its evaluations, see
+    ``_precision``) and is larger: a band of about 6 standard deviations of a difference quotient, so that a million
+    elements of a correct noisy f raise no false alarm.  ``_flat`` reads the bare level (both factors 1)."""
+    level = factor * eps_eval * np.abs(y0)
+    return level if sigma is None else np.maximum(level, measured * sigma)
 
-    Each evaluation of output i is off by at most ``NOISE_FACTOR * eps_eval * |f_i|`` (rounding), or by
-    ``MEASURED_NOISE_FACTOR * sigma_i`` where ``sigma`` is the measured standard deviation of f's evaluations
-    (see ``_precision``): a band of about 6 standard deviations of the difference quotient, so that a million
-    elements of a correct noisy f raise no false alarm.
-    """
+
+def quotient_noise(level, spans) -> np.ndarray:
+    """The rounding error of central difference quotients (f(x+) - f(x-)) / span of outputs off by ``level``
+    (``rounding_level``): ``level / |span|``, 0 where that is not finite (broadcasting: an element's span, or an
+    outer product of rows and columns)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        rows = NOISE_FACTOR * eps_eval * np.abs(y0)
-        if sigma is not None:
-            rows = np.maximum(rows, MEASURED_NOISE_FACTOR * sigma)
-        columns = 1.0 / np.abs(spans)
-        rows[~np.isfinite(rows)] = 0.0
-        columns[~np.isfinite(columns)] = 0.0
-        return RankOne(rows, columns)
-
-
-class RankOne:
-    """An [m, n] array ``rows[i] * columns[j]`` held as its factors: the first sweep's rounding noise, which a
-    passing check never needs whole.  Blocks of rows come out dense."""
-
-    def __init__(self, rows: np.ndarray, columns: np.ndarray):
-        self.rows, self.columns = rows, columns
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (len(self.rows), len(self.columns))
-
-    def __getitem__(self, part) -> np.ndarray:
-        """Rows ``part`` (a slice), or ``[:, columns]`` (an index array of columns), dense."""
-        if isinstance(part, tuple):
-            rows, columns = part
-            return np.multiply.outer(self.rows[rows], self.columns[columns])
-        return np.multiply.outer(self.rows[part], self.columns)
-
-    def dense(self) -> np.ndarray:
-        return np.multiply.outer(self.rows, self.columns)
+        noise = np.asarray(level * (1.0 / np.abs(spans)), np.float64)
+        noise[~np.isfinite(noise)] = 0.0
+        return noise
 
 
 def verdicts(analytical: np.ndarray, numerical: np.ndarray, noise, atol: float, rtol: float, out=None,
@@ -145,7 +123,7 @@ def verdicts(analytical: np.ndarray, numerical: np.ndarray, noise, atol: float, 
     """Status per element (OK / MISMATCH / ...NONFINITE) and the band each element had to meet (None without
     ``bands``).
 
-    ``noise`` is an array of numerical's shape, or a ``RankOne`` (made a block at a time).  ``out``: a (status, band)
+    ``noise`` is an array of numerical's shape.  ``out``: a (status, band)
     pair of earlier verdicts to overwrite (a new [m, n] float64 array costs its page faults again).  The rule runs
     over blocks of rows that fit in cache (``block`` elements): one trip through memory instead of one per operation.
     """

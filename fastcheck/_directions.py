@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from fastcheck import _compare
 from fastcheck._events import FastForwardOnly
 from fastcheck._executor import Batch, Executor, ShapeChangeError
 from fastcheck._paths import GRAPH, XLA
@@ -17,8 +18,6 @@ from fastcheck._plan import Plan
 from fastcheck._tables import (
     BLOCKS,
     FAST_ROWS,
-    MEASURED_NOISE_FACTOR,
-    NOISE_FACTOR,
     PARALLEL_ROWS,
 )
 
@@ -177,9 +176,8 @@ class Joint:
         self.forward_only = False  # set when the reverse-mode gradient cannot be differentiated twice
         self.jvp_missing = False  # ... and forward mode has no JVP for f either
         self.evaluations = 0  # evaluations of f, for the report's note
-        # Error of one evaluation per output: rounding, or f's measured noise when larger.
-        sigma = plan.noise.sigma if plan.noise is not None else 0.0
-        level = np.maximum(plan.row_epsilon * np.abs(self.y0), MEASURED_NOISE_FACTOR / NOISE_FACTOR * sigma)
+        # What one evaluation of each output may be off by (``_compare.rounding_level``).
+        level = _compare.rounding_level(self.y0, plan.row_epsilon, plan.noise.sigma if plan.noise is not None else None)
         self.level = tf.constant(level, F64)
         route = executor.route
         itemsize = executor.plan.eval_flat_dtype.size
@@ -213,7 +211,7 @@ class Joint:
         plus, minus, realised = self._evaluate(directions, tf.constant(steps, F64))
         step = tf.constant(steps, F64)[:, None]
         estimate = (plus - minus) / (2 * step)
-        noise = NOISE_FACTOR * self.level[None, :] / (2 * step)
+        noise = self.level[None, :] / (2 * step)
         return estimate, realised, plus, minus, noise
 
     @property

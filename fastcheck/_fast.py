@@ -71,7 +71,6 @@ from fastcheck._tables import (
     FLAT_ROUNDINGS,
     LOCALISE_DRAWS,
     MAX_LOCALISED_INPUTS,
-    NOISE_FACTOR,
     REFINE_RATIO,
     REFINED_COLUMNS,
     REGION_MAX,
@@ -272,7 +271,7 @@ def _refine(joint: Joint, directions: tf.Tensor, failing: np.ndarray, first: tup
         level = np.asarray(joint.level.numpy(), np.float64)[rows]
 
         line = Line(lambda selection: np.full(len(selection), joint.eps),
-                    lambda selection, spans: NOISE_FACTOR * level[:, None] / spans[None, :])
+                    lambda selection, spans: level[:, None] / spans[None, :])
         confirmed = confirmation(evaluate, line, analytical,
                                  lambda selection, found: beyond(found.estimate, found.error, selection)[0])
     found = descend(evaluate, len(failing), LADDER.first, still_open, LADDER.deeper, confirmed)

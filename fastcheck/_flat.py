@@ -28,8 +28,8 @@ from fastcheck._tables import FLAT_AGREES, FLAT_JUMP_GROWTH, FLAT_MAX_STEP, FLAT
 
 def rounding_level(plan) -> np.ndarray:
     """[m] the error of one evaluation of f: its rounding, or its measured noise where larger."""
-    level = plan.row_epsilon * np.abs(plan.eval_output)
-    return level if plan.noise is None else np.maximum(level, plan.noise.sigma)
+    return _compare.rounding_level(plan.eval_output, plan.row_epsilon, None if plan.noise is None else plan.noise.sigma,
+                                   1.0, 1.0)
 
 
 def candidates(plan, numerical: np.ndarray, spans: np.ndarray, mismatch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

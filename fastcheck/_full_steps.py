@@ -38,18 +38,11 @@ class _Jacobians:
         """Measure f's noise and the precision it computes in (see ``_precision``)."""
         self.plan = measured(self.executor, self.plan)
 
-    @property
-    def noisy(self) -> bool:
-        """Whether f's measured noise is beyond the rounding of its evaluation dtype."""
-        return self.plan.noise is not None and self.plan.noise_epsilon > self.eps_eval
-
     def noise(self, spans: np.ndarray) -> np.ndarray:
-        return self.noise_factors(spans).dense()
-
-    def noise_factors(self, spans: np.ndarray) -> _compare.RankOne:
-        """``noise`` as its factors: the first sweep's, made dense only where refinement needs it."""
+        """[m, k] the noise of quotients over ``spans`` [k] (``_compare.quotient_noise``)."""
         sigma = self.plan.noise.sigma if self.plan.noise is not None else None
-        return _compare.rounding_noise_factors(self.y0, spans, self.plan.row_epsilon, sigma)
+        return _compare.quotient_noise(_compare.rounding_level(self.y0, self.plan.row_epsilon, sigma)[:, None],
+                                       spans[None, :])
 
     def numerical(self, position: int, columns=None):
         """Central differences [m, k] for ``columns`` (default all) and their spans [k]."""
