@@ -4,12 +4,14 @@ One representation for full and coloured mode: the nonzeros of a ``Pattern`` (fu
 of the Jacobian block, the trivial colouring, each column its own colour), their statuses (int8), their numerical
 values read off the first sweep its evaluator (the "columns") keeps -- full mode's [m, n_k] quotients, coloured
 mode's differences compressed by colours -- and the analytical ones off ``_colours._Analytical``.  The block is what
-``stages`` drives: the second step, the rule again under f's measured noise, then each
-input refined -- wide steps where a noisy f swamps the allowance (``_wide``), ``_refine.examined`` for failing
-elements, each a direction of its own read at its row, larger steps where f does not move (``_flat``).
+``stages`` drives: the second step, the rule again under f's measured noise, then each input refined -- wide steps
+where a noisy f swamps the allowance (``_wide``), ``_refine.examined`` for failing elements, each a direction of its
+own read at its row, larger steps where f does not move (``_flat``).  Its ``ladder`` is every element-wise stage's
+(full mode's coarse pass sharpened and twin mismatch confirmed too).
 
 A block's columns supply the evaluations: ``sweep()`` (what ``first_sweep`` reads), ``quotients``, ``span``,
-``step`` and ``x`` [n], ``labels`` (the colour of each column), ``sides`` (``_refine.Sides``) and ``along``.
+``step`` and ``x`` [n], ``labels`` (the colour of each column), ``sides`` (per power, f(x + d) and f(x - d) at each
+element's row along its column, and the spans: what ``ladder`` reads) and ``along``.
 """
 
 
@@ -209,7 +211,7 @@ class _Block:
         rows, cols = self.pattern.at(index)
         spans = self.columns.span(cols)
         a = self.analytical.at(rows, cols)
-        (second, second_noise, *_), = self._ladder(plan, rows, cols)(np.arange(len(index)), (SECOND_STEP,)).levels
+        (second, second_noise, *_), = self.ladder(plan, rows, cols)(np.arange(len(index)), (SECOND_STEP,)).levels
         passes, estimate, error = _compare.second_step(a[None, :], self.first_sweep(rows, cols, spans)[None, :],
                                                        _noise(plan, rows, spans)[None, :], second, second_noise, atol,
                                                        rtol, REFINE_RATIO)
@@ -232,9 +234,7 @@ class _Block:
         rows, cols = self.pattern.at(failing)
         a = self.analytical.at(rows, cols)[None, :]
         spans = self.columns.span(cols)
-        line = Line(lambda selection: self.columns.step[cols[selection]].astype(np.float64),
-                    lambda selection, spans: _noise(plan, rows[selection], spans)[None, :])
-        estimate, status, band, sides = examined(self._ladder(plan, rows, cols), line, a,
+        estimate, status, band, sides = examined(self.ladder(plan, rows, cols), self.line(plan, rows, cols), a,
                                                  self.first_sweep(rows, cols, spans)[None, :],
                                                  _noise(plan, rows, spans)[None, :], np.ones(a.shape, bool), atol, rtol)
         self.one_sided.update({(int(failing[k]),): value for (_, k), value in sides.items()})
@@ -312,7 +312,13 @@ class _Block:
             band = np.concatenate([band, earlier_band])[first]
         self.override = (index, numerical, band)
 
-    def _ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray) -> Evaluate:
+    def line(self, plan: Plan, rows: np.ndarray, cols: np.ndarray) -> Line:
+        """The ``Line`` of the elements (rows[k], cols[k]) for ``confirmation``: their first steps, the noise of a
+        quotient over a span."""
+        return Line(lambda selection: self.columns.step[cols[selection]].astype(np.float64),
+                    lambda selection, spans: _noise(plan, rows[selection], spans)[None, :])
+
+    def ladder(self, plan: Plan, rows: np.ndarray, cols: np.ndarray) -> Evaluate:
         """The evaluation ``descend`` drives for the nonzeros (rows[k], cols[k]), each a direction of its own (its
         column, read at its row): a selection of them at steps h / 4**p, as [1, k] levels (h, p = 0, is the first
         sweep's step again, with its sides: the sweep keeps none; a kink crossed at h and h/4 then shows at two

@@ -70,7 +70,7 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
     for block in blocks:
         numerical, status, band, one_sided = _dense(block)
         with timed(jac.timings, "refine"):
-            _resolve(jac, block.spec.position, block.analytical.compressed, numerical, status, band, (atol, rtol))
+            _resolve(jac.plan, block, block.analytical.compressed, numerical, status, band, (atol, rtol))
         results.append((block.spec, block.analytical.compressed, numerical, status, band, one_sided, None))
     if twin:
         results = _twin(jac, results, [b.columns.spans for b in blocks], (atol, rtol))
@@ -159,7 +159,7 @@ def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
                 usable = (rows[:, None] & np.isin(t_status, (_compare.OK, _compare.MISMATCH))
                           & (status == _compare.OK) & (allowed < band))
                 verdict = np.where(np.abs(a - n_twin) <= allowed, _compare.OK, _compare.MISMATCH)
-            _twin_holds_above(jac, spec.position, a, t, n_twin, allowed, usable, verdict, (atol64, rtol64))
+            _twin_holds_above(jac.plan, twin_block, a, t, usable, verdict, (atol64, rtol64))
             status[usable] = verdict[usable]
             band[usable] = allowed[usable]
             numerical[usable] = n_twin[usable]
@@ -168,47 +168,46 @@ def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
     return sharpened
 
 
-def _twin_holds_above(jac: _Jacobians, position: int, a, t, n_twin, allowed, usable, verdict, tolerances) -> None:
+def _twin_holds_above(plan: Plan, block: _Block, a, t, usable, verdict, tolerances) -> None:
     """A twin mismatch stands only where it holds at larger steps too, confirmed; else, in place, it is not used.
 
     The twin's allowance is float64's, a few 1e-8 on a gradient of 1e-5 .. 1e-3: there the quotient's own error is
     f's measured noise over the step, and a float64 network's noise is not Gaussian everywhere (a correct network
-    had a few elements just past that allowance).  The mismatched columns are re-estimated on the ladder
-    h * 4**RESOLVE_UP ... h, where the noise is 4**RESOLVE_UP times smaller; an element stays a mismatch only where
-    that settled estimate is outside its own float64 allowance plus |a - twin|, by the same rule (a 1% defect in the
-    gradient code, which the twin shares, is far outside it), and where ``confirmation`` finds it again at
-    independent steps and below the pair: a ReLU6 kink a few h away moves the larger steps' quotients by 3e-4 of the
-    gradient, and the smaller steps show the derivative at the point (a correct nested MobileNetV2).  Elsewhere the
-    twin is not used: the element keeps its native verdict (a pass too coarse for 1%, undecidable).
+    had a few elements just past that allowance).  The mismatched elements are re-estimated on the twin block's
+    ladder (``_Block.ladder``, each element a direction of its own) at h * 4**RESOLVE_UP ... h, where the noise is
+    4**RESOLVE_UP times smaller; an element stays a mismatch only where that settled estimate is outside its own
+    float64 allowance plus |a - twin|, by the same rule (a 1% defect in the gradient code, which the twin shares, is
+    far outside it), and where ``confirmation`` finds it again at independent steps and below the pair: a ReLU6 kink
+    a few h away moves the larger steps' quotients by 3e-4 of the gradient, and the smaller steps show the
+    derivative at the point (a correct nested MobileNetV2).  Elsewhere the twin is not used: the element keeps its
+    native verdict (a pass too coarse for 1%, undecidable).
     """
     atol64, rtol64 = tolerances
-    suspect = usable & (verdict == _compare.MISMATCH)
-    if not suspect.any():
+    rows, cols = np.nonzero(usable & (verdict == _compare.MISMATCH))
+    if not len(rows):
         return
-    columns = np.flatnonzero(suspect.any(axis=0))
-    a_columns, slack = a[:, columns], np.abs(a - t)[:, columns]
+    a_suspect, slack = a[rows, cols][None, :], np.abs(a - t)[rows, cols][None, :]
 
     def mismatch(selection, found: _compare.Refined) -> np.ndarray:
         with np.errstate(invalid="ignore"):
-            return np.abs(a_columns[:, selection] - found.estimate) > (
+            return np.abs(a_suspect[:, selection] - found.estimate) > (
                 _compare.allowance(found.estimate, atol64, rtol64, found.error) + slack[:, selection])
 
-    evaluate = jac.ladder(position, columns)
-    found = descend(evaluate, len(columns), LADDER.larger,
-                    confirm=confirmation(evaluate, jac.line(position, columns), a_columns, mismatch,
+    evaluate = block.ladder(plan, rows, cols)
+    found = descend(evaluate, len(rows), LADDER.larger,
+                    confirm=confirmation(evaluate, block.line(plan, rows, cols), a_suspect, mismatch,
                                          first=LADDER.larger.start))
-    holds = found.settled & mismatch(np.arange(len(columns)), found)
-    usable[:, columns] &= ~suspect[:, columns] | holds
+    usable[rows, cols] = (found.settled & mismatch(np.arange(len(rows)), found))[0]
 
 
-def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, tolerances) -> None:
+def _resolve(plan: Plan, block: _Block, a, numerical, status, band, tolerances) -> None:
     """Sharpen, in place, a pair whose every element passes at a resolution ``_compare.coarse`` rejects.
 
-    Its ``RESOLVE_COLUMNS`` most resolving columns (largest |a| / allowed) are re-estimated on the ladder
-    h * 4**RESOLVE_UP ... h, where f's rounding is 4**RESOLVE_UP times smaller: an element whose settled estimate
-    there passes with a smaller allowance keeps that estimate and allowance.  None is failed by it (a larger step's
-    truncation is what the ladder judges, not a confirmed mismatch), so a pair the larger steps do not resolve stays
-    undecidable.
+    The elements of its ``RESOLVE_COLUMNS`` most resolving columns (largest |a| / allowed) are re-estimated on the
+    block's ladder (``_Block.ladder``) at h * 4**RESOLVE_UP ... h, where f's rounding is 4**RESOLVE_UP times smaller:
+    an element whose settled estimate there passes with a smaller allowance keeps that estimate and allowance.  None
+    is failed by it (a larger step's truncation is what the ladder judges, not a confirmed mismatch), so a pair the
+    larger steps do not resolve stays undecidable.
     """
     atol, rtol = tolerances
     if (not status.size or (status.any() and _compare.IS_FAILING[status].any())
@@ -221,7 +220,9 @@ def _resolve(jac: _Jacobians, position: int, a, numerical, status, band, toleran
     with np.errstate(invalid="ignore", divide="ignore"):
         score = np.nanmax(np.where(status == _compare.OK, np.abs(a) / band, 0.0), axis=0)
     columns = np.sort(np.argsort(-score, kind="stable")[:RESOLVE_COLUMNS])
-    estimate, error, settled, *_ = descend(jac.ladder(position, columns), len(columns), LADDER.larger)
+    m, k = a.shape[0], len(columns)
+    found = descend(block.ladder(plan, np.repeat(np.arange(m), k), np.tile(columns, m)), m * k, LADDER.larger)
+    estimate, error, settled = (x.reshape(m, k) for x in (found.estimate, found.error, found.settled))
     with np.errstate(invalid="ignore"):
         allowed = _compare.allowance(estimate, atol, rtol, error)
         better = (settled & (np.abs(a[:, columns] - estimate) <= allowed) & (allowed < band[:, columns])

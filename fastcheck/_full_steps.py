@@ -1,6 +1,6 @@
 """Full mode's evaluator (_Jacobians: columns at given steps through the executor), and the same as a block's columns
-(_DenseColumns: the trivial colouring, what ``_block._Block`` judges and refines); a coarse pass sharpened and a
-twin's mismatch confirmed (``_full``) run over its ladder and ``line``.
+(_DenseColumns: the trivial colouring, what ``_block._Block`` judges and refines, and what ``_full``'s coarse pass
+sharpened and twin mismatch confirmed run over, through the block's ladder).
 """
 
 
@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian
-from fastcheck._config import MACHINE_EPSILON
 from fastcheck._executor import Executor, along_columns, measured, steps
 from fastcheck._plan import Plan, view
-from fastcheck._refine import Evaluate, Line, Rungs
 from fastcheck._tables import REFINE_RATIO, SECOND_STEP
 
 
@@ -23,8 +20,6 @@ class _Jacobians:
     def __init__(self, executor: Executor, plan: Plan, timings: dict):
         self.executor, self.plan, self.config, self.timings = executor, plan, executor.config, timings
         self.autodiff = AutodiffJacobian(executor, forward=self.config.autodiff == "forward")
-        self.eps_eval = MACHINE_EPSILON[plan.eval_dtype]
-        self.y0 = plan.eval_output  # f at the point, from planning: no extra call
         self._quarters: dict = {}  # position -> (columns, their sides and spans at h/4: the second step)
         self._steps: dict = {}  # position -> its first steps (``_executor.steps``): every evaluation reads them
 
@@ -38,12 +33,6 @@ class _Jacobians:
         """Measure f's noise and the precision it computes in (see ``_precision``)."""
         self.plan = measured(self.executor, self.plan)
 
-    def noise(self, spans: np.ndarray) -> np.ndarray:
-        """[m, k] the noise of quotients over ``spans`` [k] (``_compare.quotient_noise``)."""
-        sigma = self.plan.noise.sigma if self.plan.noise is not None else None
-        return _compare.quotient_noise(_compare.rounding_level(self.y0, self.plan.row_epsilon, sigma)[:, None],
-                                       spans[None, :])
-
     def numerical(self, position: int, columns=None):
         """Central differences [m, k] for ``columns`` (default all) and their spans [k]."""
         size = self.plan.inputs[position].size
@@ -52,27 +41,9 @@ class _Jacobians:
             return np.zeros((self.plan.m, 0)), np.zeros(0)
         return self.executor.quotients(position, columns, self.steps(position)[columns])
 
-    def ladder(self, position: int, columns: np.ndarray) -> Evaluate:
-        """The evaluation ``descend`` drives for ``columns``: a selection of them at steps h / 4**p, every power in
-        one batch (negative powers: the steps larger than h that noise-limited columns need).  Power 0 is the first
-        sweep's step h again, with its sides: its one-sided quotients show a kink crossed at h and h/4 both, where
-        the finer steps are noise (float32 over a ReLU network's weights); without them the ladder could pass the
-        settled test on noise alone."""
-        sigma = self.plan.noise.sigma if self.plan.noise is not None else None
-
-        def evaluate(selection: np.ndarray, powers, factors=None) -> Rungs:
-            levels = []
-            for plus, minus, spans in self._levels(position, columns[selection], powers, factors):
-                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                    jacobian = (plus - minus) / spans[None, :]
-                levels.append((jacobian, self.noise(spans), plus, minus, spans))
-            return Rungs(levels, self.y0, sigma)
-
-        return evaluate
-
     def sides(self, position: int, rows: np.ndarray, cols: np.ndarray, powers: list, factors=None) -> list:
         """Per power: f(x + d), f(x - d) [k] at each element's row along its column at step h / 4**p (times
-        ``factors``, where given), and the spans [k]: ``_refine.Sides``, as coloured mode's ``_Columns.sides``."""
+        ``factors``, where given), and the spans [k]: what ``_block._Block.ladder`` reads, as coloured mode's ``_Columns.sides``."""
         columns, slot = np.unique(cols, return_inverse=True)
         return [(plus[rows, slot], minus[rows, slot], spans[slot])
                 for plus, minus, spans in self._levels(position, columns, powers, factors)]
@@ -95,11 +66,6 @@ class _Jacobians:
             self._quarters[position] = (columns, plus, minus, spans)
         return [(plus[:, k * count:(k + 1) * count], minus[:, k * count:(k + 1) * count], spans[k * count:(k + 1) * count])
                 for k in range(len(divisors))]
-
-    def line(self, position: int, columns: np.ndarray) -> Line:
-        """The ``Line`` of ``columns`` for ``confirmation``: their first steps, the noise over a span."""
-        return Line(lambda selection: self.steps(position)[columns[selection]],
-                    lambda selection, spans: self.noise(spans))
 
     def analytical(self) -> list[np.ndarray]:
         if self.plan.n == 0:
