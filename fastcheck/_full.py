@@ -33,7 +33,7 @@ from fastcheck._tables import (
     RESOLUTION_RTOLS,
     RESOLVE_COLUMNS,
 )
-from fastcheck._text import element_name
+from fastcheck._text import forward_wrong
 
 
 def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
@@ -263,17 +263,7 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
         if jac.config.autodiff == "both":
             pairs += forward_pairs
         else:
-            for pair in forward_pairs:
-                e = pair.worst_element
-                if not pair.ok and e is not None:
-                    warnings.append(
-                        f"forward mode (JVP, tf.autodiff.ForwardAccumulator) is wrong for {pair.output_name} / "
-                        f"{pair.input_name}: {pair.count(_compare.MISMATCH)} elements differ, worst d "
-                        f"{element_name(pair.output_name, e.output_index)} / d {element_name(pair.input_name, e.input_index)}: "
-                        f"JVP={e.analytical:.8g} numerical={e.numerical:.8g}. Reverse mode, which training uses, "
-                        "agrees; forward mode differentiates f's forward ops (it ignores tf.custom_gradient) or uses "
-                        "a wrong forward-mode rule of an op. Pass autodiff='both' to make it part of the verdict."
-                    )
+            warnings += [forward_wrong(pair) for pair in forward_pairs if not pair.ok and pair.worst_element is not None]
     kind = "supplied" if supplied is not None else jac.autodiff.mode
     return Outcome(pairs, plan, atol, rtol, kind, notes, warnings)
 

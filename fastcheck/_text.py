@@ -50,6 +50,17 @@ def vacuous_warnings(pairs: list) -> list[str]:
     return [] if informative else [VACUOUS_WARNING]
 
 
+def forward_wrong(pair) -> str:
+    """The warning of a forward-mode (JVP) pair that fails where reverse mode passes (autodiff="auto")."""
+    e = pair.worst_element
+    return (f"forward mode (JVP, tf.autodiff.ForwardAccumulator) is wrong for {pair.output_name} / {pair.input_name}: "
+            f"{pair.count('mismatch')} elements differ, worst d {element_name(pair.output_name, e.output_index)} / d "
+            f"{element_name(pair.input_name, e.input_index)}: JVP={e.analytical:.8g} numerical={e.numerical:.8g}. "
+            "Reverse mode, which training uses, agrees; forward mode differentiates f's forward ops (it ignores "
+            "tf.custom_gradient) or uses a wrong forward-mode rule of an op. Pass autodiff='both' to make it part of "
+            "the verdict.")
+
+
 def coarse_line(title: str, resolutions: tuple[float, float], rtol: float, fast: bool) -> str:
     """Why a pair whose every element (or probe) passes is undecidable: its resolution."""
     resolved, tolerance = resolutions
