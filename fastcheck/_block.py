@@ -78,6 +78,8 @@ class _Block:
     override: tuple | None = None
     # (plan, atol, rtol) of the last judgement: what the bands are computed under.
     rule: tuple | None = None
+    # A full block's bands under the last judgement, kept (its [m, n] arrays exist anyway): not computed again.
+    bands: np.ndarray | None = None
     # The nonzeros not OK after the last judgement (ascending): later stages change only statuses that
     # are not OK, so those not OK now are among them (10^7 statuses: no pass over them all to find 5321).
     flagged: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
@@ -112,7 +114,9 @@ class _Block:
         index array), refinement applied."""
         rows, cols, a, spans, numerical = self._read(part)
         band = None
-        if bands:
+        if bands and self.bands is not None:
+            band = np.array(self.bands[part])
+        elif bands:
             assert self.rule is not None, "judge() first"
             plan, atol, rtol = self.rule
             _, band = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
@@ -163,6 +167,7 @@ class _Block:
         assert self.override is None, "reset() first"
         self.rule = (plan, atol, rtol)
         self.cleared = 0 if among is None else self.nnz - len(among)
+        self.bands = None
         if among is not None:
             self.status = np.zeros(self.nnz, np.int8)  # OK is 0 (fresh zero pages: only the judged ones written)
             self.flagged = np.zeros(0, np.int64)
@@ -173,14 +178,17 @@ class _Block:
                 self.flagged = among[status != 0]
             return
         status = self.status if self.status.size == self.nnz else np.empty(self.nnz, np.int8)
+        kept = np.empty(self.nnz) if self.pattern.every else None
         flagged = []
         for part in self.parts():
             rows, _, a, spans, numerical = self._read(part)
             status[part], band = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
             flagged.append(np.flatnonzero(status[part]) + part.start)  # OK is 0
+            if kept is not None:
+                kept[part] = band
             if beside is not None:
                 beside(part, numerical, band)
-        self.status = status
+        self.status, self.bands = status, kept
         self.flagged = np.concatenate(flagged) if flagged else np.zeros(0, np.int64)
 
     def refine(self, plan: Plan, atol: float, rtol: float, flat: bool = True) -> None:

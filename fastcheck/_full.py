@@ -89,9 +89,7 @@ def _block(jac: _Jacobians, spec, analytical: np.ndarray, first: np.ndarray, spa
 def _dense(block: _Block) -> tuple:
     """(numerical, status, band [m, n_k], the one-sided values {(row, column): (left, right)}) of a full block."""
     m, n = block.pattern.shape
-    numerical, band = np.empty(m * n), np.empty(m * n)
-    for part in block.parts():
-        _, _, _, numerical[part], band[part] = block.values(part, bands=True)
+    _, _, _, numerical, band = block.values(slice(0, m * n), bands=True)
     return (numerical.reshape(m, n), block.status.reshape(m, n), band.reshape(m, n),
             {divmod(k, n): value for (k,), value in block.one_sided.items()})
 
