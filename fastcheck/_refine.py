@@ -1,7 +1,7 @@
 """The refinement driver: one step ladder for every mode.
 
-Every strategy refines what its first sweep failed the same way: the failing *directions* (full mode's columns,
-fast mode's probes, coloured mode's nonzeros through their colours) at steps h / REFINE_RATIO**p, p = 0 ...
+Every strategy refines what its first sweep failed the same way: the failing *directions* (full and coloured mode's
+elements, each its column read at its row, ``_block._Block.ladder``; fast mode's probes) at steps h / REFINE_RATIO**p, p = 0 ...
 REFINE_LEVELS, judged by ``_compare.refine``; the directions a strategy still finds open after that (an unsettled
 mismatch, a step outside f's domain) again down to a deeper power; the deeper result replaces the first one there.
 ``descend`` is that driver.  A strategy supplies only how it evaluates a selection of its directions at given
