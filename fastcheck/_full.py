@@ -73,7 +73,7 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
             _resolve(jac.plan, block, block.analytical.compressed, numerical, status, band, (atol, rtol))
         results.append((block.spec, block.analytical.compressed, numerical, status, band, one_sided, None))
     if twin:
-        results = _twin(jac, results, [b.columns.spans for b in blocks], (atol, rtol))
+        results = _twin(jac, results, blocks, (atol, rtol))
     return results, (atol, rtol)
 
 
@@ -112,7 +112,7 @@ def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -
     return rows
 
 
-def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
+def _twin(jac: _Jacobians, results: list, blocks: list[_Block], tolerances) -> list:
     """Pairs that pass at a resolution coarser than 1% of their gradient, judged again through the gradient's
     float64 twin where the numerical side computes in float64 and atol is the table's.
 
@@ -141,12 +141,12 @@ def _twin(jac: _Jacobians, results: list, sweeps: list, tolerances) -> list:
             jac.measure()
         atol64, rtol64 = config.twin_tolerances()
         sharpened: list[tuple] = []
-        for (spec, a, numerical, status, band, one_sided, _), rows, t, spans in zip(results, targets, twin, sweeps):
+        for (spec, a, numerical, status, band, one_sided, _), rows, t, block in zip(results, targets, twin, blocks):
             if not rows.any() or not _compare.same_computation(a[rows], t[rows], atol, rtol).all():
                 sharpened.append((spec, a, numerical, status, band, one_sided, None))
                 continue
             # Every row is judged (the evaluations give them all), only the coarse pairs' rows are used.
-            twin_block = _block(jac, spec, t, numerical.copy(), spans)
+            twin_block = _block(jac, spec, t, numerical.copy(), block.columns.spans)
             twin_block.judge(jac.plan, atol64, rtol64)
             twin_block.status.reshape(rows.size, -1)[~rows] = _compare.OK  # the other pairs' need no refinement
             twin_block.flagged = twin_block.failing()
