@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,9 +28,11 @@ import numpy as np
 from fastcheck import _compare, _flat, _pattern, _wide
 from fastcheck._colours import _Analytical, _array
 from fastcheck._config import MACHINE_EPSILON
+from fastcheck._events import Hint
 from fastcheck._plan import InputSpec, Plan
 from fastcheck._refine import Evaluate, Line, Rungs, examined
-from fastcheck._results import having
+from fastcheck._results import PairReport, having
+from fastcheck._storage import Dense, Nonzeros
 from fastcheck._tables import (
     COARSE_TABLES,
     NOISE_SIDE,
@@ -414,3 +417,48 @@ def stages(judged: Sequence[_Block], plan: Plan, measure: Callable[[Plan, dict],
         for j in judged:
             j.refine(plan, atol, rtol)
     return plan, atol, rtol
+
+
+def pairs(plan: Plan, blocks: Sequence[_Block], atol, rtol, output_name, side: str, dense_entries: float,
+          twinned: Sequence[np.ndarray | None] = ()) -> list[PairReport]:
+    """One ``PairReport`` per (output, input) of every element-wise mode: over ``Dense`` arrays up to
+    ``dense_entries`` entries (zeros outside the pattern; full mode's blocks always), else over the block's
+    ``Nonzeros``.  ``twinned`` (per block, full mode's): the elements [m, n_k] judged through the gradient's
+    float64 twin (``_full._twin``), None where none was."""
+    reports = []
+    for block, twin in itertools.zip_longest(blocks, twinned):
+        spec, pattern = block.spec, block.pattern
+        input_shape = tuple(spec.real_view.shape)
+        for output in plan.outputs:
+            output_shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
+            # (A diagonal pattern's nonzero k is (k, k): no index table needed.)
+            lo, hi = ((output.offset, output.offset + output.size) if pattern.diagonal else
+                      (int(pattern.indptr[output.offset]), int(pattern.indptr[output.offset + output.size])))
+            one_sided: dict = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
+            storage: Dense | Nonzeros
+            shape = (output.size, spec.size)
+            if pattern.every:  # nonzero k is element k: the values are the block's rows, reshaped
+                _, _, analytical, numerical, band = block.values(slice(lo, hi), bands=True)
+                storage = Dense(numerical.reshape(shape), analytical.reshape(shape),
+                                block.status[lo:hi].reshape(shape), band.reshape(shape))
+                one_sided = {divmod(k, spec.size): v for (k,), v in one_sided.items()}
+            elif output.size * spec.size <= dense_entries:
+                rows, cols, analytical, numerical, band = block.materialise(lo, hi)
+                rows = rows - output.offset
+                status = block.status[lo:hi]
+                dense = []
+                for x, fill in zip((numerical, analytical, status, band), (0.0, 0.0, _compare.OK, atol)):
+                    array = np.full(shape, fill, dtype=x.dtype)
+                    array[rows, cols] = x
+                    dense.append(array)
+                storage = Dense(*dense)
+                one_sided = {(int(rows[k]), int(cols[k])): v for (k,), v in one_sided.items()}
+            else:
+                storage = Nonzeros(block, lo, hi, output.offset, shape)
+            used = twin is not None and bool(twin[output.offset : output.offset + output.size].any())
+            pair = PairReport(output_name or output.name, spec.name, output_shape, input_shape, storage, atol, rtol,
+                              one_sided=one_sided, side=side, inconsistent=block.inconsistent, float64_gradient=used)
+            pair.cause = (Hint("wrong pattern") if block.wrong_pattern else Hint("inconsistent") if block.inconsistent
+                          else pair.diagnose())
+            reports.append(pair)
+    return reports

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fastcheck import _colouring, _compare, _pattern, _sparsity
-from fastcheck._block import _Block, stages
+from fastcheck import _colouring, _pattern, _sparsity
+from fastcheck._block import _Block, pairs, stages
 from fastcheck._coloured_judge import TRACED, _judged, _pattern_probes, _probes
 from fastcheck._colours import (
     _Analytical,
@@ -52,13 +52,12 @@ from fastcheck._colours import (
 )
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._diagnosis import kernel_failure
-from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary, Hint
+from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary
 from fastcheck._executor import Executor, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA
 from fastcheck._plan import Plan, first_line, with_noise
 from fastcheck._precision import measure_noise
-from fastcheck._results import GradientCheckError, Outcome, PairReport
-from fastcheck._storage import Dense, Nonzeros
+from fastcheck._results import GradientCheckError, Outcome
 from fastcheck._tables import (
     BYTES_PER_NONZERO,
     NOISE_SAMPLE,
@@ -66,45 +65,6 @@ from fastcheck._tables import (
     REFINE_LEVELS,
     XLA_MIN_EVALUATIONS,
 )
-
-# -- the report -------------------------------------------------------------------------------------
-
-
-def _pairs(plan: Plan, blocks: list[_Block], atol, rtol, output_name, side: str,
-           dense_entries: int) -> list[PairReport]:
-    """One ``PairReport`` per (output, input): over ``Dense`` arrays up to ``dense_entries`` entries (the
-    ``DENSE_REPORT_ENTRIES`` table entry; zeros outside the pattern), else over the block's ``Nonzeros``."""
-    pairs = []
-    for block in blocks:
-        spec, pattern = block.spec, block.pattern
-        input_shape = tuple(spec.real_view.shape)
-        for output in plan.outputs:
-            output_shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
-            # (A diagonal pattern's nonzero k is (k, k): no index table needed.)
-            lo, hi = ((output.offset, output.offset + output.size) if pattern.diagonal else
-                      (int(pattern.indptr[output.offset]), int(pattern.indptr[output.offset + output.size])))
-            one_sided: dict = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
-            storage: Dense | Nonzeros
-            if output.size * spec.size <= dense_entries:
-                rows, cols, analytical, numerical, band = block.materialise(lo, hi)
-                rows = rows - output.offset
-                status = block.status[lo:hi]
-                dense = []
-                for x, fill in zip((numerical, analytical, status, band), (0.0, 0.0, _compare.OK, atol)):
-                    array = np.full((output.size, spec.size), fill, dtype=x.dtype)
-                    array[rows, cols] = x
-                    dense.append(array)
-                storage = Dense(*dense)
-                one_sided = {(int(rows[k]), int(cols[k])): v for (k,), v in one_sided.items()}
-            else:
-                storage = Nonzeros(block, lo, hi, output.offset, (output.size, spec.size))
-            pair = PairReport(output_name or output.name, spec.name, output_shape, input_shape, storage, atol, rtol,
-                              one_sided=one_sided, side=side, inconsistent=block.inconsistent)
-            pair.cause = (Hint("wrong pattern") if block.wrong_pattern else Hint("inconsistent") if block.inconsistent
-                          else pair.diagnose())
-            pairs.append(pair)
-    return pairs
-
 
 # -- the strategy ---------------------------------------------------------------------------------------
 
@@ -258,7 +218,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
                               lambda stage: timed(timings, stage))
     side = "supplied" if supplied is not None else "reverse"
     with timed(timings, "report"):
-        pairs = _pairs(plan, blocks, atol, rtol, output_name, side, config.table("DENSE_REPORT_ENTRIES"))
+        reports = pairs(plan, blocks, atol, rtol, output_name, side, config.table("DENSE_REPORT_ENTRIES"))
     notes: list = [ColouredSummary(
         source, tuple(ColouredBlock(b.spec.name, int(b.pattern.nnz), int(b.pattern.shape[0]), int(b.pattern.shape[1]),
                                     int(b.columns.colours), b.cleared, _pattern_probes(b, source)) for b in blocks),
@@ -270,7 +230,7 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
         ran.add(_kernel_path(executor, 4 * int(found.row_colours)))
     if executor.path == XLA and GRAPH in ran:
         notes.append(ColouredOnGraph(XLA_MIN_EVALUATIONS))
-    return Outcome(pairs, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,
+    return Outcome(reports, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,
                    problems=problems, inconsistent=[text for _, text in inconsistent],
                    path=GRAPH if executor.path == XLA and ran == {GRAPH} else None)
 

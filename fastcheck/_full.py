@@ -6,16 +6,19 @@ of ``_compare``, then the stages every element-wise mode runs over each input's 
 (the trivial colouring: ``Pattern.full``, ``_full_steps._DenseColumns``), as coloured mode runs them over its
 nonzeros (``_block.stages``: only for failing elements, a second step at h/4, and where that does not pass them f's
 noise and precision, wide steps for noise-limited elements, ``_refine.examined`` for the rest, ``_flat``); then a
-coarse pass sharpened (``_resolve``), the float64 twin (``_twin``) and the forward-mode side (``_forward_side``).
+coarse pass sharpened (``_resolve``), the float64 twin (``_twin``) and the forward-mode side (``_forward_side``),
+each writing what it settles into the block; the pairs are coloured mode's (``_block.pairs``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
-from fastcheck._block import _Block, stages
+from fastcheck._block import _Block, pairs, stages
 from fastcheck._colours import _Analytical
 from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ForwardNotChecked, ForwardProbe
@@ -26,7 +29,6 @@ from fastcheck._pattern import Pattern
 from fastcheck._plan import Plan, first_line
 from fastcheck._refine import LADDER, confirmation, descend
 from fastcheck._results import GradientCheckError, Outcome, PairReport
-from fastcheck._storage import Dense
 from fastcheck._tables import (
     FORWARD_MIN_EVALUATIONS,
     FORWARD_PROBES,
@@ -37,7 +39,8 @@ from fastcheck._text import forward_wrong
 
 
 def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
-    """Numerical and analytical Jacobians [m, n_k] per checked input, with verdicts; and (atol, rtol).
+    """Each checked input's block judged (numerical and analytical Jacobians [m, n_k], statuses), the elements
+    judged through the float64 twin (per block, or None), and (atol, rtol).
 
     ``supplied`` replaces autodiff: a callable returning the analytical blocks.  After the first sweep, the stages
     of every element-wise mode (``_block.stages``: the second step, f's noise only where an element still fails,
@@ -66,15 +69,11 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
 
     _, atol, rtol = stages(blocks, jac.plan, measure, lambda plan: jac.config.tolerances(plan.precision),
                            lambda stage: timed(jac.timings, stage))
-    results = []
-    for block in blocks:
-        numerical, status, band, one_sided = _dense(block)
-        with timed(jac.timings, "refine"):
-            _resolve(jac.plan, block, block.analytical.compressed, numerical, status, band, (atol, rtol))
-        results.append((block.spec, block.analytical.compressed, numerical, status, band, one_sided, None))
-    if twin:
-        results = _twin(jac, results, blocks, (atol, rtol))
-    return results, (atol, rtol)
+    with timed(jac.timings, "refine"):
+        for block in blocks:
+            _resolve(jac.plan, block, (atol, rtol))
+    twinned = _twin(jac, blocks, (atol, rtol)) if twin else []
+    return blocks, twinned, (atol, rtol)
 
 
 def _block(jac: _Jacobians, spec, analytical: np.ndarray, first: np.ndarray, spans: np.ndarray) -> _Block:
@@ -86,12 +85,17 @@ def _block(jac: _Jacobians, spec, analytical: np.ndarray, first: np.ndarray, spa
     return block
 
 
-def _dense(block: _Block) -> tuple:
-    """(numerical, status, band [m, n_k], the one-sided values {(row, column): (left, right)}) of a full block."""
+def _dense(block: _Block) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(analytical, numerical, status, band) [m, n_k] of a full block (``status`` a view of the block's)."""
     m, n = block.pattern.shape
-    _, _, _, numerical, band = block.values(slice(0, m * n), bands=True)
-    return (numerical.reshape(m, n), block.status.reshape(m, n), band.reshape(m, n),
-            {divmod(k, n): value for (k,), value in block.one_sided.items()})
+    _, _, a, numerical, band = block.values(slice(0, m * n), bands=True)
+    return a.reshape(m, n), numerical.reshape(m, n), block.status.reshape(m, n), band.reshape(m, n)
+
+
+def _settled(block: _Block, where: np.ndarray, numerical: np.ndarray, band: np.ndarray) -> None:
+    """The elements ``where`` [m, n_k] of a full block take these values and bands (over any earlier stage's)."""
+    index = np.flatnonzero(where)
+    block._override(index, numerical.reshape(-1)[index], band.reshape(-1)[index])
 
 
 def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:
@@ -112,9 +116,10 @@ def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -
     return rows
 
 
-def _twin(jac: _Jacobians, results: list, blocks: list[_Block], tolerances) -> list:
+def _twin(jac: _Jacobians, blocks: list[_Block], tolerances) -> list:
     """Pairs that pass at a resolution coarser than 1% of their gradient, judged again through the gradient's
-    float64 twin where the numerical side computes in float64 and atol is the table's.
+    float64 twin where the numerical side computes in float64 and atol is the table's; returns, per block, the
+    elements [m, n_k] so judged (None where none was).
 
     The twin is the same gradient code run at the float64 point (a model's float64 copy, or f given float64 values):
     float64's rule judges it against the same numerical derivative (refined as any float64 check), and the float32
@@ -127,31 +132,32 @@ def _twin(jac: _Jacobians, results: list, blocks: list[_Block], tolerances) -> l
     """
     plan, config = jac.plan, jac.config
     if not config.twin_applies(plan) or config.autodiff == "forward":
-        return results
+        return []
     atol, rtol = tolerances
-    targets = [_tolerance_bound_rows(plan, a, n, s, b, rtol) for _, a, n, s, b, _, _ in results]
+    dense = [_dense(block) for block in blocks]  # (analytical, numerical, status, band)
+    targets = [_tolerance_bound_rows(plan, *arrays, rtol) for arrays in dense]
     if not any(rows.any() for rows in targets):
-        return results
+        return []
     with timed(jac.timings, "twin"):
         try:
             twin = AutodiffJacobian(jac.executor, twin=True)()
         except Exception:  # no float64 gradient (an op without a float64 kernel): the verdicts stand
-            return results
+            return []
         if jac.plan.noise is None:  # float64's rule needs f's noise where it is evaluated
             jac.measure()
         atol64, rtol64 = config.twin_tolerances()
-        sharpened: list[tuple] = []
-        for (spec, a, numerical, status, band, one_sided, _), rows, t, block in zip(results, targets, twin, blocks):
+        twinned: list = []
+        for rows, t, block, (a, numerical, status, band) in zip(targets, twin, blocks, dense):
             if not rows.any() or not _compare.same_computation(a[rows], t[rows], atol, rtol).all():
-                sharpened.append((spec, a, numerical, status, band, one_sided, None))
+                twinned.append(None)
                 continue
             # Every row is judged (the evaluations give them all), only the coarse pairs' rows are used.
-            twin_block = _block(jac, spec, t, numerical.copy(), block.columns.spans)
+            twin_block = _block(jac, block.spec, t, numerical, block.columns.spans)
             twin_block.judge(jac.plan, atol64, rtol64)
             twin_block.status.reshape(rows.size, -1)[~rows] = _compare.OK  # the other pairs' need no refinement
             twin_block.flagged = twin_block.failing()
             twin_block.refine(jac.plan, atol64, rtol64, flat=False)
-            n_twin, t_status, t_band, _ = _dense(twin_block)
+            _, n_twin, t_status, t_band = _dense(twin_block)
             with np.errstate(invalid="ignore"):
                 allowed = t_band + np.abs(a - t)
                 usable = (rows[:, None] & np.isin(t_status, (_compare.OK, _compare.MISMATCH))
@@ -159,11 +165,10 @@ def _twin(jac: _Jacobians, results: list, blocks: list[_Block], tolerances) -> l
                 verdict = np.where(np.abs(a - n_twin) <= allowed, _compare.OK, _compare.MISMATCH)
             _twin_holds_above(jac.plan, twin_block, a, t, usable, verdict, (atol64, rtol64))
             status[usable] = verdict[usable]
-            band[usable] = allowed[usable]
-            numerical[usable] = n_twin[usable]
-            full_twin = np.where(usable, t, np.nan)
-            sharpened.append((spec, a, numerical, status, band, one_sided, full_twin))
-    return sharpened
+            _settled(block, usable, n_twin, allowed)
+            block.flagged = np.union1d(block.flagged, np.flatnonzero(usable & (verdict != _compare.OK)))
+            twinned.append(usable)
+    return twinned
 
 
 def _twin_holds_above(plan: Plan, block: _Block, a, t, usable, verdict, tolerances) -> None:
@@ -198,8 +203,8 @@ def _twin_holds_above(plan: Plan, block: _Block, a, t, usable, verdict, toleranc
     usable[rows, cols] = (found.settled & mismatch(np.arange(len(rows)), found))[0]
 
 
-def _resolve(plan: Plan, block: _Block, a, numerical, status, band, tolerances) -> None:
-    """Sharpen, in place, a pair whose every element passes at a resolution ``_compare.coarse`` rejects.
+def _resolve(plan: Plan, block: _Block, tolerances) -> None:
+    """Sharpen a pair whose every element passes at a resolution ``_compare.coarse`` rejects.
 
     The elements of its ``RESOLVE_COLUMNS`` most resolving columns (largest |a| / allowed) are re-estimated on the
     block's ladder (``_Block.ladder``) at h * 4**RESOLVE_UP ... h, where f's rounding is 4**RESOLVE_UP times smaller:
@@ -208,6 +213,7 @@ def _resolve(plan: Plan, block: _Block, a, numerical, status, band, tolerances) 
     larger steps do not resolve stays undecidable.
     """
     atol, rtol = tolerances
+    a, numerical, status, band = _dense(block)
     if (not status.size or (status.any() and _compare.IS_FAILING[status].any())
             or _compare.decisive_at_largest(a, band, status, rtol)):
         return
@@ -225,12 +231,10 @@ def _resolve(plan: Plan, block: _Block, a, numerical, status, band, tolerances) 
         allowed = _compare.allowance(estimate, atol, rtol, error)
         better = (settled & (np.abs(a[:, columns] - estimate) <= allowed) & (allowed < band[:, columns])
                   & (status[:, columns] == _compare.OK))
-    band[:, columns] = np.where(better, allowed, band[:, columns])
-    numerical[:, columns] = np.where(better, estimate, numerical[:, columns])
-
-
-def _split_rows(plan: Plan, block: np.ndarray) -> list[np.ndarray]:
-    return [block[o.offset : o.offset + o.size] for o in plan.outputs]
+    where = np.zeros(status.shape, bool)
+    where[:, columns] = better
+    numerical[:, columns], band[:, columns] = estimate, allowed
+    _settled(block, where, numerical, band)
 
 
 def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
@@ -238,14 +242,14 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     """Full Jacobians, compared and cut into one PairReport per (output, input)."""
     jac = _Jacobians(executor, plan, timings)
     try:
-        results, (atol, rtol) = _compute(jac, supplied, twin=twin)
+        blocks, twinned, (atol, rtol) = _compute(jac, supplied, twin=twin)
     except (TypeError, ValueError, GradientCheckError):
         raise
     except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
         raise kernel_failure(error) from error
     plan = jac.plan  # with f's measured noise and precision, when they were needed
     side = "forward" if jac.config.autodiff == "forward" else "reverse"
-    pairs = _pairs(plan, results, atol, rtol, output_name, side)
+    reports = pairs(plan, blocks, atol, rtol, output_name, side, np.inf, twinned)
     notes: list = []  # events (``fastcheck._events``)
     warnings: list[str] = []
     if supplied is None and jac.config.autodiff == "auto" and plan.n and executor.path == EAGER:
@@ -256,32 +260,14 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
         notes.append(ForwardNotChecked("loops"))
     elif supplied is None and jac.config.autodiff in ("auto", "both") and plan.n:
         with timed(jac.timings, "forward"):
-            forward_pairs, note = _forward_side(jac, results, atol, rtol, output_name)
+            forward_pairs, note = _forward_side(jac, blocks, atol, rtol, output_name)
         notes.append(note)
         if jac.config.autodiff == "both":
-            pairs += forward_pairs
+            reports += forward_pairs
         else:
             warnings += [forward_wrong(pair) for pair in forward_pairs if not pair.ok and pair.worst_element is not None]
     kind = "supplied" if supplied is not None else jac.autodiff.mode
-    return Outcome(pairs, plan, atol, rtol, kind, notes, warnings)
-
-
-def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[PairReport]:
-    pairs = []
-    for spec, a, numerical, status, band, one_sided, twin in results:
-        twins = _split_rows(plan, twin) if twin is not None and side == "reverse" else [None] * len(plan.outputs)
-        for output, a_rows, n_rows, s_rows, b_rows, t_rows in zip(
-            plan.outputs, *(_split_rows(plan, x) for x in (a, numerical, status, band)), twins
-        ):
-            used = t_rows is not None and bool(np.any(np.isfinite(t_rows)))
-            output_shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
-            pair = PairReport(output_name or output.name, spec.name, output_shape, tuple(spec.real_view.shape),
-                              Dense(n_rows, a_rows, s_rows, b_rows), atol, rtol, side=side, float64_gradient=used)
-            pair.one_sided = {(r - output.offset, c): v for (r, c), v in one_sided.items()
-                              if output.offset <= r < output.offset + output.size}
-            pair.cause = pair.diagnose() if (s_rows != _compare.OK).any() else None  # a hint explains what is not OK
-            pairs.append(pair)
-    return pairs
+    return Outcome(reports, plan, atol, rtol, kind, notes, warnings)
 
 
 # autodiff="auto" probes forward mode only on traced paths: TensorFlow's ForwardAccumulator traces a helper function
@@ -290,7 +276,8 @@ def _pairs(plan: Plan, results, atol, rtol, output_name, side: str) -> list[Pair
 # while_loops, which forward mode runs op by op, iteration by iteration (as much time as the rest of the check).
 
 
-def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[list[PairReport], ForwardProbe]:
+def _forward_side(jac: _Jacobians, blocks: list[_Block], atol, rtol, output_name) -> tuple[list[PairReport],
+                                                                                         ForwardProbe]:
     """Forward-mode pairs (autodiff="both", or "auto" after a failing probe) and a note on what was checked.
 
     autodiff="auto" first compares a few random JVPs ``J v`` (one eager forward pass each, all inputs at once) with
@@ -299,17 +286,18 @@ def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[li
     """
     plan, config = jac.plan, jac.config
     rng = np.random.default_rng(config.seed + 4242)
+    dense = [_dense(block) for block in blocks]  # (analytical, numerical, status, band)
     # Columns at kinks or unresolved stay out: there the numerical value is not a derivative.
-    directions = [rng.choice([-1.0, 1.0], size=(FORWARD_PROBES, spec.size)) * np.all(status == _compare.OK, axis=0)
-                  for spec, _, _, status, _, _, _ in results]
+    directions = [rng.choice([-1.0, 1.0], size=(FORWARD_PROBES, block.spec.size)) * np.all(status == _compare.OK, axis=0)
+                  for block, (_, _, status, _) in zip(blocks, dense)]
     jvp, why = forward_probe(plan, directions)
     if jvp is None:
         if config.autodiff == "both":
             raise ValueError(f"autodiff='both' asks for forward-mode Jacobians, but TensorFlow cannot compute them for f "
                              f"({why}); pass autodiff='reverse'.")
         return [], ForwardProbe("unsupported", error=str(why))
-    if config.autodiff == "auto" and _compare.directions_agree(jvp, directions, [r[2] for r in results],
-                                                                [r[4] for r in results]):
+    if config.autodiff == "auto" and _compare.directions_agree(jvp, directions, [d[1] for d in dense],
+                                                                [d[3] for d in dense]):
         return [], ForwardProbe("agrees", FORWARD_PROBES)
     try:
         forward = AutodiffJacobian(jac.executor, forward=True)()
@@ -319,12 +307,13 @@ def _forward_side(jac: _Jacobians, results, atol, rtol, output_name) -> tuple[li
                              f"({type(error).__name__}: {first_line(error)}); pass autodiff='reverse'.") from error
         return [], ForwardProbe("failed", error=type(error).__name__)
     compared = []
-    for (spec, _, numerical, status, band, one_sided, _), block in zip(results, forward):
-        forward_status = _compare.verdicts(block, numerical, band, 0.0, 0.0, bands=False)[0]  # the reverse side's bands
+    for block, (_, numerical, status, band), jacobian in zip(blocks, dense, forward):
+        forward_status = _compare.verdicts(jacobian, numerical, band, 0.0, 0.0, bands=False)[0]  # the reverse side's bands
         undecided = status != _compare.OK  # kinks, unresolved and non-finite numerics: as on the reverse side
         forward_status[undecided] = status[undecided]
-        compared.append((spec, block, numerical, forward_status, band, one_sided, None))
-    return _pairs(plan, compared, atol, rtol, output_name, "forward"), ForwardProbe("compared")
+        compared.append(dataclasses.replace(block, analytical=_Analytical(jacobian, None),
+                                            status=forward_status.reshape(-1)))
+    return pairs(plan, compared, atol, rtol, output_name, "forward", np.inf), ForwardProbe("compared")
 
 
 def numerical_blocks(executor: Executor, plan: Plan) -> list[np.ndarray]:
