@@ -11,14 +11,10 @@ normalisations over a small axis, stencils):
 3. analytical side: reverse mode, the gradient training uses: rows coloured so that rows sharing a column differ,
    one VJP per row colour (batched ``tape.jacobian`` of the colour-weighted outputs), each nonzero read off its
    row's colour;
-4. the element rule of ``_compare`` on the nonzeros, f's noise measured only when an element fails; a large
-   diagonal block (``SCREEN_ELEMENTS``) is screened on the device beside its evaluations
-   (``_coloured_judge._screen``); then full mode's stages in its order (``_block.stages`` over the blocks), along
-   colours: failing nonzeros at h/4 (the second step: where every one passes, f's noise is never measured), else
-   f's noise on the rows that matter and the rule again under it; under a noisy f the nonzeros it swamps at wide
-   steps (``_wide``), the others through ``_refine.examined`` (second step, triage, the ladder h ... h/4**5 and
-   deeper, confirmation) re-evaluating only their colours, and mismatches where f does not move tested at larger
-   steps last (``_flat``);
+4. the element rule of ``_compare`` on the nonzeros (a large diagonal block, ``SCREEN_ELEMENTS``, screened on the
+   device beside its evaluations: ``_coloured_judge._screen``), then the stages every element-wise mode runs
+   (``_block.stages``), re-evaluating only the colours of failing nonzeros, f's noise measured on the rows that
+   matter (``_measured_rows``);
 5. the pattern check: random dense probes ``J d`` (numerical) against the pattern-restricted ``sum N_ij d_j``; mass
    outside the pattern (confirmed at a quarter of the step) is a *problem* of the report -- the pattern is wrong
    --, not a gradient verdict.  A traced diagonal pattern is trusted instead, as the eager path's

@@ -1,12 +1,10 @@
 """The full check: both Jacobians element by element, refined where they disagree.
 
-One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): the numerical Jacobian by batched central
-differences through the executor, the analytical one from reverse mode (or the user's gradients), the element rule
-of ``_compare``, then the stages every element-wise mode runs over each input's elements as a ``_block._Block``
-(the trivial colouring: ``Pattern.full``, ``_full_steps._DenseColumns``), as coloured mode runs them over its
-nonzeros (``_block.stages``: only for failing elements, a second step at h/4, and where that does not pass them f's
-noise and precision, wide steps for noise-limited elements, ``_refine.examined`` for the rest, ``_flat``); then a
-coarse pass sharpened (``_resolve``), the float64 twin (``_twin``) and the forward-mode side (``_forward_side``),
+One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): coloured mode with the trivial colouring.
+The numerical Jacobian by batched central differences through the executor, the analytical one from reverse mode
+(or the user's gradients), each input's elements a ``_block._Block`` over ``Pattern.full`` (every column its own
+colour, ``_full_steps._DenseColumns``), judged by the stages every element-wise mode runs (``_block.stages``); then
+a coarse pass sharpened (``_resolve``), the float64 twin (``_twin``) and the forward-mode side (``_forward_side``),
 each writing what it settles into the block; the pairs are coloured mode's (``_block.pairs``).
 """
 
