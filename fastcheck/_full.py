@@ -307,7 +307,9 @@ def _forward_side(jac: _Jacobians, blocks: list[_Block], atol, rtol, output_name
     compared = []
     for block, (_, numerical, status, band), jacobian in zip(blocks, dense, forward):
         forward_status = _compare.verdicts(jacobian, numerical, band, 0.0, 0.0, bands=False)[0]  # the reverse side's bands
-        undecided = status != _compare.OK  # kinks, unresolved and non-finite numerics: as on the reverse side
+        # What the numerical side left undecidable (kinks, jumps, unresolved or non-finite numerics, f not moving)
+        # is so on this side too; a pass or a mismatch is each side's own.
+        undecided = ~np.isin(status, (_compare.OK, _compare.MISMATCH, _compare.ANALYTICAL_NONFINITE))
         forward_status[undecided] = status[undecided]
         compared.append(dataclasses.replace(block, analytical=_Analytical(jacobian, None),
                                             status=forward_status.reshape(-1)))

@@ -101,6 +101,20 @@ def test_forward_only_defect_is_a_warning_in_auto_and_a_failure_in_both():
     assert "(forward mode)" in str(both)
 
 
+def test_a_reverse_only_defect_fails_only_the_reverse_side_in_both():
+    # A wrong custom gradient that forward mode ignores: the forward side is right at the very elements the reverse
+    # side gets wrong, and is judged there by its own values (it once took over the reverse side's mismatches).
+    @tf.custom_gradient
+    def f(x):
+        return tf.sin(x), lambda dy: dy * tf.cos(x) * 1.01
+
+    x = tf.constant(np.linspace(-1, 1, 12).reshape(3, 4), tf.float64)
+    both = fastcheck.check_gradients(f, x, mode="full", autodiff="both")
+    assert [p.side for p in both.failures] == ["reverse"], str(both)
+    forward = [p for p in both.pairs if p.side == "forward"]
+    assert len(forward) == 1 and forward[0].ok and forward[0].max_abs_error < 1e-9, str(both)
+
+
 # ---------------------------------------------------------------- models: the real variables
 
 
