@@ -40,7 +40,7 @@ from fastcheck._tables import (
     TIME_RULE_MIN_INPUTS,
     VJP_CALLS,
 )
-from fastcheck._text import native_reason, vacuous_warnings
+from fastcheck._text import forward_not_checked, native_reason, vacuous_warnings
 
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
@@ -116,9 +116,11 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
         kind = mode if mode in ("fast", "coloured") else problem.kind or outcome.kind
+        warnings = [*vacuous_warnings(outcome.pairs), *outcome.warnings]
+        if config.autodiff in ("forward", "both") and mode != "full" and problem.supplied is None:
+            warnings.append(forward_not_checked(config.autodiff, mode))
         return GradientReport(outcome.pairs, outcome.path or executor.path, kind, time.perf_counter() - start,
-                              tuple(found), problems, problem.title, timings,
-                              [*vacuous_warnings(outcome.pairs), *outcome.warnings], calibration=learnt)
+                              tuple(found), problems, problem.title, timings, warnings, calibration=learnt)
 
 
 @dataclasses.dataclass

@@ -254,6 +254,10 @@ class CheckConfig:
             raise ValueError(f"order={self.order!r} is not valid: pass 1 (gradients) or 2 (gradients of gradients).")
         if self.autodiff not in AUTODIFF:
             raise ValueError(f"autodiff={self.autodiff!r} is not valid: pass one of {AUTODIFF}.")
+        if self.autodiff in ("forward", "both") and self.mode in ("fast", "coloured"):
+            raise ValueError(f"autodiff={self.autodiff!r} asks for forward-mode (JVP) Jacobians element by element, which "
+                             f"only mode='full' computes; mode={self.mode!r} judges the reverse-mode gradient (what "
+                             "training uses): pass mode='full', or autodiff='reverse'.")
         if self.device is not None and not isinstance(self.device, str):
             raise TypeError(f"device={self.device!r} is not valid: pass a device name such as '/GPU:0', or None.")
         if self.time_budget is not None:

@@ -61,6 +61,14 @@ def forward_wrong(pair) -> str:
             "the verdict.")
 
 
+def forward_not_checked(autodiff: str, mode: str) -> str:
+    """The warning of a check that asked for forward mode (autodiff="forward" or "both") where mode="auto" chose a
+    mode that judges the reverse-mode gradient."""
+    return (f"forward mode (JVP) was not checked: autodiff={autodiff!r} asks for forward-mode Jacobians, but "
+            f"mode='auto' chose {mode} mode (see its note), whose analytical side is the reverse-mode gradient (what "
+            "training uses). Pass mode='full' to check forward mode, or autodiff='reverse'.")
+
+
 def coarse_line(title: str, resolutions: tuple[float, float], rtol: float, fast: bool) -> str:
     """Why a pair whose every element (or probe) passes is undecidable: its resolution."""
     resolved, tolerance = resolutions

@@ -101,6 +101,18 @@ def test_forward_only_defect_is_a_warning_in_auto_and_a_failure_in_both():
     assert "(forward mode)" in str(both)
 
 
+def test_forward_mode_asked_for_where_auto_chooses_fast_mode_is_a_warning():
+    # Full Jacobians do not fit the memory budget: mode="auto" checks fast, whose analytical side is reverse mode.
+    rng = np.random.default_rng(11)  # its own draws: the module's RNG stream stays as the later tests expect
+    w = tf.constant(rng.normal(size=(100, 100)) * 0.1)
+    x = tf.constant(rng.normal(size=(100,)))
+    report = fastcheck.check_gradients(lambda x: tf.tanh(tf.linalg.matvec(w, x)), x, autodiff="forward",
+                                       memory_budget=1 << 16)
+    assert report.ok and report.mode == "fast", str(report)
+    assert len(report.warnings) == 1 and "mode='full' to check forward mode" in report.warnings[0], report.warnings
+    assert "WARNING: forward mode (JVP) was not checked" in str(report)
+
+
 def test_a_reverse_only_defect_fails_only_the_reverse_side_in_both():
     # A wrong custom gradient that forward mode ignores: the forward side is right at the very elements the reverse
     # side gets wrong, and is judged there by its own values (it once took over the reverse side's mismatches).
@@ -486,6 +498,8 @@ def test_check_inside_a_graph_context_runs_eagerly_on_the_side():
     ({"rtol": "x"}, TypeError, "rtol='x' is not a number"),
     ({"device": "/GPU:7"}, ValueError, "does not exist on this machine"),
     ({"autodiff": "sideways"}, ValueError, "autodiff='sideways' is not valid"),
+    ({"autodiff": "forward", "mode": "fast"}, ValueError, "only mode='full' computes; mode='fast' judges the reverse"),
+    ({"autodiff": "both", "mode": "coloured"}, ValueError, "only mode='full' computes; mode='coloured' judges"),
 ])
 def test_bad_options_are_named(options, error, match):
     with pytest.raises(error, match=match):
