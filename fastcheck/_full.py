@@ -263,7 +263,8 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
         if jac.config.autodiff == "both":
             reports += forward_pairs
         else:
-            warnings += [forward_wrong(pair) for pair in forward_pairs if not pair.ok and pair.worst_element is not None]
+            warnings += [forward_wrong(pair, reverse.ok) for reverse, pair in zip(reports, forward_pairs)
+                         if not pair.ok and pair.worst_element is not None]
     kind = "supplied" if supplied is not None else jac.autodiff.mode
     return Outcome(reports, plan, atol, rtol, kind, notes, warnings)
 

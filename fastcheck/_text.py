@@ -50,15 +50,17 @@ def vacuous_warnings(pairs: list) -> list[str]:
     return [] if informative else [VACUOUS_WARNING]
 
 
-def forward_wrong(pair) -> str:
-    """The warning of a forward-mode (JVP) pair that fails where reverse mode passes (autodiff="auto")."""
+def forward_wrong(pair, reverse_ok: bool) -> str:
+    """The warning of a failing forward-mode (JVP) pair (autodiff="auto"); ``reverse_ok``: whether the same pair's
+    reverse side (the verdict's) passes."""
     e = pair.worst_element
+    reverse = ("Reverse mode, which training uses, agrees; forward mode" if reverse_ok else
+               "Reverse mode, which training uses, fails this pair too (see the pair's lines); forward mode")
     return (f"forward mode (JVP, tf.autodiff.ForwardAccumulator) is wrong for {pair.output_name} / {pair.input_name}: "
             f"{pair.count('mismatch')} elements differ, worst d {element_name(pair.output_name, e.output_index)} / d "
             f"{element_name(pair.input_name, e.input_index)}: JVP={e.analytical:.8g} numerical={e.numerical:.8g}. "
-            "Reverse mode, which training uses, agrees; forward mode differentiates f's forward ops (it ignores "
-            "tf.custom_gradient) or uses a wrong forward-mode rule of an op. Pass autodiff='both' to make it part of "
-            "the verdict.")
+            f"{reverse} differentiates f's forward ops (it ignores tf.custom_gradient) or uses a wrong forward-mode "
+            "rule of an op. Pass autodiff='both' to make it part of the verdict.")
 
 
 def forward_not_checked(autodiff: str, mode: str) -> str:

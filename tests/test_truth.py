@@ -101,6 +101,23 @@ def test_forward_only_defect_is_a_warning_in_auto_and_a_failure_in_both():
     assert "(forward mode)" in str(both)
 
 
+def test_the_forward_warning_says_whether_reverse_mode_agrees():
+    # Forward mode wrong everywhere (stop_gradient), reverse mode at 10 of 2048 elements: the forward probe runs on
+    # the columns reverse mode passes, finds forward mode wrong, and its warning must not say reverse mode agrees.
+    mask = tf.constant(np.arange(2048) < 10)
+
+    @tf.custom_gradient
+    def f(x):
+        y = tf.stop_gradient(tf.exp(x)) + 0 * x
+        return y, lambda dy: dy * tf.exp(x) * tf.where(mask, tf.constant(1.01, x.dtype), tf.constant(1.0, x.dtype))
+
+    large = tf.constant(np.linspace(0.1, 0.4, 2048), tf.float64)
+    report = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), large, jit_compile=False)
+    assert report.verdict == "fail" and [p.side for p in report.failures] == ["reverse"], str(report)
+    assert len(report.warnings) == 1 and "Reverse mode, which training uses, fails this pair too" in report.warnings[0]
+    assert "agrees" not in report.warnings[0]
+
+
 def test_forward_mode_asked_for_where_auto_chooses_fast_mode_is_a_warning():
     # Full Jacobians do not fit the memory budget: mode="auto" checks fast, whose analytical side is reverse mode.
     rng = np.random.default_rng(11)  # its own draws: the module's RNG stream stays as the later tests expect
