@@ -345,9 +345,9 @@ class EmptyPart:
 @dataclasses.dataclass(frozen=True)
 class ForwardNotChecked:
     """autodiff="auto" did not probe forward mode: the check ran eagerly, had fewer than ``evaluations`` evaluations,
-    or f contains while_loops."""
+    f contains while_loops, or no column of the Jacobian passed on the reverse side (the probe moves only those)."""
 
-    reason: Literal["eager", "few evaluations", "loops"]
+    reason: Literal["eager", "few evaluations", "loops", "no passing column"]
     evaluations: int = 0
 
 

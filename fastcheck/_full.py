@@ -275,8 +275,8 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
 # while_loops, which forward mode runs op by op, iteration by iteration (as much time as the rest of the check).
 
 
-def _forward_side(jac: _Jacobians, blocks: list[_Block], atol, rtol, output_name) -> tuple[list[PairReport],
-                                                                                         ForwardProbe]:
+def _forward_side(jac: _Jacobians, blocks: list[_Block], atol, rtol,
+                  output_name) -> tuple[list[PairReport], ForwardProbe | ForwardNotChecked]:
     """Forward-mode pairs (autodiff="both", or "auto" after a failing probe) and a note on what was checked.
 
     autodiff="auto" first compares a few random JVPs ``J v`` (one eager forward pass each, all inputs at once) with
@@ -289,6 +289,8 @@ def _forward_side(jac: _Jacobians, blocks: list[_Block], atol, rtol, output_name
     # Columns at kinks or unresolved stay out: there the numerical value is not a derivative.
     directions = [rng.choice([-1.0, 1.0], size=(FORWARD_PROBES, block.spec.size)) * np.all(status == _compare.OK, axis=0)
                   for block, (_, _, status, _) in zip(blocks, dense)]
+    if config.autodiff == "auto" and not any(d.any() for d in directions):
+        return [], ForwardNotChecked("no passing column")
     jvp, why = forward_probe(plan, directions)
     if jvp is None:
         if config.autodiff == "both":

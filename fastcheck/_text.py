@@ -624,6 +624,9 @@ _FORWARD_NOT_CHECKED = {
                         "than {evaluations} evaluations; pass autodiff='both' to check it"),
     "loops": ("forward mode (JVP) not checked: f contains while_loops, through which TensorFlow's forward mode runs "
               "op by op and iteration by iteration; pass autodiff='both' to check it"),
+    "no passing column": ("forward mode (JVP) not checked: its probe moves only the input elements whose Jacobian "
+                          "column passes on the reverse side (where the numerical values are settled derivatives), "
+                          "and none does; pass autodiff='both' to check it"),
 }
 
 

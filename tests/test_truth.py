@@ -118,6 +118,19 @@ def test_the_forward_warning_says_whether_reverse_mode_agrees():
     assert "agrees" not in report.warnings[0]
 
 
+def test_no_forward_probe_is_claimed_where_no_column_passes():
+    # Reverse mode wrong at every element: the forward probe, which moves only columns that pass, has nothing to
+    # move, and the note says forward mode was not checked (it once said it agreed along a zero direction).
+    @tf.custom_gradient
+    def f(x):
+        return tf.exp(x), lambda dy: dy * tf.exp(x) * 1.01
+
+    large = tf.constant(np.linspace(0.1, 0.4, 2048), tf.float64)
+    report = fastcheck.check_gradients(lambda x: tf.concat([f(x), f(x)], 0), large, jit_compile=False)
+    assert report.verdict == "fail" and not events_of(report, "ForwardProbe"), report.notes
+    assert [e.reason for e in events_of(report, "ForwardNotChecked")] == ["no passing column"], report.notes
+
+
 def test_forward_mode_asked_for_where_auto_chooses_fast_mode_is_a_warning():
     # Full Jacobians do not fit the memory budget: mode="auto" checks fast, whose analytical side is reverse mode.
     rng = np.random.default_rng(11)  # its own draws: the module's RNG stream stays as the later tests expect
