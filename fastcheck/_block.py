@@ -230,7 +230,7 @@ class _Block:
         def take() -> None:
             status, band = _verdicts(a, estimate[0], error[0], atol, rtol)
             self.status[index] = status
-            self._override(index, np.asarray(estimate[0], np.float64), band)
+            self.adopt(index, np.asarray(estimate[0], np.float64), band)
 
         return passes, take
 
@@ -249,7 +249,7 @@ class _Block:
                                                  self.first_sweep(rows, cols, spans)[None, :],
                                                  _noise(plan, rows, spans)[None, :], np.ones(a.shape, bool), atol, rtol)
         self.one_sided.update({(int(failing[k]),): value for (_, k), value in sides.items()})
-        self._override(failing, estimate[0], band[0])
+        self.adopt(failing, estimate[0], band[0])
         self.status[failing] = status[0]
 
     def _flat(self, plan: Plan) -> None:
@@ -311,10 +311,10 @@ class _Block:
                                                  atol, rtol)
         index, estimate, error = index[taken], estimate[taken], error[taken]
         self.status[index], band = _verdicts(a[taken], estimate, error, atol, rtol)
-        self._override(index, estimate, band)
+        self.adopt(index, estimate, band)
         return index
 
-    def _override(self, index: np.ndarray, numerical: np.ndarray, band: np.ndarray) -> None:
+    def adopt(self, index: np.ndarray, numerical: np.ndarray, band: np.ndarray) -> None:
         """Nonzeros ``index`` (ascending) take these values and bands, over any earlier stage's."""
         if self.override is not None:
             earlier, earlier_numerical, earlier_band = self.override

@@ -90,12 +90,6 @@ def _dense(block: _Block) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return a.reshape(m, n), numerical.reshape(m, n), block.status.reshape(m, n), band.reshape(m, n)
 
 
-def _settled(block: _Block, where: np.ndarray, numerical: np.ndarray, band: np.ndarray) -> None:
-    """The elements ``where`` [m, n_k] of a full block take these values and bands (over any earlier stage's)."""
-    index = np.flatnonzero(where)
-    block._override(index, numerical.reshape(-1)[index], band.reshape(-1)[index])
-
-
 def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:
     """[m] the rows of outputs whose pair with this input passes at a resolution coarser than ``RESOLUTION_RTOLS``
     rtols: the tolerances (atol against a small gradient) or the numerics keep it from seeing a 1% error.  A pair
@@ -163,7 +157,8 @@ def _twin(jac: _Jacobians, blocks: list[_Block], tolerances) -> list:
                 verdict = np.where(np.abs(a - n_twin) <= allowed, _compare.OK, _compare.MISMATCH)
             _twin_holds_above(jac.plan, twin_block, a, t, usable, verdict, (atol64, rtol64))
             status[usable] = verdict[usable]
-            _settled(block, usable, n_twin, allowed)
+            index = np.flatnonzero(usable)  # ascending, as ``_Block.adopt`` takes them
+            block.adopt(index, n_twin.reshape(-1)[index], allowed.reshape(-1)[index])
             block.flagged = np.union1d(block.flagged, np.flatnonzero(usable & (verdict != _compare.OK)))
             twinned.append(usable)
     return twinned
@@ -229,10 +224,8 @@ def _resolve(plan: Plan, block: _Block, tolerances) -> None:
         allowed = _compare.allowance(estimate, atol, rtol, error)
         better = (settled & (np.abs(a[:, columns] - estimate) <= allowed) & (allowed < band[:, columns])
                   & (status[:, columns] == _compare.OK))
-    where = np.zeros(status.shape, bool)
-    where[:, columns] = better
-    numerical[:, columns], band[:, columns] = estimate, allowed
-    _settled(block, where, numerical, band)
+    rows, picked = np.nonzero(better)  # row-major over sorted columns: the flat indices ascend
+    block.adopt(rows * a.shape[1] + columns[picked], estimate[better], allowed[better])
 
 
 def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
