@@ -30,7 +30,7 @@ from fastcheck._colours import _Analytical, _array
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._events import Hint
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import Evaluate, Line, Rungs, examined
+from fastcheck._refine import LADDER, Evaluate, Line, Rungs, descend, examined
 from fastcheck._results import PairReport, having
 from fastcheck._storage import Dense, Nonzeros
 from fastcheck._tables import (
@@ -38,6 +38,8 @@ from fastcheck._tables import (
     NOISE_SIDE,
     NOISE_TABLES,
     REFINE_RATIO,
+    RESOLUTION_RTOLS,
+    RESOLVE_COLUMNS,
     SECOND_STEP,
     VERDICT_CHUNK,
 )
@@ -314,6 +316,43 @@ class _Block:
         self.adopt(index, estimate, band)
         return index
 
+    def sharpen(self, plan: Plan, atol: float, rtol: float) -> None:
+        """Sharpen a block whose every nonzero passes at a resolution ``_compare.coarse`` rejects.
+
+        The nonzeros of its ``RESOLVE_COLUMNS`` most resolving columns (largest |a| / allowed) are re-estimated on
+        the ladder (``ladder``) at h * 4**RESOLVE_UP ... h, where f's rounding is 4**RESOLVE_UP times smaller: one
+        whose settled estimate there passes with a smaller allowance keeps that estimate and allowance.  None is
+        failed by it (a larger step's truncation is what the ladder judges, not a confirmed mismatch), so a block the
+        larger steps do not resolve stays undecidable.  The block is read a part at a time (coloured mode's 10^7
+        nonzeros: no whole arrays), and no further than a passing nonzero that resolves ``RESOLUTION_RTOLS`` rtols
+        (the block's resolution, a minimum over its nonzeros, then does too: nothing to sharpen)."""
+        if not self.nnz or _compare.IS_FAILING[self.status[self.flagged]].any():  # every not-OK one is flagged
+            return
+        resolved, tolerance = np.inf, np.inf
+        score = np.full(self.pattern.shape[1], np.nan)  # per column: max |a| / allowed over its passing nonzeros
+        for part in self.parts():
+            _, cols, a, numerical, band = self.values(part, bands=True)
+            usable = self.status[part] == _compare.OK
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                size = np.abs(np.asarray(a, np.float64))
+                if np.any(usable & (size > 0) & (size < np.inf) & (band <= RESOLUTION_RTOLS * rtol * size)):
+                    return
+                here = _compare.resolution(a, band, _compare.allowance(numerical, atol, rtol), usable)
+                np.fmax.at(score, _array(cols), np.where(usable, np.abs(a) / band, 0.0))
+            resolved, tolerance = min(resolved, here[0]), min(tolerance, here[1])
+        if not _compare.coarse(resolved, tolerance, rtol):
+            return
+        columns = np.sort(np.argsort(-score, kind="stable")[:RESOLVE_COLUMNS])
+        index = np.concatenate([np.zeros(0, np.int64)] + [  # the nonzeros in those columns, ascending
+            np.flatnonzero(np.isin(_array(self.where(part)[1]), columns)) + part.start for part in self.parts()])
+        rows, cols, a, _, band = self.values(index, bands=True)
+        found = descend(self.ladder(plan, rows, cols), len(index), LADDER.larger)
+        with np.errstate(invalid="ignore"):
+            allowed = _compare.allowance(found.estimate[0], atol, rtol, found.error[0])
+            better = (found.settled[0] & (np.abs(a - found.estimate[0]) <= allowed) & (allowed < band)
+                      & (self.status[index] == _compare.OK))
+        self.adopt(index[better], found.estimate[0][better], allowed[better])
+
     def adopt(self, index: np.ndarray, numerical: np.ndarray, band: np.ndarray) -> None:
         """Nonzeros ``index`` (ascending) take these values and bands, over any earlier stage's."""
         if self.override is not None:
@@ -391,6 +430,7 @@ def stages(judged: Sequence[_Block], plan: Plan, measure: Callable[[Plan, dict],
        element judged again under them, from the first sweep (a larger allowance only turns failures into passes,
        so a pass needs none).
     3. Each input refined (``_Block.refine``).
+    4. A coarse pass sharpened (``_Block.sharpen``).
 
     ``clock(stage)`` times a stage ("refine"; ``measure`` times its own).
     """
@@ -416,6 +456,8 @@ def stages(judged: Sequence[_Block], plan: Plan, measure: Callable[[Plan, dict],
     with clock("refine"):
         for j in judged:
             j.refine(plan, atol, rtol)
+        for j in judged:
+            j.sharpen(plan, atol, rtol)
     return plan, atol, rtol
 
 

@@ -3,8 +3,8 @@
 One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): coloured mode with the trivial colouring.
 The numerical Jacobian by batched central differences through the executor, the analytical one from reverse mode
 (or the user's gradients), each input's elements a ``_block._Block`` over ``Pattern.full`` (every column its own
-colour, ``_full_steps._DenseColumns``), judged by the stages every element-wise mode runs (``_block.stages``); then
-a coarse pass sharpened (``_resolve``), the float64 twin (``_twin``) and the forward-mode side (``_forward_side``),
+colour, ``_full_steps._DenseColumns``), judged by the stages every element-wise mode runs (``_block.stages``, a
+coarse pass sharpened among them); then the float64 twin (``_twin``) and the forward-mode side (``_forward_side``),
 each writing what it settles into the block; the pairs are coloured mode's (``_block.pairs``).
 """
 
@@ -31,7 +31,6 @@ from fastcheck._tables import (
     FORWARD_MIN_EVALUATIONS,
     FORWARD_PROBES,
     RESOLUTION_RTOLS,
-    RESOLVE_COLUMNS,
 )
 from fastcheck._text import forward_wrong
 
@@ -42,7 +41,7 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
 
     ``supplied`` replaces autodiff: a callable returning the analytical blocks.  After the first sweep, the stages
     of every element-wise mode (``_block.stages``: the second step, f's noise only where an element still fails,
-    refinement), then the float64 twin (``_twin``).
+    refinement, a coarse pass sharpened), then the float64 twin (``_twin``).
     """
     plan = jac.plan
     if supplied is None and jac.config.autodiff == "forward" and plan.n:
@@ -67,9 +66,6 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
 
     _, atol, rtol = stages(blocks, jac.plan, measure, lambda plan: jac.config.tolerances(plan.precision),
                            lambda stage: timed(jac.timings, stage))
-    with timed(jac.timings, "refine"):
-        for block in blocks:
-            _resolve(jac.plan, block, (atol, rtol))
     twinned = _twin(jac, blocks, (atol, rtol)) if twin else []
     return blocks, twinned, (atol, rtol)
 
@@ -194,38 +190,6 @@ def _twin_holds_above(plan: Plan, block: _Block, a, t, usable, verdict, toleranc
                     confirm=confirmation(evaluate, block.line(plan, rows, cols), a_suspect, mismatch,
                                          first=LADDER.larger.start))
     usable[rows, cols] = (found.settled & mismatch(np.arange(len(rows)), found))[0]
-
-
-def _resolve(plan: Plan, block: _Block, tolerances) -> None:
-    """Sharpen a pair whose every element passes at a resolution ``_compare.coarse`` rejects.
-
-    The elements of its ``RESOLVE_COLUMNS`` most resolving columns (largest |a| / allowed) are re-estimated on the
-    block's ladder (``_Block.ladder``) at h * 4**RESOLVE_UP ... h, where f's rounding is 4**RESOLVE_UP times smaller:
-    an element whose settled estimate there passes with a smaller allowance keeps that estimate and allowance.  None
-    is failed by it (a larger step's truncation is what the ladder judges, not a confirmed mismatch), so a pair the
-    larger steps do not resolve stays undecidable.
-    """
-    atol, rtol = tolerances
-    a, numerical, status, band = _dense(block)
-    if (not status.size or (status.any() and _compare.IS_FAILING[status].any())
-            or _compare.decisive_at_largest(a, band, status, rtol)):
-        return
-    with np.errstate(invalid="ignore"):
-        tolerated = _compare.allowance(numerical, atol, rtol)
-    if not _compare.coarse(*_compare.resolution(a, band, tolerated, status == _compare.OK), rtol):
-        return
-    with np.errstate(invalid="ignore", divide="ignore"):
-        score = np.nanmax(np.where(status == _compare.OK, np.abs(a) / band, 0.0), axis=0)
-    columns = np.sort(np.argsort(-score, kind="stable")[:RESOLVE_COLUMNS])
-    m, k = a.shape[0], len(columns)
-    found = descend(block.ladder(plan, np.repeat(np.arange(m), k), np.tile(columns, m)), m * k, LADDER.larger)
-    estimate, error, settled = (x.reshape(m, k) for x in (found.estimate, found.error, found.settled))
-    with np.errstate(invalid="ignore"):
-        allowed = _compare.allowance(estimate, atol, rtol, error)
-        better = (settled & (np.abs(a[:, columns] - estimate) <= allowed) & (allowed < band[:, columns])
-                  & (status[:, columns] == _compare.OK))
-    rows, picked = np.nonzero(better)  # row-major over sorted columns: the flat indices ascend
-    block.adopt(rows * a.shape[1] + columns[picked], estimate[better], allowed[better])
 
 
 def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,

@@ -81,7 +81,7 @@ NOISE_IS_F = 0.1  # measured noise this share of |f_i| or more: f keeps < ~3 bit
 # a 1% defect.
 RESOLUTION_RTOLS = 100.0
 RESOLUTION_NOISE_SHARE = 2.0
-RESOLVE_COLUMNS = 8  # a coarse full-mode pass re-estimates this many of its most resolving columns ...
+RESOLVE_COLUMNS = 8  # a coarse pass (full and coloured mode) re-estimates this many of its most resolving columns ...
 RESOLVE_UP = 4  # ... on the ladder h * 4**RESOLVE_UP ... h (float32 sum(x**2) over 2000 elements: 2.3% -> decisive)
 
 # -- noise-limited directions: least-squares cubics (``_wide``) ------------------------------------------------

@@ -91,11 +91,24 @@ def _noisy_float32(factor=1.0):
     return f, tf.constant(np.random.RandomState(4).uniform(-1, 1, [200]), tf.float32)
 
 
-def test_a_pass_too_coarse_to_see_a_percent_error_is_sharpened_in_full_mode():
+def test_a_pass_too_coarse_to_see_a_percent_error_is_sharpened_in_full_and_coloured_mode():
+    # One stage of every element-wise mode (``_block.stages``): coloured mode once left this pass undecidable
+    # (resolution 0.33) where full mode sharpened it.
     f, x = _noisy_float32()
-    report = fastcheck.check_gradients(f, x, precision="native", mode="full")
-    assert report.ok, str(report)
-    assert report.pairs[0].resolution <= 0.01
+    full, coloured = (fastcheck.check_gradients(f, x, precision="native", mode=mode) for mode in ("full", "coloured"))
+    for report in (full, coloured):
+        assert report.ok, str(report)
+        assert report.pairs[0].resolution <= 0.01
+    assert coloured.pairs[0].resolution == full.pairs[0].resolution
+    np.testing.assert_array_equal(coloured.pairs[0].statuses, full.pairs[0].statuses)
+
+
+@pytest.mark.parametrize("mode", ["full", "coloured"])
+def test_sharpening_never_passes_a_one_percent_defect(mode):
+    f, x = _noisy_float32(1.01)
+    report = fastcheck.check_gradients(f, x, precision="native", mode=mode)
+    assert report.verdict != "pass", str(report)
+    assert report.pairs[0].coarse and report.pairs[0].resolution > 0.01
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
