@@ -137,7 +137,7 @@ class AutodiffJacobian:
 
     def __init__(self, executor: Executor, forward: bool = False, twin: bool = False):
         """``twin``: the gradient at the numerical side's values (float64 when it is upcast): the same
-        gradient code computing in float64 (``_full._twin``), not the one training runs."""
+        gradient code computing in float64 (``_block.twinned``), not the one training runs."""
         self.executor, self.plan, self.config = executor, executor.plan, executor.config
         self.values = executor.values if twin else executor.native
         self.forward, self.twin = forward, twin

@@ -30,7 +30,7 @@ from fastcheck._colours import _Analytical, _array
 from fastcheck._config import MACHINE_EPSILON
 from fastcheck._events import Hint
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import LADDER, Evaluate, Line, Rungs, descend, examined
+from fastcheck._refine import LADDER, Evaluate, Line, Rungs, confirmation, descend, examined
 from fastcheck._results import PairReport, having
 from fastcheck._storage import Dense, Nonzeros
 from fastcheck._tables import (
@@ -61,6 +61,14 @@ def _noise(plan: Plan, rows, spans: np.ndarray) -> np.ndarray:
 def _verdicts(a, numerical, noise, atol, rtol):
     status, band = _compare.verdicts(a[None, :], numerical[None, :], noise[None, :], atol, rtol)
     return status[0], band[0]
+
+
+def _resolves(a, band, usable, rtol: float) -> bool:
+    """Whether some usable nonzero's allowance resolves ``RESOLUTION_RTOLS`` rtols of its gradient: then so does any
+    minimum over them (``_compare.resolution``), and a block read a part at a time need be read no further."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        size = np.abs(np.asarray(a, np.float64))
+        return bool(np.any(usable & (size > 0) & (size < np.inf) & (band <= RESOLUTION_RTOLS * rtol * size)))
 
 
 @dataclasses.dataclass
@@ -316,6 +324,40 @@ class _Block:
         self.adopt(index, estimate, band)
         return index
 
+    def span_of(self, output) -> tuple[int, int]:
+        """The nonzeros ``lo:hi`` of one output leaf's rows (a diagonal pattern's nonzero k is (k, k))."""
+        if self.pattern.diagonal:
+            return output.offset, output.offset + output.size
+        return int(self.pattern.indptr[output.offset]), int(self.pattern.indptr[output.offset + output.size])
+
+    def coarse_rows(self, plan: Plan, rtol: float) -> np.ndarray:
+        """[m] the rows of the outputs whose pair with this input passes at a resolution coarser than
+        ``RESOLUTION_RTOLS`` rtols: the tolerances (atol against a small gradient) or the numerics keep it from
+        seeing a 1% error.  A pair whose gradient and numerical derivative are 0 at every nonzero (a ReLU's second
+        derivative, a saturated activation) has no relative error for any twin to resolve."""
+        rows = np.zeros(plan.m, bool)
+        for output in plan.outputs:
+            lo, hi = self.span_of(output)
+            if hi <= lo or _compare.IS_FAILING[self.status[lo:hi]].any():
+                continue
+            resolved, moves = np.inf, False
+            for part in self.parts(lo, hi):
+                _, _, a, numerical, band = self.values(part, bands=True)
+                usable = self.status[part] == _compare.OK
+                if _resolves(a, band, usable, rtol):
+                    break
+                moves = moves or bool(np.any(a)) or bool(np.any(numerical))
+                resolved = min(resolved, _compare.resolution(a, band, band, usable)[0])
+            else:
+                if moves and resolved > RESOLUTION_RTOLS * rtol:
+                    rows[output.offset : output.offset + output.size] = True
+        return rows
+
+    def in_rows(self, plan: Plan, rows: np.ndarray) -> np.ndarray:
+        """The nonzeros (ascending) of the outputs whose rows ``rows`` [m] marks (whole output leaves)."""
+        spans = [self.span_of(o) for o in plan.outputs if rows[o.offset : o.offset + o.size].any()]
+        return np.concatenate([np.zeros(0, np.int64)] + [np.arange(lo, hi, dtype=np.int64) for lo, hi in spans])
+
     def sharpen(self, plan: Plan, atol: float, rtol: float) -> None:
         """Sharpen a block whose every nonzero passes at a resolution ``_compare.coarse`` rejects.
 
@@ -333,10 +375,9 @@ class _Block:
         for part in self.parts():
             _, cols, a, numerical, band = self.values(part, bands=True)
             usable = self.status[part] == _compare.OK
-            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                size = np.abs(np.asarray(a, np.float64))
-                if np.any(usable & (size > 0) & (size < np.inf) & (band <= RESOLUTION_RTOLS * rtol * size)):
-                    return
+            if _resolves(a, band, usable, rtol):
+                return
+            with np.errstate(invalid="ignore", divide="ignore"):
                 here = _compare.resolution(a, band, _compare.allowance(numerical, atol, rtol), usable)
                 np.fmax.at(score, _array(cols), np.where(usable, np.abs(a) / band, 0.0))
             resolved, tolerance = min(resolved, here[0]), min(tolerance, here[1])
@@ -465,17 +506,15 @@ def pairs(plan: Plan, blocks: Sequence[_Block], atol, rtol, output_name, side: s
           twinned: Sequence[np.ndarray | None] = ()) -> list[PairReport]:
     """One ``PairReport`` per (output, input) of every element-wise mode: over ``Dense`` arrays up to
     ``dense_entries`` entries (zeros outside the pattern; full mode's blocks always), else over the block's
-    ``Nonzeros``.  ``twinned`` (per block, full mode's): the elements [m, n_k] judged through the gradient's
-    float64 twin (``_full._twin``), None where none was."""
+    ``Nonzeros``.  ``twinned`` (per block): the rows [m] with a nonzero judged through the gradient's float64 twin
+    (``twinned``), None where none was."""
     reports = []
     for block, twin in itertools.zip_longest(blocks, twinned):
         spec, pattern = block.spec, block.pattern
         input_shape = tuple(spec.real_view.shape)
         for output in plan.outputs:
             output_shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
-            # (A diagonal pattern's nonzero k is (k, k): no index table needed.)
-            lo, hi = ((output.offset, output.offset + output.size) if pattern.diagonal else
-                      (int(pattern.indptr[output.offset]), int(pattern.indptr[output.offset + output.size])))
+            lo, hi = block.span_of(output)
             one_sided: dict = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
             storage: Dense | Nonzeros
             shape = (output.size, spec.size)
@@ -504,3 +543,106 @@ def pairs(plan: Plan, blocks: Sequence[_Block], atol, rtol, output_name, side: s
                           else pair.diagnose())
             reports.append(pair)
     return reports
+
+
+def twinned(blocks: Sequence[_Block], plan: Plan, config, atol: float, rtol: float,
+            analytical: Callable[[], list], twin_block: Callable[[_Block, _Analytical], _Block],
+            measure: Callable[[Plan], Plan],
+            clock: Callable[[str], Any] = lambda stage: contextlib.nullcontext()) -> tuple[Plan, list]:
+    """Pairs that pass at a resolution coarser than 1% of their gradient (``_Block.coarse_rows``), judged again
+    through the gradient's float64 twin where the numerical side computes in float64 and atol is the table's; returns
+    the plan (with f's noise measured: float64's rule needs it) and, per block, the rows [m] with a nonzero so judged
+    (None where none was).  Every element-wise mode's: ``analytical()`` is its twin (the strategy's analytical side
+    run at the float64 point: one ``_Analytical`` per block), ``twin_block(block, twin)`` the block over the twin's
+    values and the same evaluations, ``measure(plan)`` f's noise; ``clock("twin")`` times it where it runs.
+
+    The twin is the same gradient code run at the float64 point (a model's float64 copy, or f given float64 values):
+    float64's rule judges it against the same numerical derivative (refined as any float64 check), and the float32
+    gradient's own rounding is then *measured*, |a - twin|, instead of being stood in for by float32's atol.  A
+    nonzero whose twin verdict is a pass or a mismatch gets the allowance ``float64's allowance + |a - twin|`` and is
+    judged by it (a twin passing makes a pass: the triangle inequality); kinks, jumps and unresolved twin elements
+    keep their verdict.  The twin is not used where it differs from the float32 gradient by more than float32's
+    tolerance (it is not the same computation) or is not finite.  A user's atol is the user's rule: then nothing is
+    sharpened.
+    """
+    if not config.twin_applies(plan) or config.autodiff == "forward":
+        return plan, []
+    targets = [block.coarse_rows(plan, rtol) for block in blocks]
+    if not any(rows.any() for rows in targets):
+        return plan, []
+    with clock("twin"):
+        return _twinned(blocks, plan, config, atol, rtol, targets, analytical, twin_block, measure)
+
+
+def _twinned(blocks, plan: Plan, config, atol: float, rtol: float, targets: list, analytical, twin_block,
+             measure) -> tuple[Plan, list]:
+    try:
+        twins = analytical()
+    except Exception:  # no float64 gradient (an op without a float64 kernel): the verdicts stand
+        return plan, []
+    if plan.noise is None:
+        plan = measure(plan)
+    atol64, rtol64 = config.twin_tolerances()
+    twinned: list = []
+    for rows, t, block in zip(targets, twins, blocks):
+        index = block.in_rows(plan, rows)
+        r, c = block.pattern.at(index)
+        a, twin_values = block.analytical.at(r, c), t.at(r, c)
+        if not len(index) or not _compare.same_computation(a, twin_values, atol, rtol).all():
+            twinned.append(None)
+            continue
+        judged = twin_block(block, t)
+        judged.judge(plan, atol64, rtol64)
+        others = np.ones(judged.nnz, bool)
+        others[index] = False
+        judged.status[others] = _compare.OK  # the other pairs' need no refinement
+        judged.flagged = judged.failing()
+        judged.refine(plan, atol64, rtol64, flat=False)
+        _, _, _, n_twin, t_band = judged.values(index, bands=True)
+        band = block.values(index, bands=True)[4]
+        with np.errstate(invalid="ignore"):
+            allowed = t_band + np.abs(a - twin_values)
+            usable = (np.isin(judged.status[index], (_compare.OK, _compare.MISMATCH))
+                      & (block.status[index] == _compare.OK) & (allowed < band))
+            verdict = np.where(np.abs(a - n_twin) <= allowed, _compare.OK, _compare.MISMATCH)
+        _holds_above(plan, judged, index, a, twin_values, usable, verdict, (atol64, rtol64))
+        block.status[index[usable]] = verdict[usable]
+        block.adopt(index[usable], n_twin[usable], allowed[usable])
+        block.flagged = np.union1d(block.flagged, index[usable & (verdict != _compare.OK)])
+        used = np.zeros(plan.m, bool)
+        used[r[usable]] = True
+        twinned.append(used)
+    return plan, twinned
+
+
+def _holds_above(plan: Plan, block: _Block, index: np.ndarray, a, t, usable, verdict, tolerances) -> None:
+    """A twin mismatch stands only where it holds at larger steps too, confirmed; else, in place, it is not used.
+
+    The twin's allowance is float64's, a few 1e-8 on a gradient of 1e-5 .. 1e-3: there the quotient's own error is
+    f's measured noise over the step, and a float64 network's noise is not Gaussian everywhere (a correct network
+    had a few elements just past that allowance).  The mismatched nonzeros (of ``index``) are re-estimated on the
+    twin block's ladder (``_Block.ladder``, each a direction of its own) at h * 4**RESOLVE_UP ... h, where the noise
+    is 4**RESOLVE_UP times smaller; one stays a mismatch only where that settled estimate is outside its own float64
+    allowance plus |a - twin|, by the same rule (a 1% defect in the gradient code, which the twin shares, is far
+    outside it), and where ``confirmation`` finds it again at independent steps and below the pair: a ReLU6 kink a
+    few h away moves the larger steps' quotients by 3e-4 of the gradient, and the smaller steps show the derivative
+    at the point (a correct nested MobileNetV2).  Elsewhere the twin is not used: the nonzero keeps its native
+    verdict (a pass too coarse for 1%, undecidable).
+    """
+    atol64, rtol64 = tolerances
+    suspect = np.flatnonzero(usable & (verdict == _compare.MISMATCH))
+    if not len(suspect):
+        return
+    rows, cols = block.pattern.at(index[suspect])
+    a_suspect, slack = a[suspect][None, :], np.abs(a - t)[suspect][None, :]
+
+    def mismatch(selection, found: _compare.Refined) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return np.abs(a_suspect[:, selection] - found.estimate) > (
+                _compare.allowance(found.estimate, atol64, rtol64, found.error) + slack[:, selection])
+
+    evaluate = block.ladder(plan, rows, cols)
+    found = descend(evaluate, len(suspect), LADDER.larger,
+                    confirm=confirmation(evaluate, block.line(plan, rows, cols), a_suspect, mismatch,
+                                         first=LADDER.larger.start))
+    usable[suspect] = (found.settled & mismatch(np.arange(len(suspect)), found))[0]

@@ -14,7 +14,8 @@ normalisations over a small axis, stencils):
 4. the element rule of ``_compare`` on the nonzeros (a large diagonal block, ``SCREEN_ELEMENTS``, screened on the
    device beside its evaluations: ``_coloured_judge._screen``), then the stages every element-wise mode runs
    (``_block.stages``), re-evaluating only the colours of failing nonzeros, f's noise measured on the rows that
-   matter (``_measured_rows``);
+   matter (``_measured_rows``), then the float64 twin (``_block.twinned``, where f's noise is measured on every
+   row: at most ``NOISE_ALL`` outputs);
 5. the pattern check: random dense probes ``J d`` (numerical) against the pattern-restricted ``sum N_ij d_j``; mass
    outside the pattern (confirmed at a quarter of the step) is a *problem* of the report -- the pattern is wrong
    --, not a gradient verdict.  A traced diagonal pattern is trusted instead, as the eager path's
@@ -38,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _colouring, _pattern, _sparsity
-from fastcheck._block import _Block, pairs, stages
+from fastcheck._block import _Block, pairs, stages, twinned
 from fastcheck._coloured_judge import TRACED, _judged, _pattern_probes, _probes
 from fastcheck._colours import (
     _Analytical,
@@ -92,7 +93,7 @@ def check_coloured(executor: Executor, plan: Plan, timings: dict, supplied=None,
                    twin: bool = True) -> Outcome:
     """Element-wise verdicts on every structural nonzero (see the module docstring)."""
     try:
-        return _check(executor, plan, timings, supplied, output_name)
+        return _check(executor, plan, timings, supplied, output_name, twin)
     except (TypeError, ValueError, GradientCheckError, MemoryError):
         raise
     except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
@@ -166,7 +167,7 @@ def held_bytes(found: Layout, plan: Plan) -> int:
                + plan.native_flat_dtype.size * found.row_colours * plan.n + sum(p.bytes for p in found.patterns))
 
 
-def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name) -> Outcome:
+def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name, twin: bool) -> Outcome:
     config = executor.config
     with timed(timings, "sparsity"):
         found = layout(executor, plan)
@@ -212,9 +213,17 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name)
 
     plan, atol, rtol = stages(judged, plan, measure, lambda plan: config.tolerances(plan.precision),
                               lambda stage: timed(timings, stage))
+    twin_rows: dict = {}
+    if twin and supplied is None and plan.m <= config.table("NOISE_ALL"):  # f's noise then measured on every row
+        plan, rows = twinned(
+            judged, plan, config, atol, rtol, lambda: _analytical(executor, plan, patterns, row_labels, held, twin=True),
+            lambda block, t: _Block(block.spec, block.pattern, block.columns, t, compressed=block.compressed),
+            lambda plan: _measured_rows(executor, plan, judged)[0], lambda stage: timed(timings, stage))
+        twin_rows = {id(block): used for block, used in zip(judged, rows)}
     side = "supplied" if supplied is not None else "reverse"
     with timed(timings, "report"):
-        reports = pairs(plan, blocks, atol, rtol, output_name, side, config.table("DENSE_REPORT_ENTRIES"))
+        reports = pairs(plan, blocks, atol, rtol, output_name, side, config.table("DENSE_REPORT_ENTRIES"),
+                        [twin_rows.get(id(block)) for block in blocks])
     notes: list = [ColouredSummary(
         source, tuple(ColouredBlock(b.spec.name, int(b.pattern.nnz), int(b.pattern.shape[0]), int(b.pattern.shape[1]),
                                     int(b.columns.colours), b.cleared, _pattern_probes(b, source)) for b in blocks),

@@ -497,12 +497,15 @@ class _Probe:
 
 
 def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.ndarray,
-                held: int = 0) -> list[_Analytical]:
+                held: int = 0, twin: bool = False) -> list[_Analytical]:
     """Reverse-mode values of every nonzero, per checked input (native dtype): one VJP per row colour, into one
-    [R, n_k] array per input (the Jacobian compressed by rows), kept as it is and read by ``_Analytical``."""
+    [R, n_k] array per input (the Jacobian compressed by rows), kept as it is and read by ``_Analytical``.
+    ``twin``: the same gradient code run at the numerical side's values (float64: the float64 twin,
+    ``_block.twinned``)."""
     colours = int(row_labels.max()) + 1 if row_labels.size else 0
     ids = np.arange(colours)
-    dtype = plan.native_flat_dtype.as_numpy_dtype
+    values = executor.values if twin else executor.native
+    dtype = np.float64 if twin else plan.native_flat_dtype.as_numpy_dtype
     compressed = [np.empty((colours, p.shape[1]), dtype) for p in patterns]
 
     kept: list = []
@@ -528,7 +531,7 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
 
     def call(size, part, count):
         path = _kernel_path(executor, 4 * colours)
-        if colours == 1 and size == 1:
+        if colours == 1 and size == 1 and not twin:
             paired = _paired_vjps(executor, path)
             if paired is not None:
                 out, probe = paired[: len(compressed)], paired[len(compressed) :]
@@ -536,14 +539,14 @@ def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.n
                 probes.extend(tf.reshape(g, [-1]) for g in probe)
                 consume(part, [view(b) for b in out])
                 return
-        kernel = executor.kernel(("coloured vjp", size, path), lambda: _vjp_kernel(executor.plan, path, size))
-        out = kernel(executor.native, labels_t, tf.constant(pad(ids[part], size), tf.int32))
+        kernel = executor.kernel(("coloured vjp", size, path, twin), lambda: _vjp_kernel(executor.plan, path, size))
+        out = kernel(values, labels_t, tf.constant(pad(ids[part], size), tf.int32))
         if colours == 1 and size == 1:
             kept.append(out)
         consume(part, [view(b)[:count] for b in out])
 
     def eager():
-        vjp = _eager_vjp(executor, plan, [s.position for s in plan.checked])
+        vjp = _eager_vjp(executor, plan, [s.position for s in plan.checked], values)
         for colour in ids:
             consume(slice(colour, colour + 1), [g.numpy()[None, :] for g in vjp(row_labels == colour)])
 
@@ -581,15 +584,16 @@ def _vjp_weights(executor: Executor, plan: Plan) -> tf.Tensor:
         plan.m if xla else tf.constant(plan.m, tf.int32)))
 
 
-def _eager_vjp(executor: Executor, plan: Plan, positions: list[int]):
+def _eager_vjp(executor: Executor, plan: Plan, positions: list[int], at=None):
     """``vjp(weights)``: J^T w (flat, per input at ``positions``) for a cotangent given flat over
     f's outputs [m], from one eager pass of f on a persistent tape -- or one pass per call where
     f's gradient runs only once per pass (a custom gradient that calls ``tape.gradient`` on a
-    non-persistent tape it closes over raises RuntimeError the second time)."""
+    non-persistent tape it closes over raises RuntimeError the second time).  ``at``: the values
+    (default: the native ones)."""
     state: dict = {"pass": None, "shared": True}
 
     def forward():
-        values = [tf.identity(v) for v in executor.native]
+        values = [tf.identity(v) for v in (executor.native if at is None else at)]
         sources = [values[p] for p in positions]
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(sources)

@@ -281,7 +281,7 @@ class CheckConfig:
 
     def twin_applies(self, plan) -> bool:
         """Whether a pass too coarse for a 1% error may be judged again through the gradient's float64 twin
-        (``_full._twin``, ``_fast._Probes.twinned``): the numerical side computes in float64, the analytical side below it,
+        (``_block.twinned``, ``_fast._Probes.twinned``): the numerical side computes in float64, the analytical side below it,
         and atol is the table's (a user's atol is the user's rule)."""
         return bool(plan.eval_upcast and plan.precision != "float64" and self.atol is None)
 

@@ -578,7 +578,7 @@ class _Probes:
 
     def twinned(self, inputs: list) -> tuple[dict, Joint]:
         """Inputs whose probes pass at a resolution coarser than 1% of their gradient, probed again under the rule of
-        the gradient's float64 twin (``_full._twin``): each probe's band is float64's allowance plus |(g - twin) . d|,
+        the gradient's float64 twin (``_block.twinned``): each probe's band is float64's allowance plus |(g - twin) . d|,
         the gradient's own rounding measured: ``{input: (probes, hint, region, worst, side)}`` and the joint (with f's
         measured noise).  Only for a scalar f (a loss: its J d is the gradient's dot product), a float64 numerical side,
         float32 or lower analytical precision and the table's atol; an input whose twin differs from the gradient by

@@ -4,7 +4,7 @@ One strategy of ``_check.run_check`` (with ``_fast`` and ``_coloured``): coloure
 The numerical Jacobian by batched central differences through the executor, the analytical one from reverse mode
 (or the user's gradients), each input's elements a ``_block._Block`` over ``Pattern.full`` (every column its own
 colour, ``_full_steps._DenseColumns``), judged by the stages every element-wise mode runs (``_block.stages``, a
-coarse pass sharpened among them); then the float64 twin (``_twin``) and the forward-mode side (``_forward_side``),
+coarse pass sharpened among them); then the float64 twin (``_block.twinned``) and the forward-mode side (``_forward_side``),
 each writing what it settles into the block; the pairs are coloured mode's (``_block.pairs``).
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
-from fastcheck._block import _Block, pairs, stages
+from fastcheck._block import _Block, pairs, stages, twinned
 from fastcheck._colours import _Analytical
 from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ForwardNotChecked, ForwardProbe
@@ -25,12 +25,10 @@ from fastcheck._full_steps import _DenseColumns, _Jacobians
 from fastcheck._paths import EAGER
 from fastcheck._pattern import Pattern
 from fastcheck._plan import Plan, first_line
-from fastcheck._refine import LADDER, confirmation, descend
 from fastcheck._results import GradientCheckError, Outcome, PairReport
 from fastcheck._tables import (
     FORWARD_MIN_EVALUATIONS,
     FORWARD_PROBES,
-    RESOLUTION_RTOLS,
 )
 from fastcheck._text import forward_wrong
 
@@ -41,7 +39,7 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
 
     ``supplied`` replaces autodiff: a callable returning the analytical blocks.  After the first sweep, the stages
     of every element-wise mode (``_block.stages``: the second step, f's noise only where an element still fails,
-    refinement, a coarse pass sharpened), then the float64 twin (``_twin``).
+    refinement, a coarse pass sharpened), then the float64 twin (``_block.twinned``).
     """
     plan = jac.plan
     if supplied is None and jac.config.autodiff == "forward" and plan.n:
@@ -66,8 +64,20 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
 
     _, atol, rtol = stages(blocks, jac.plan, measure, lambda plan: jac.config.tolerances(plan.precision),
                            lambda stage: timed(jac.timings, stage))
-    twinned = _twin(jac, blocks, (atol, rtol)) if twin else []
-    return blocks, twinned, (atol, rtol)
+    rows: list = []
+    if twin:
+        def measured(plan: Plan) -> Plan:
+            jac.measure()
+            return jac.plan
+
+        # The twin's block: full mode's over the block's numerical values as they stand (refined ones included).
+        def twin_block(block: _Block, t: _Analytical) -> _Block:
+            return _block(jac, block.spec, t.compressed, _dense(block)[1], block.columns.spans)
+
+        _, rows = twinned(blocks, jac.plan, jac.config, atol, rtol, lambda: [
+            _Analytical(t, None) for t in AutodiffJacobian(jac.executor, twin=True)()], twin_block, measured,
+            lambda stage: timed(jac.timings, stage))
+    return blocks, rows, (atol, rtol)
 
 
 def _block(jac: _Jacobians, spec, analytical: np.ndarray, first: np.ndarray, spans: np.ndarray) -> _Block:
@@ -86,125 +96,19 @@ def _dense(block: _Block) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return a.reshape(m, n), numerical.reshape(m, n), block.status.reshape(m, n), band.reshape(m, n)
 
 
-def _tolerance_bound_rows(plan: Plan, a, numerical, status, band, rtol: float) -> np.ndarray:
-    """[m] the rows of outputs whose pair with this input passes at a resolution coarser than ``RESOLUTION_RTOLS``
-    rtols: the tolerances (atol against a small gradient) or the numerics keep it from seeing a 1% error.  A pair
-    whose gradient and numerical derivative are 0 at every element (a ReLU's second derivative, a saturated
-    activation) has no relative error for any twin to resolve."""
-    rows = np.zeros(plan.m, bool)
-    for output in plan.outputs:
-        part = slice(output.offset, output.offset + output.size)
-        s, b, x = status[part], band[part], a[part]
-        if not s.size or _compare.IS_FAILING[s].any() or _compare.decisive_at_largest(x, b, s, rtol):
-            continue
-        if not x.any() and not numerical[part].any():
-            continue
-        if _compare.resolution(x, b, b, s == _compare.OK)[0] > RESOLUTION_RTOLS * rtol:
-            rows[part] = True
-    return rows
-
-
-def _twin(jac: _Jacobians, blocks: list[_Block], tolerances) -> list:
-    """Pairs that pass at a resolution coarser than 1% of their gradient, judged again through the gradient's
-    float64 twin where the numerical side computes in float64 and atol is the table's; returns, per block, the
-    elements [m, n_k] so judged (None where none was).
-
-    The twin is the same gradient code run at the float64 point (a model's float64 copy, or f given float64 values):
-    float64's rule judges it against the same numerical derivative (refined as any float64 check), and the float32
-    gradient's own rounding is then *measured*, |a - twin|, instead of being stood in for by float32's atol.  An
-    element whose twin verdict is a pass or a mismatch gets the allowance ``float64's allowance + |a - twin|`` and is
-    judged by it (a twin passing makes a pass: the triangle inequality); kinks, jumps and unresolved twin elements
-    keep their verdict.  The twin is not used where it differs from the float32 gradient by more than float32's
-    tolerance (it is not the same computation) or is not finite.  A user's atol is the user's rule: then nothing is
-    sharpened.
-    """
-    plan, config = jac.plan, jac.config
-    if not config.twin_applies(plan) or config.autodiff == "forward":
-        return []
-    atol, rtol = tolerances
-    dense = [_dense(block) for block in blocks]  # (analytical, numerical, status, band)
-    targets = [_tolerance_bound_rows(plan, *arrays, rtol) for arrays in dense]
-    if not any(rows.any() for rows in targets):
-        return []
-    with timed(jac.timings, "twin"):
-        try:
-            twin = AutodiffJacobian(jac.executor, twin=True)()
-        except Exception:  # no float64 gradient (an op without a float64 kernel): the verdicts stand
-            return []
-        if jac.plan.noise is None:  # float64's rule needs f's noise where it is evaluated
-            jac.measure()
-        atol64, rtol64 = config.twin_tolerances()
-        twinned: list = []
-        for rows, t, block, (a, numerical, status, band) in zip(targets, twin, blocks, dense):
-            if not rows.any() or not _compare.same_computation(a[rows], t[rows], atol, rtol).all():
-                twinned.append(None)
-                continue
-            # Every row is judged (the evaluations give them all), only the coarse pairs' rows are used.
-            twin_block = _block(jac, block.spec, t, numerical, block.columns.spans)
-            twin_block.judge(jac.plan, atol64, rtol64)
-            twin_block.status.reshape(rows.size, -1)[~rows] = _compare.OK  # the other pairs' need no refinement
-            twin_block.flagged = twin_block.failing()
-            twin_block.refine(jac.plan, atol64, rtol64, flat=False)
-            _, n_twin, t_status, t_band = _dense(twin_block)
-            with np.errstate(invalid="ignore"):
-                allowed = t_band + np.abs(a - t)
-                usable = (rows[:, None] & np.isin(t_status, (_compare.OK, _compare.MISMATCH))
-                          & (status == _compare.OK) & (allowed < band))
-                verdict = np.where(np.abs(a - n_twin) <= allowed, _compare.OK, _compare.MISMATCH)
-            _twin_holds_above(jac.plan, twin_block, a, t, usable, verdict, (atol64, rtol64))
-            status[usable] = verdict[usable]
-            index = np.flatnonzero(usable)  # ascending, as ``_Block.adopt`` takes them
-            block.adopt(index, n_twin.reshape(-1)[index], allowed.reshape(-1)[index])
-            block.flagged = np.union1d(block.flagged, np.flatnonzero(usable & (verdict != _compare.OK)))
-            twinned.append(usable)
-    return twinned
-
-
-def _twin_holds_above(plan: Plan, block: _Block, a, t, usable, verdict, tolerances) -> None:
-    """A twin mismatch stands only where it holds at larger steps too, confirmed; else, in place, it is not used.
-
-    The twin's allowance is float64's, a few 1e-8 on a gradient of 1e-5 .. 1e-3: there the quotient's own error is
-    f's measured noise over the step, and a float64 network's noise is not Gaussian everywhere (a correct network
-    had a few elements just past that allowance).  The mismatched elements are re-estimated on the twin block's
-    ladder (``_Block.ladder``, each element a direction of its own) at h * 4**RESOLVE_UP ... h, where the noise is
-    4**RESOLVE_UP times smaller; an element stays a mismatch only where that settled estimate is outside its own
-    float64 allowance plus |a - twin|, by the same rule (a 1% defect in the gradient code, which the twin shares, is
-    far outside it), and where ``confirmation`` finds it again at independent steps and below the pair: a ReLU6 kink
-    a few h away moves the larger steps' quotients by 3e-4 of the gradient, and the smaller steps show the
-    derivative at the point (a correct nested MobileNetV2).  Elsewhere the twin is not used: the element keeps its
-    native verdict (a pass too coarse for 1%, undecidable).
-    """
-    atol64, rtol64 = tolerances
-    rows, cols = np.nonzero(usable & (verdict == _compare.MISMATCH))
-    if not len(rows):
-        return
-    a_suspect, slack = a[rows, cols][None, :], np.abs(a - t)[rows, cols][None, :]
-
-    def mismatch(selection, found: _compare.Refined) -> np.ndarray:
-        with np.errstate(invalid="ignore"):
-            return np.abs(a_suspect[:, selection] - found.estimate) > (
-                _compare.allowance(found.estimate, atol64, rtol64, found.error) + slack[:, selection])
-
-    evaluate = block.ladder(plan, rows, cols)
-    found = descend(evaluate, len(rows), LADDER.larger,
-                    confirm=confirmation(evaluate, block.line(plan, rows, cols), a_suspect, mismatch,
-                                         first=LADDER.larger.start))
-    usable[rows, cols] = (found.settled & mismatch(np.arange(len(rows)), found))[0]
-
-
 def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, output_name=None,
                twin: bool = True) -> Outcome:
     """Full Jacobians, compared and cut into one PairReport per (output, input)."""
     jac = _Jacobians(executor, plan, timings)
     try:
-        blocks, twinned, (atol, rtol) = _compute(jac, supplied, twin=twin)
+        blocks, twin_rows, (atol, rtol) = _compute(jac, supplied, twin=twin)
     except (TypeError, ValueError, GradientCheckError):
         raise
     except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
         raise kernel_failure(error) from error
     plan = jac.plan  # with f's measured noise and precision, when they were needed
     side = "forward" if jac.config.autodiff == "forward" else "reverse"
-    reports = pairs(plan, blocks, atol, rtol, output_name, side, np.inf, twinned)
+    reports = pairs(plan, blocks, atol, rtol, output_name, side, np.inf, twin_rows)
     notes: list = []  # events (``fastcheck._events``)
     warnings: list[str] = []
     if supplied is None and jac.config.autodiff == "auto" and plan.n and executor.path == EAGER:

@@ -40,7 +40,7 @@ class Problem:
     notes: tuple = ()  # events (``fastcheck._events``) the problem knows before the check
     if_random: str | None = None  # what to add when f turns out not to be deterministic
     computes_in: tuple | None = None  # (precision, reason): the analytical side computes below its dtypes
-    # Whether f's reverse mode at the float64 point is the analytical side's code run in float64 (``_full._twin``):
+    # Whether f's reverse mode at the float64 point is the analytical side's code run in float64 (``_block.twinned``):
     # f's own gradient, a model's loss on its float64 copy; not a user's supplied gradients.
     twin: bool = True
     # f has no float64 evaluation (a model whose float64 copy failed; the problem's note says why): the plan does not

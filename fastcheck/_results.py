@@ -83,7 +83,7 @@ class PairReport:
     # says where), whatever its values at the pattern's nonzeros.
     inconsistent: bool = False
     # Judged through the gradient's float64 twin (the same gradient code at the float64 point,
-    # ``_full._twin``, ``_fast._Probes.twinned``): its own tolerances could not see a 1% error.
+    # ``_block.twinned``, ``_fast._Probes.twinned``): its own tolerances could not see a 1% error.
     float64_gradient: bool = False
     _summary: dict | None = dataclasses.field(default=None, init=False, repr=False)
     _counts: np.ndarray | None = dataclasses.field(default=None, init=False, repr=False)

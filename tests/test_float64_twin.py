@@ -25,7 +25,7 @@ def _loss(factor):
     return lambda x: tf.reduce_sum(tf.constant(WEIGHTS, x.dtype) * tf.sin(scaled(x)))
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("mode", ["full", "coloured", "fast"])
 def test_a_one_percent_defect_below_atol_fails_through_the_twin(mode):
     report = fastcheck.check_gradients(_loss(1.01), POINT, mode=mode)
     assert report.verdict == "fail"
@@ -33,13 +33,30 @@ def test_a_one_percent_defect_below_atol_fails_through_the_twin(mode):
     assert report.to_dict()["pairs"][0]["float64_gradient"] is True
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("mode", ["full", "coloured", "fast"])
 def test_the_correct_gradient_passes_and_resolves_one_percent(mode):
     report = fastcheck.check_gradients(_loss(1.0), POINT, mode=mode)
     assert report.verdict == "pass"
     assert report.pairs[0].float64_gradient
     assert report.tolerance_bound == []
     assert report.pairs[0].resolution < 1e-2
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.005])
+def test_full_and_coloured_mode_judge_an_element_wise_f_through_the_twin_alike(factor):
+    # One twin stage for both element-wise modes (``_block.twinned``): coloured mode once passed this 0.5% defect
+    # at a resolution of 1% (float32's atol against gradients of 1e-3), where full mode failed it through the twin.
+    x = tf.constant(RNG.uniform(-2, 2, [50]), tf.float32)
+
+    @tf.custom_gradient
+    def f(x):
+        return 1e-3 * tf.sin(x), lambda dy: dy * 1e-3 * tf.cos(x) * factor
+
+    full, coloured = (fastcheck.check_gradients(f, x, mode=mode) for mode in ("full", "coloured"))
+    assert full.verdict == coloured.verdict == ("pass" if factor == 1.0 else "fail"), (str(full), str(coloured))
+    assert full.pairs[0].float64_gradient and coloured.pairs[0].float64_gradient
+    np.testing.assert_array_equal(coloured.pairs[0].statuses, full.pairs[0].statuses)
+    assert coloured.pairs[0].resolution == full.pairs[0].resolution
 
 
 def test_a_user_atol_is_the_users_rule():
