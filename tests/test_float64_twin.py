@@ -42,16 +42,35 @@ def test_the_correct_gradient_passes_and_resolves_one_percent(mode):
     assert report.pairs[0].resolution < 1e-2
 
 
-@pytest.mark.parametrize("factor", [1.0, 1.005])
-def test_full_and_coloured_mode_judge_an_element_wise_f_through_the_twin_alike(factor):
-    # One twin stage for both element-wise modes (``_block.twinned``): coloured mode once passed this 0.5% defect
-    # at a resolution of 1% (float32's atol against gradients of 1e-3), where full mode failed it through the twin.
-    x = tf.constant(RNG.uniform(-2, 2, [50]), tf.float32)
+def _small_softmax_rows(factor):
+    """1e-3 * softmax over rows of 8: a block-diagonal Jacobian (several nonzeros a row and a column)."""
 
+    @tf.custom_gradient
+    def f(x):
+        def grad(dy):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = 1e-3 * tf.nn.softmax(x, axis=-1)
+            return tape.gradient(y, x, output_gradients=dy) * factor
+
+        return 1e-3 * tf.nn.softmax(x, axis=-1), grad
+
+    return f, tf.constant(RNG.normal(size=(40, 8)), tf.float32)
+
+
+def _small_sine(factor):
     @tf.custom_gradient
     def f(x):
         return 1e-3 * tf.sin(x), lambda dy: dy * 1e-3 * tf.cos(x) * factor
 
+    return f, tf.constant(RNG.uniform(-2, 2, [50]), tf.float32)
+
+
+@pytest.mark.parametrize("make,factor", [(_small_sine, 1.0), (_small_sine, 1.005), (_small_softmax_rows, 1.005)])
+def test_full_and_coloured_mode_judge_an_element_wise_f_through_the_twin_alike(make, factor):
+    # One twin stage for both element-wise modes (``_block.twinned``): coloured mode once passed this 0.5% defect
+    # at a resolution of 1% (float32's atol against gradients of 1e-3), where full mode failed it through the twin.
+    f, x = make(factor)
     full, coloured = (fastcheck.check_gradients(f, x, mode=mode) for mode in ("full", "coloured"))
     assert full.verdict == coloured.verdict == ("pass" if factor == 1.0 else "fail"), (str(full), str(coloured))
     assert full.pairs[0].float64_gradient and coloured.pairs[0].float64_gradient
