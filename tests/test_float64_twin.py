@@ -78,22 +78,25 @@ def test_full_and_coloured_mode_judge_an_element_wise_f_through_the_twin_alike(m
     assert coloured.pairs[0].resolution == full.pairs[0].resolution
 
 
-def test_a_user_atol_is_the_users_rule():
-    report = fastcheck.check_gradients(_loss(1.01), POINT, atol=1e-5)
+@pytest.mark.parametrize("mode", ["full", "coloured"])
+def test_a_user_atol_is_the_users_rule(mode):
+    report = fastcheck.check_gradients(_loss(1.01), POINT, atol=1e-5, mode=mode)
     assert report.verdict == "pass"  # the defect is below the atol the user asked for
     assert not report.pairs[0].float64_gradient
     assert report.tolerance_bound == report.pairs
 
 
-def test_native_precision_has_no_twin():
-    report = fastcheck.check_gradients(_loss(1.01), POINT, precision="native")
+@pytest.mark.parametrize("mode", ["full", "coloured"])
+def test_native_precision_has_no_twin(mode):
+    report = fastcheck.check_gradients(_loss(1.01), POINT, precision="native", mode=mode)
     assert not report.pairs[0].float64_gradient
 
 
-def test_supplied_gradients_are_not_judged_by_fs_twin():
+@pytest.mark.parametrize("mode", ["full", "coloured"])
+def test_supplied_gradients_are_not_judged_by_fs_twin(mode):
     # verify_gradients' gradients are not f's reverse mode: f's float64 gradient is not their twin.
     wrong = [tf.constant(WEIGHTS * 1.01 * np.cos(POINT.numpy()), tf.float32)]
-    report = fastcheck.verify_gradients(_loss(1.0), [POINT], wrong)
+    report = fastcheck.verify_gradients(_loss(1.0), [POINT], wrong, mode=mode)
     assert not any(p.float64_gradient for p in report.pairs)
 
 
