@@ -258,6 +258,10 @@ class CheckConfig:
             raise ValueError(f"autodiff={self.autodiff!r} asks for forward-mode (JVP) Jacobians element by element, which "
                              f"only mode='full' computes; mode={self.mode!r} judges the reverse-mode gradient (what "
                              "training uses): pass mode='full', or autodiff='reverse'.")
+        if self.sparsity is not None and self.mode in ("full", "fast"):
+            raise ValueError(f"sparsity= gives the Jacobian's pattern to coloured mode, but mode={self.mode!r} does not "
+                             "read it (full mode checks every element, fast mode random directions): pass "
+                             "mode='coloured' (or 'auto'), or drop sparsity=.")
         if self.device is not None and not isinstance(self.device, str):
             raise TypeError(f"device={self.device!r} is not valid: pass a device name such as '/GPU:0', or None.")
         if self.time_budget is not None:

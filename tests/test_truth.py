@@ -530,6 +530,8 @@ def test_check_inside_a_graph_context_runs_eagerly_on_the_side():
     ({"autodiff": "sideways"}, ValueError, "autodiff='sideways' is not valid"),
     ({"autodiff": "forward", "mode": "fast"}, ValueError, "only mode='full' computes; mode='fast' judges the reverse"),
     ({"autodiff": "both", "mode": "coloured"}, ValueError, "only mode='full' computes; mode='coloured' judges"),
+    ({"sparsity": np.eye(1, dtype=bool), "mode": "full"}, ValueError, r"sparsity= .* mode='full' does not read it"),
+    ({"sparsity": np.eye(1, dtype=bool), "mode": "fast"}, ValueError, r"pass mode='coloured' \(or 'auto'\)"),
 ])
 def test_bad_options_are_named(options, error, match):
     with pytest.raises(error, match=match):
