@@ -256,7 +256,7 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=Non
             return (f"the sparsity pattern ({source}) is wrong for {block.spec.name}: f depends on elements outside it "
                     f"(a random direction moves {where} by {coarse[k]:.3g} more than the pattern's nonzeros "
                     f"predict, allowed {allowed[k]:.3g}; {int(outside.sum())} output element(s) so). The "
-                    "element verdicts cover only the pattern's nonzeros: pass the right sparsity=, or mode='full'.")
+                    "element verdicts cover only the pattern's nonzeros: pass the right sparsity=, or mode='full' without it.")
     return None
 
 
