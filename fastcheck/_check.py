@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import time
 from collections.abc import Callable
 
@@ -15,7 +14,7 @@ import tensorflow as tf
 from fastcheck import _calibration
 from fastcheck import _events as events
 from fastcheck._coloured import check_coloured, prospect
-from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._config import MACHINE_EPSILON, CheckConfig, memory_limit
 from fastcheck._diagnosis import describe_nonfinite
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
@@ -170,7 +169,7 @@ def decide(plan: Plan, config: CheckConfig, executor: Executor, facts: Facts, do
     _, why, outcome = done[-1]
     if len(done) > 1 or not outcome.inconsistent or plan.m * plan.n > FULL_RERUN_MAX_ENTRIES:
         return None
-    if config.table("FULL_BYTES_PER_ENTRY") * plan.m * plan.n > _memory_limit(config)[0]:
+    if config.table("FULL_BYTES_PER_ENTRY") * plan.m * plan.n > memory_limit(config)[0]:
         return None
     seconds = predict_full_seconds(plan, executor.route, executor.calibration, config.seconds, facts.call_seconds)[0]
     return ("full", (events.Escalated(why),)) if seconds <= config.seconds else None
@@ -327,7 +326,7 @@ def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, call_second
     except ValueError as error:  # _pattern.UnknownSparsity: an op without a rule, or f cannot be traced
         return "fast", (why, events.NoPattern(first_line(error, 120)))
     colours, nonzeros = found["colours"], found["nonzeros"]
-    limit, _ = _memory_limit(config)
+    limit, _ = memory_limit(config)
     if colours > COLOURED_MAX_COLUMN_SHARE * plan.n:
         return "fast", (why, events.TooDense(nonzeros, colours))
     if found["bytes"] > limit:
@@ -344,7 +343,7 @@ def _require_memory(plan: Plan, config: CheckConfig) -> None:
     """mode='full' refuses a check whose Jacobians would not fit the memory it may hold."""
     entries = plan.m * plan.n
     needed = config.table("FULL_BYTES_PER_ENTRY") * entries
-    limit, what = _memory_limit(config)
+    limit, what = memory_limit(config)
     if needed > limit:
         raise ValueError(
             f"mode='full' needs about {needed / 2**30:.3g} GiB for the {plan.m} x {plan.n} numerical and analytical "
@@ -361,7 +360,7 @@ def _require_coloured_memory(sparse, config: CheckConfig) -> None:
         found = sparse()
     except ValueError:  # no pattern: the check itself says so, naming the op
         return
-    limit, what = _memory_limit(config)
+    limit, what = memory_limit(config)
     if found["bytes"] > limit:
         raise ValueError(
             f"mode='coloured' needs about {found['bytes'] / 2**30:.3g} GiB for the statuses of its "
@@ -369,21 +368,6 @@ def _require_coloured_memory(sparse, config: CheckConfig) -> None:
             f"{found['row_colours']} VJPs, more than the {limit / 2**30:.3g} GiB it may hold ({what}). Pass mode='fast' "
             "(random projections: memory linear in the sizes), or a larger memory_budget if the machine has the memory."
         )
-
-
-def _memory_limit(config: CheckConfig) -> tuple[int, str]:
-    """The bytes a full check may hold: the larger of memory_budget and HELD_MEMORY_FLOOR (4 GiB), but never more
-    than the memory this machine has free (the full Jacobians are not the batched evaluations memory_budget sizes,
-    so the budget alone would forbid common checks)."""
-    floor = int(config.table("HELD_MEMORY_FLOOR"))
-    limit, what = max(config.budget, floor), f"the larger of memory_budget and {floor / 2**30:.3g} GiB"
-    try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not Linux: no reading
-        return limit, what
-    if free < limit:
-        return int(free), "this machine's free memory"
-    return limit, what
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ normalisations over a small axis, stencils):
    device beside its evaluations: ``_coloured_judge._screen``), then the stages every element-wise mode runs
    (``_block.stages``), re-evaluating only the colours of failing nonzeros, f's noise measured on the rows that
    matter (``_measured_rows``), then the float64 twin (``_block.twinned``, where f's noise is measured on every
-   row: at most ``NOISE_ALL`` outputs);
+   row, at most ``NOISE_ALL`` outputs, and its per-nonzero arrays fit what a check may hold);
 5. the pattern check: random dense probes ``J d`` (numerical) against the pattern-restricted ``sum N_ij d_j``; mass
    outside the pattern (confirmed at a quarter of the step) is a *problem* of the report -- the pattern is wrong
    --, not a gradient verdict.  A traced diagonal pattern is trusted instead, as the eager path's
@@ -47,7 +47,7 @@ from fastcheck._colours import (
     _Columns,
     _kernel_path,
 )
-from fastcheck._config import MACHINE_EPSILON
+from fastcheck._config import MACHINE_EPSILON, memory_limit
 from fastcheck._diagnosis import kernel_failure
 from fastcheck._events import ColouredBlock, ColouredOnGraph, ColouredSummary
 from fastcheck._executor import Executor, measured, timed, view
@@ -60,6 +60,7 @@ from fastcheck._tables import (
     NOISE_SAMPLE,
     PATTERN_PROBES,
     REFINE_LEVELS,
+    TWIN_BYTES_PER_NONZERO,
     XLA_MIN_EVALUATIONS,
 )
 
@@ -214,7 +215,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name,
     plan, atol, rtol = stages(judged, plan, measure, lambda plan: config.tolerances(plan.precision),
                               lambda stage: timed(timings, stage))
     twin_rows: dict = {}
-    if twin and supplied is None and plan.m <= config.table("NOISE_ALL"):  # f's noise then measured on every row
+    # The twin where f's noise is measured on every row, and its per-nonzero arrays fit what a check may hold.
+    if (twin and supplied is None and plan.m <= config.table("NOISE_ALL")
+            and TWIN_BYTES_PER_NONZERO * sum(b.nnz for b in judged) <= memory_limit(config)[0]):
         plan, rows = twinned(
             judged, plan, config, atol, rtol, lambda: _analytical(executor, plan, patterns, row_labels, held, twin=True),
             lambda block, t: _Block(block.spec, block.pattern, block.columns, t, compressed=block.compressed),

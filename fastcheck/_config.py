@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import numpy as np
@@ -323,3 +324,18 @@ class CheckConfig:
         """The fields compiled kernels depend on: steps, tolerances and modes are arguments or host-side, so changing
         them reuses the kernels (the path and chunk are in each kernel's key)."""
         return (self.jit_compile, self.device)
+
+
+def memory_limit(config: CheckConfig) -> tuple[int, str]:
+    """The bytes a check may hold (full Jacobians, coloured mode's twin): the larger of memory_budget and
+    HELD_MEMORY_FLOOR (4 GiB), but never more than the memory this machine has free (the full Jacobians are not the batched evaluations memory_budget sizes,
+    so the budget alone would forbid common checks)."""
+    floor = int(config.table("HELD_MEMORY_FLOOR"))
+    limit, what = max(config.budget, floor), f"the larger of memory_budget and {floor / 2**30:.3g} GiB"
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux: no reading
+        return limit, what
+    if free < limit:
+        return int(free), "this machine's free memory"
+    return limit, what

@@ -242,6 +242,9 @@ BYTES_PER_NONZERO = 1
 # Full mode's peak host memory per Jacobian entry: numerical, analytical, noise and band (float64), f(x+h) and
 # f(x-h) of the sweep (float64), the status (int8).
 FULL_BYTES_PER_ENTRY = 49
+# Coloured mode's float64 twin, per nonzero of its blocks: the twin's compressed VJPs and statuses, and the arrays
+# it compares the pairs it judges by (values, bands and the twin's of each, ~10 float64s).
+TWIN_BYTES_PER_NONZERO = 80
 # The arrays a check holds (full Jacobians, coloured mode's per-nonzero arrays) may use the larger of memory_budget
 # (which sizes the batched evaluations) and this, never more than the free memory.
 HELD_MEMORY_FLOOR = 4 << 30
