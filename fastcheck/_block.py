@@ -63,14 +63,6 @@ def _verdicts(a, numerical, noise, atol, rtol):
     return status[0], band[0]
 
 
-def _resolves(a, band, usable, rtol: float) -> bool:
-    """Whether some usable nonzero's allowance resolves ``RESOLUTION_RTOLS`` rtols of its gradient: then so does any
-    minimum over them (``_compare.resolution``), and a block read a part at a time need be read no further."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        size = np.abs(np.asarray(a, np.float64))
-        return bool(np.any(usable & (size > 0) & (size < np.inf) & (band <= RESOLUTION_RTOLS * rtol * size)))
-
-
 @dataclasses.dataclass
 class _Block:
     """The nonzeros of one checked input and everything known about them.
@@ -344,7 +336,7 @@ class _Block:
             for part in self.parts(lo, hi):
                 _, _, a, numerical, band = self.values(part, bands=True)
                 usable = self.status[part] == _compare.OK
-                if _resolves(a, band, usable, rtol):
+                if _compare.resolves(a, band, usable, rtol):
                     break
                 moves = moves or bool(np.any(a)) or bool(np.any(numerical))
                 resolved = min(resolved, _compare.resolution(a, band, band, usable)[0])
@@ -375,7 +367,7 @@ class _Block:
         for part in self.parts():
             _, cols, a, numerical, band = self.values(part, bands=True)
             usable = self.status[part] == _compare.OK
-            if _resolves(a, band, usable, rtol):
+            if _compare.resolves(a, band, usable, rtol):
                 return
             with np.errstate(invalid="ignore", divide="ignore"):
                 here = _compare.resolution(a, band, _compare.allowance(numerical, atol, rtol), usable)

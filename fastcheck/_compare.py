@@ -79,18 +79,13 @@ def resolution(scale: np.ndarray, allowed: np.ndarray, tolerated: np.ndarray, us
     return resolved, tolerance
 
 
-def decisive_at_largest(analytical: np.ndarray, band: np.ndarray, status: np.ndarray, rtol: float) -> bool:
-    """Whether the element of largest |analytical| alone resolves RESOLUTION_RTOLS * rtol: then so does the
-    pair (its resolution is a minimum over elements), and the ``resolution`` pass (several [m, n] temporaries)
-    is not needed."""
-    if not analytical.size:
-        return True
-    flat_a = analytical.reshape(-1)
-    high, low = int(np.argmax(flat_a)), int(np.argmin(flat_a))  # a NaN is picked first: not OK, the full pass
-    index = high if abs(flat_a[high]) >= abs(flat_a[low]) else low
-    size = abs(float(flat_a[index]))
-    return bool(status.reshape(-1)[index] == OK and 0 < size < np.inf
-                and band.reshape(-1)[index] <= RESOLUTION_RTOLS * rtol * size)
+def resolves(analytical, band, usable, rtol: float) -> bool:
+    """Whether some usable element's allowance resolves ``RESOLUTION_RTOLS * rtol`` of its gradient: then so does
+    the pair's (or block's) resolution, a minimum over its elements, and no pass over the rest is needed (a block read
+    a part at a time is read no further)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        size = np.abs(np.asarray(analytical, np.float64))
+        return bool(np.any(usable & (size > 0) & (size < np.inf) & (band <= RESOLUTION_RTOLS * rtol * size)))
 
 
 def coarse(resolved: float, tolerance: float, rtol: float) -> bool:

@@ -328,8 +328,8 @@ class CheckConfig:
 
 def memory_limit(config: CheckConfig) -> tuple[int, str]:
     """The bytes a check may hold (full Jacobians, coloured mode's twin): the larger of memory_budget and
-    HELD_MEMORY_FLOOR (4 GiB), but never more than the memory this machine has free (the full Jacobians are not the batched evaluations memory_budget sizes,
-    so the budget alone would forbid common checks)."""
+    HELD_MEMORY_FLOOR (4 GiB), but never more than the memory this machine has free (the full Jacobians are not the
+    batched evaluations memory_budget sizes, so the budget alone would forbid common checks)."""
     floor = int(config.table("HELD_MEMORY_FLOOR"))
     limit, what = max(config.budget, floor), f"the larger of memory_budget and {floor / 2**30:.3g} GiB"
     try:

@@ -11,7 +11,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from fastcheck._compare import FAILING, MISMATCH, OK, decisive_at_largest, resolution
+from fastcheck._compare import FAILING, MISMATCH, OK, resolution, resolves
 from fastcheck._tables import SUMMARY_CHUNK
 
 
@@ -80,7 +80,7 @@ class Dense:
         return row, col, self.analytical[row, col], self.numerical[row, col], self.band[row, col]
 
     def decisive(self, rtol: float) -> bool:
-        return decisive_at_largest(self.analytical, self.band, self.status, rtol)
+        return resolves(self.analytical, self.band, self.status == OK, rtol)
 
     def sample(self) -> Sample | None:
         """What ``_compare.diagnose`` reads: here the whole block (its transpose test needs it)."""
