@@ -164,11 +164,9 @@ class _Block:
         """Back to the first sweep's values (before a new judgement under measured noise)."""
         self.override, self.one_sided = None, {}
 
-    def judge(self, plan: Plan, atol: float, rtol: float, beside=None, among: np.ndarray | None = None) -> None:
-        """The status of every nonzero under the rounding (or measured) noise, block by block;
-        ``beside(part, numerical, band)``, when given, reads each block's values and bands as they
-        are judged (what ``values(part, bands=True)`` would compute again).  ``among``: the nonzeros
-        a screen (``_screen``) did not clear, the only ones judged; every other one is OK."""
+    def judge(self, plan: Plan, atol: float, rtol: float, among: np.ndarray | None = None) -> None:
+        """The status of every nonzero under the rounding (or measured) noise, block by block.  ``among``: the
+        nonzeros a screen (``_screen``) did not clear, the only ones judged; every other one is OK."""
         assert self.override is None, "reset() first"
         self.rule = (plan, atol, rtol)
         self.cleared = 0 if among is None else self.nnz - len(among)
@@ -191,8 +189,6 @@ class _Block:
             flagged.append(np.flatnonzero(status[part]) + part.start)  # OK is 0
             if kept is not None:
                 kept[part] = band
-            if beside is not None:
-                beside(part, numerical, band)
         self.status, self.bands = status, kept
         self.flagged = np.concatenate(flagged) if flagged else np.zeros(0, np.int64)
 

@@ -186,9 +186,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name,
             block.sweep()
     atol, rtol = config.tolerances(plan.precision)
     with timed(timings, "verdicts"):
-        firsts = _judged(plan, blocks, atol, rtol, config.seed, source)
+        _judged(plan, blocks, atol, rtol)
     with timed(timings, "pattern"):
-        problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
+        problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None)
     sampled = None
     if (problems or inconsistent) and plan.noise is None:
         # f's own rounding may be what a probe saw (an op in bfloat16 inside moves every output by ~1e-3): measure
@@ -199,9 +199,9 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name,
         for block in blocks:
             block.reset()
             block.wrong_pattern = block.inconsistent = False
-        firsts = _judged(plan, blocks, atol, rtol, config.seed, source)
+        _judged(plan, blocks, atol, rtol)
         with timed(timings, "pattern"):
-            problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None, firsts)
+            problems, wrong, inconsistent = _probes(executor, plan, blocks, source, atol, supplied is not None)
     judged = [b for b in blocks if not any(b is w for w in wrong)]
 
     def measure(plan: Plan, passed: dict) -> Plan:

@@ -18,7 +18,7 @@ import tensorflow as tf
 from fastcheck import _compare
 from fastcheck._autodiff import vjp_kernel
 from fastcheck._block import _Block
-from fastcheck._colours import _eager_vjp, _kernel_path, _large, _Probe, _vjp_weights
+from fastcheck._colours import _eager_vjp, _kernel_path, _large, _vjp_weights
 from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import Plan
@@ -59,43 +59,6 @@ def _probe_vjps(executor: Executor, plan: Plan, positions: list[int], weights: t
     return found
 
 
-def _outside(plan: Plan, part, value, predicted, spread, realised, eps):
-    """(|value - predicted|, PATTERN_MARGIN * (spread + rounding)) for the rows ``part``; with
-    ``realised``, ``predicted`` and ``spread`` are per-row values and bands to scale by it."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        if realised is not None:
-            predicted = np.where(np.isfinite(predicted), predicted * realised, 0.0)
-            spread = np.abs(spread * realised)
-        rounding = _compare.rounding_level(plan.eval_output[part], eps,
-                                           None if plan.noise is None else plan.noise.sigma[part])
-        return np.abs(value - predicted), PATTERN_MARGIN * (spread + rounding)
-
-
-class _Exceeded:
-    """A diagonal pattern's probe read block by block: the rows where |J d - N d| exceeds what it may be
-    (every row of ``where`` when given), with both."""
-
-    def __init__(self, plan: Plan, probe: _Probe, where=None):
-        self.plan, self.probe, self.where = plan, probe, where
-        self.eps = MACHINE_EPSILON[plan.eval_dtype]
-        self._found: list = []
-
-    def read(self, part, numerical: np.ndarray, band: np.ndarray) -> None:
-        """The rows ``part`` (a slice, or an index array of rows) with their values and bands."""
-        probe, where = self.probe, self.where
-        coarse, allowed = _outside(self.plan, part, probe.value(part), numerical, band, probe.realised(part), self.eps)
-        with np.errstate(invalid="ignore"):
-            keep = np.arange(len(coarse)) if where is not None else np.flatnonzero(coarse > allowed)
-        if len(keep):
-            index = where[keep] if where is not None else (keep + part.start if isinstance(part, slice) else part[keep])
-            self._found.append((index, coarse[keep], allowed[keep]))
-
-    def found(self) -> tuple:
-        if not self._found:
-            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
-        return tuple(np.concatenate(parts_) for parts_ in zip(*self._found))
-
-
 def _probe_signs(seed: int, count: int):
     """The pattern probes' seeds, in order."""
     rng = np.random.default_rng(seed + 7919)
@@ -110,57 +73,33 @@ def _pattern_probes(block: _Block, source: str) -> int:
     return 0 if source == TRACED and block.pattern.diagonal else PATTERN_PROBES
 
 
-def _judged(plan: Plan, blocks: list[_Block], atol: float, rtol: float, seed: int, source: str) -> list:
-    """``judge`` every block; a diagonal pattern's first pattern probe is evaluated first and read beside
-    the verdicts, block by block (its values and bands are the judgement's: one pass over 10^7 elements,
-    not two): per block, (the probe's seed, its ``_Exceeded``), or None."""
-    firsts: list = []
+def _judged(plan: Plan, blocks: list[_Block], atol: float, rtol: float) -> None:
+    """``judge`` every block, numpy's rule on what the device screen (``_screen``) leaves of a large diagonal one."""
     for block in blocks:
-        signs = next(_probe_signs(seed, _pattern_probes(block, source)), None)
-        if signs is None or not block.pattern.diagonal or block.nnz != plan.m:
-            left = _screen(plan, block, None, atol, rtol)
-            block.judge(plan, atol, rtol, among=None if left is None else left[0])
-            firsts.append(None)
-            continue
-        exceeded = _Exceeded(plan, block.columns.probe(signs, 1.0))
-        left = _screen(plan, block, exceeded.probe, atol, rtol)
-        if left is None:
-            block.judge(plan, atol, rtol, beside=exceeded.read)
-        else:  # numpy's rule on what the screen left: the verdicts' and the probe's rows
-            judged, probed = left
-            block.judge(plan, atol, rtol, among=judged)
-            if len(probed):
-                _, _, _, numerical, band = block.values(probed, bands=True)
-                exceeded.read(probed, numerical, band)
-        firsts.append((signs, exceeded))
-    return firsts
+        left = _screen(plan, block, atol, rtol)
+        block.judge(plan, atol, rtol, among=left)
 
 
-def _screen(plan: Plan, block: _Block, probe: _Probe | None, atol: float, rtol: float) -> tuple | None:
-    """(nonzeros, probe rows) that numpy's rule must judge, of a large diagonal block whose sweep, VJP and first
-    pattern probe (if any) are on the device: one fused pass (``_screened``) clears the rest, each with its error
-    below ``SCREEN_MARGIN`` of what the rule allows it -- verdicts that do not depend on how the pass rounds.
-    None where the block does not qualify (numpy judges it all): below ``SCREEN_ELEMENTS`` nonzeros, f's noise
-    measured (per-row allowances), a complex input or output, or values the eager path left on the host."""
+def _screen(plan: Plan, block: _Block, atol: float, rtol: float) -> np.ndarray | None:
+    """The nonzeros that numpy's rule must judge, of a large diagonal block whose sweep and VJP are on the device:
+    one fused pass (``_screened``) clears the rest, each with its error below ``SCREEN_MARGIN`` of what the rule
+    allows it -- verdicts that do not depend on how the pass rounds.  None where the block does not qualify (numpy
+    judges it all): below ``SCREEN_ELEMENTS`` nonzeros, f's noise measured (per-row allowances), a complex input or
+    output, or values the eager path left on the host."""
     sides, vjp = block.compressed.tensor if block.compressed is not None else None, block.analytical.tensor
-    if (not _large(block.columns.executor.config, block.nnz) or not block.pattern.diagonal or block.nnz != plan.m or plan.noise is not None
-            or plan.uniform_epsilon is None or sides is None or vjp is None
-            or (probe is not None and probe.tensor is None)
+    if (not _large(block.columns.executor.config, block.nnz) or not block.pattern.diagonal or block.nnz != plan.m
+            or plan.noise is not None or plan.uniform_epsilon is None or sides is None or vjp is None
             or block.columns.step_tensor is None or len(plan.outputs) != 1 or plan.outputs[0].dtype.is_complex
             or block.spec.is_complex):
         return None
     columns = block.columns
-    noise, rounding = (NOISE_FACTOR * float(e) for e in (plan.uniform_epsilon, MACHINE_EPSILON[plan.eval_dtype]))
     try:
-        judged, probed = _screened(
-            sides, tf.reshape(columns.executor.values[columns.position], [-1]), columns.step_tensor,
-            tf.reshape(vjp, [-1]), _centre(plan),
-            *(tf.constant(v, tf.float64) for v in (atol, rtol, noise, rounding, PATTERN_MARGIN, SCREEN_MARGIN)),
-            probe=None if probe is None else tf.reshape(probe.tensor, [2, -1]),
-            moved=None if probe is None else probe.moved_tensor)
+        judged = _screened(sides, tf.reshape(columns.executor.values[columns.position], [-1]), columns.step_tensor,
+                           tf.reshape(vjp, [-1]), _centre(plan), *(tf.constant(v, tf.float64) for v in (
+                               atol, rtol, NOISE_FACTOR * float(plan.uniform_epsilon), SCREEN_MARGIN)))
     except tf.errors.OpError:  # no XLA for this device or dtype, or no memory for the pass: numpy judges it all
         return None
-    return np.flatnonzero(view(judged)), (np.zeros(0, np.int64) if probed is None else np.flatnonzero(view(probed)))
+    return np.flatnonzero(view(judged))
 
 
 def _centre(plan: Plan) -> tf.Tensor:
@@ -174,50 +113,30 @@ def _centre(plan: Plan) -> tf.Tensor:
 
 
 @tf.function(jit_compile=True, autograph=False, reduce_retracing=True)
-def _screened(sides, x, step, vjp, centre, atol, rtol, noise_factor, rounding_factor, pattern_margin, margin,
-              probe=None, moved=None):
-    """The masks (not cleared by the element rule, not cleared by the pattern probe) [m] of a diagonal block:
-    ``_compare``'s rule and ``_Exceeded``'s test with every allowance scaled by ``margin``, as ``_noise``,
-    ``_span``, ``first_sweep`` and ``_outside`` compute them, in one fused pass (a value that is not finite
-    clears nothing)."""
+def _screened(sides, x, step, vjp, centre, atol, rtol, noise_factor, margin):
+    """The mask [m] of a diagonal block's nonzeros not cleared by ``_compare``'s rule with every allowance scaled by
+    ``margin``, as ``_noise``, ``_span`` and ``first_sweep`` compute them, in one fused pass (a value that is not
+    finite clears nothing)."""
     wide = functools.partial(tf.cast, dtype=tf.float64)
     span = wide((x + step) - (x - step))
     numerical = (wide(sides[0]) - wide(sides[sides.shape[0] // 2])) / span  # f(x + d) first, f(x - d) half way
-    analytical, centre = wide(vjp), tf.abs(wide(centre))
-    noise = centre * noise_factor / tf.abs(span)
+    analytical = wide(vjp)
+    noise = tf.abs(wide(centre)) * noise_factor / tf.abs(span)
     noise = tf.where(tf.math.is_finite(noise), noise, tf.zeros_like(noise))
     band = _compare.allowance(numerical, atol, rtol, noise)
     finite = tf.math.is_finite(numerical) & tf.math.is_finite(analytical)
-    cleared = finite & (tf.abs(analytical - numerical) <= margin * band)
-    if probe is None:
-        return tf.logical_not(cleared), None
-    realised = wide((x + moved) - (x - moved)) / 2
-    predicted = numerical * realised
-    predicted = tf.where(tf.math.is_finite(predicted), predicted, tf.zeros_like(predicted))
-    allowed = pattern_margin * (tf.abs(band * realised) + centre * rounding_factor)
-    within = tf.abs((wide(probe[0]) - wide(probe[1])) * 0.5 - predicted) <= margin * allowed
-    return tf.logical_not(cleared), tf.logical_not(within)
+    return tf.logical_not(finite & (tf.abs(analytical - numerical) <= margin * band))
 
 
-def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=None) -> str | None:
-    """Whether random dense probes find Jacobian mass outside the pattern (confirmed at h/4); ``read``:
-    the first probe as ``_judged`` read it."""
+def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str | None:
+    """Whether random dense probes find Jacobian mass outside the pattern (confirmed at h/4)."""
     m = plan.m
     eps = MACHINE_EPSILON[plan.eval_dtype]
-    pattern = block.pattern
 
     def excess(signs, divide, where=None):
         """(rows, |J d - sum N_ij d_j|, what it may be: rounding and the nonzeros' bands) at the rows
         where it is exceeded (at ``where`` when given)."""
-        if where is None and divide == 1.0 and read is not None and read[0] == signs:
-            return read[1].found()  # read beside the verdicts (``_judged``)
         probe = block.columns.probe(signs, divide)
-        if pattern.diagonal:  # block by block, in cache; only the exceeded rows kept
-            exceeded = _Exceeded(plan, probe, where)
-            for part in [where] if where is not None else block.parts(0, m):
-                _, _, _, numerical, band = block.values(part, bands=True)
-                exceeded.read(part, numerical, band)
-            return exceeded.found()
         # sum_j N_ij d_j and the bands' spread per row, accumulated block by block (rows ascend).
         value, realised = probe.value(), probe.realised()
         predicted, spread = np.zeros(m), np.zeros(m)
@@ -233,7 +152,9 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=Non
                 predicted[span] += np.bincount(local, weights=np.where(np.isfinite(numerical), numerical * moved, 0.0))
                 spread[span] += np.bincount(local, weights=(band * moved) ** 2)
         np.sqrt(spread, out=spread)
-        coarse, allowed = _outside(plan, slice(None), value, predicted, spread, None, eps)
+        with np.errstate(invalid="ignore", over="ignore"):
+            rounding = _compare.rounding_level(plan.eval_output, eps, None if plan.noise is None else plan.noise.sigma)
+            coarse, allowed = np.abs(value - predicted), PATTERN_MARGIN * (spread + rounding)
         with np.errstate(invalid="ignore"):
             index = np.flatnonzero(coarse > allowed) if where is None else where
         return index, coarse[index], allowed[index]
@@ -260,12 +181,12 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str, read=Non
     return None
 
 
-def _probes(executor: Executor, plan: Plan, blocks: list, source: str, atol: float, supplied: bool, firsts: list):
+def _probes(executor: Executor, plan: Plan, blocks: list, source: str, atol: float, supplied: bool):
     """(problems, blocks with a wrong pattern, [(block, text)] whose reverse-mode gradient is off it): the pattern
-    probe on every block (its first as ``_judged`` read it), then the VJP probe on those whose pattern holds."""
+    probe on every block, then the VJP probe on those whose pattern holds."""
     problems, wrong = [], []
-    for block, first in zip(blocks, firsts):
-        problem = _pattern_problem(block, plan, executor.config.seed, source, first)
+    for block in blocks:
+        problem = _pattern_problem(block, plan, executor.config.seed, source)
         if problem:
             problems.append(problem)
             wrong.append(block)

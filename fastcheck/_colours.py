@@ -153,12 +153,6 @@ class _Differences:
     def colours(self) -> int:
         return self.values.shape[0]
 
-    @property
-    def nbytes(self) -> int:
-        if self.sides is not None:
-            return sum(side.nbytes for side in self.sides)
-        return self.values.nbytes + self.index.nbytes + self.exact.nbytes
-
     def store(self, part: slice, plus: np.ndarray, minus: np.ndarray) -> None:
         """``consume`` of the sweep: rows ``part`` (colours) of the differences ``plus - minus`` [count, m],
         taken in float64 one block of ``VERDICT_CHUNK`` outputs at a time (in cache: no float64 [count, m])."""
@@ -434,10 +428,9 @@ class _Columns:
         def consume(part, plus, minus):
             found.append((plus[0], minus[0]))
 
-        kept: list = []
-        self.run(self.zero_labels(), d, np.zeros(1, np.int64), consume, what="coloured pattern probe", kept=kept)
+        self.run(self.zero_labels(), d, np.zeros(1, np.int64), consume, what="coloured pattern probe")
         (plus, minus), = found
-        return _Probe(plus, minus, view(d), self.x, kept[0] if len(kept) == 1 else None, d)
+        return _Probe(plus, minus, view(d), self.x)
 
 
 def _drawn(n, seed):
@@ -473,27 +466,22 @@ PROBE_WEIGHTS, RANDOM_DIRECTION = _compiled(_probe_weights), _compiled(_random_d
 
 @dataclasses.dataclass(frozen=True)
 class _Probe:
-    """A pattern probe's evaluations: f(x + d), f(x - d) [m] in the evaluation dtype, the direction d
-    and x [n]; its float64 values are read where needed (a diagonal pattern's block by block, in cache)."""
+    """A pattern probe's evaluations: f(x + d), f(x - d) [m] in the evaluation dtype, the direction d and x [n]."""
 
     plus: np.ndarray
     minus: np.ndarray
     moved: np.ndarray
     x: np.ndarray
-    tensor: tf.Tensor | None = None  # the kernel's [2, m] output (plus, minus) on the device
-    moved_tensor: tf.Tensor | None = None
 
-    def value(self, part=slice(None)) -> np.ndarray:
-        """(f(x + d) - f(x - d)) / 2 at the outputs ``part`` (a slice or an index array), float64."""
-        difference = np.subtract(self.plus[part], self.minus[part], dtype=np.float64)
+    def value(self) -> np.ndarray:
+        """(f(x + d) - f(x - d)) / 2, float64."""
+        difference = np.subtract(self.plus, self.minus, dtype=np.float64)
         difference *= 0.5
         return difference
 
-    def realised(self, part=slice(None)) -> np.ndarray:
-        """((x + d) - (x - d)) / 2 at the input elements ``part``, float64."""
-        if isinstance(part, slice) and part == slice(None):
-            return _blocked(lambda block: _span(self.x[block], self.moved[block]) / 2, self.x.size)
-        return _span(self.x[part], self.moved[part]) / 2
+    def realised(self) -> np.ndarray:
+        """((x + d) - (x - d)) / 2, float64."""
+        return _blocked(lambda block: _span(self.x[block], self.moved[block]) / 2, self.x.size)
 
 
 def _analytical(executor: Executor, plan: Plan, patterns: list, row_labels: np.ndarray,

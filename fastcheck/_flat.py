@@ -32,17 +32,6 @@ def rounding_level(plan) -> np.ndarray:
                                    1.0, 1.0)
 
 
-def candidates(plan, numerical: np.ndarray, spans: np.ndarray, mismatch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, columns) of the ``mismatch`` elements whose quotient at the first step is flat (``_compare.flat``),
-    ``numerical`` [m, n] and ``spans`` [n] from that step."""
-    columns = np.flatnonzero(np.any(mismatch, axis=0))
-    if not len(columns):
-        return np.zeros(0, int), np.zeros(0, int)
-    flat = _compare.flat(numerical[:, columns], spans[columns], rounding_level(plan))
-    rows, k = np.nonzero(flat & mismatch[:, columns])
-    return rows, columns[k]
-
-
 def noise_is_f(plan, rows: np.ndarray) -> np.ndarray:
     """[len(rows)] whether output ``rows``' measured noise is ``NOISE_IS_F`` of |f_i| or more: f's evaluations there
     keep fewer than ~3 bits of its value, and no step resolves a derivative."""

@@ -130,7 +130,7 @@ PATTERN_MARGIN = 3.0  # J d may leave the pattern's prediction by this factor be
 VJP_PROBE_WEIGHTS = (-4.0, -2.0, -1.0, 1.0, 2.0, 4.0)  # the dense cotangent's values: powers of two keep u exact
 VJP_PROBE_ROUNDING = 64.0  # unit roundoffs of the native dtype per unit of sum_i |u_i a_ij|
 # From this many nonzeros a diagonal pattern's judgement is screened beside the evaluations
-# (``_coloured_judge._screen``): one fused XLA pass over the sweep, the VJP and the pattern probe clears every
+# (``_coloured_judge._screen``): one fused XLA pass over the sweep and the VJP clears every
 # element whose error is below SCREEN_MARGIN of its band (faster than numpy's passes); numpy's rule judges the rest.
 SCREEN_ELEMENTS = 1 << 18
 # A cleared element's error is below this fraction of its band: numpy's rule passes it too, however XLA's fused
