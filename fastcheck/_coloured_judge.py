@@ -155,7 +155,6 @@ def _pattern_problem(block: _Block, plan: Plan, seed: int, source: str) -> str |
         with np.errstate(invalid="ignore", over="ignore"):
             rounding = _compare.rounding_level(plan.eval_output, eps, None if plan.noise is None else plan.noise.sigma)
             coarse, allowed = np.abs(value - predicted), PATTERN_MARGIN * (spread + rounding)
-        with np.errstate(invalid="ignore"):
             index = np.flatnonzero(coarse > allowed) if where is None else where
         return index, coarse[index], allowed[index]
 

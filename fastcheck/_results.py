@@ -163,7 +163,7 @@ class PairReport:
         """Whether every value passes but the resolution is too coarse for the pass to say much
         (``_compare.coarse``): undecidable, not ok."""
         if self.failed_count or self.storage.decisive(self.rtol):
-            return False  # (dense: an element that resolves the limit makes the pair resolve it)
+            return False  # (dense: its largest element alone resolving the limit, no pass over every element)
         resolved, tolerance = self.resolutions
         return coarse(resolved, tolerance, self.rtol)
 
