@@ -9,7 +9,6 @@ from conftest import events_of
 
 import fastcheck
 from fastcheck import _colouring, _pattern, _sparsity
-from fastcheck._config import CheckConfig
 
 RNG = np.random.default_rng(0)
 KERNEL = RNG.normal(size=(3, 3, 2, 3))
@@ -315,14 +314,17 @@ def test_an_op_without_a_rule_refuses_naming_it():
 
 
 def test_sparsity_option_is_validated():
-    with pytest.raises(TypeError, match="sparsity"):
-        CheckConfig(sparsity="diagonal")
-    with pytest.raises(ValueError, match="sparsity"):
-        CheckConfig(sparsity=(np.arange(3), np.arange(4)))
     x = tf.constant(RNG.normal(size=(5,)), tf.float64)
+    with pytest.raises(TypeError, match="sparsity=str is not a sparsity pattern"):
+        fastcheck.check_gradients(tf.sin, x, mode="coloured", sparsity="diagonal")
+    with pytest.raises(ValueError, match="sparsity: index pairs must be two 1-D integer arrays of equal length"):
+        fastcheck.check_gradients(tf.sin, x, mode="coloured", sparsity=(np.arange(3), np.arange(4)))
     with pytest.raises(ValueError, match=r"sparsity= for input has shape \(4, 4\)"):
         fastcheck.check_gradients(tf.sin, x, mode="coloured", sparsity=np.eye(4, dtype=bool))
-    assert hash(CheckConfig(sparsity=np.eye(3, dtype=bool)))  # still hashable
+    # An array option still leaves the configuration hashable: the check's kernels are cached under it.
+    for _ in range(2):
+        report = fastcheck.check_gradients(tf.sin, x, mode="coloured", sparsity=np.eye(5, dtype=bool))
+        assert report.ok and events_of(report, "ColouredSummary")[0].source == "given by sparsity=", str(report)
 
 
 def test_prospect_counts_the_work_the_coloured_check_does():
@@ -392,27 +394,16 @@ def test_coloured_steps_are_full_modes():
     np.testing.assert_array_equal(coloured.pairs[0].numerical, full.pairs[0].numerical)
 
 
-def _executor_for(f, x, **options):
-    from fastcheck._check import _executor
-    from fastcheck._kernels import kernel_held
-    from fastcheck._plan import build_plan
-
-    config = CheckConfig(mode="coloured", **options)
-    plan = build_plan(f, [x], config, hold=kernel_held)
-    executor = _executor(plan, config, {})
-    return executor, executor.plan
-
-
-def test_steps_match_the_executors():
-    # Kept private: the host's steps serve inputs evaluated in neither float32 nor float64 (float16 in native
-    # precision), where the two modes' differences are not bit-equal, so the report cannot show the steps agree.
-    from fastcheck import _colours
-    from fastcheck._executor import steps
-
-    x = tf.constant(RNG.normal(size=(300,)) * 10, tf.float32)
-    executor, plan = _executor_for(tf.sin, x)
-    flat = executor.values[0].numpy().reshape(-1)
-    np.testing.assert_array_equal(_colours._steps(plan, executor.config, flat), steps(plan, executor.config, 0))
+def test_float16_steps_are_full_modes():
+    # Inputs evaluated in neither float32 nor float64 (float16 in native precision): coloured mode's steps, made
+    # per block in the evaluation dtype, are full mode's.  Its differences are not bit-equal to full mode's here (the
+    # kernels' float16 sin), but a step of another size would move the quotients by its truncation error (~10%).
+    x = tf.constant(RNG.normal(size=(300,)) * 10, tf.float16)
+    coloured = fastcheck.check_gradients(tf.sin, x, mode="coloured", precision="native")
+    full = fastcheck.check_gradients(tf.sin, x, mode="full", precision="native")
+    assert coloured.ok and full.ok, str(coloured)
+    np.testing.assert_allclose(np.diag(coloured.pairs[0].numerical), np.diag(full.pairs[0].numerical), rtol=1e-3,
+                               atol=1e-3)
 
 
 def _noisy(x):
@@ -509,29 +500,27 @@ def _truth(f, x):
 
 
 @pytest.mark.parametrize("name", sorted(NORMALISATIONS))
-def test_normalisation_patterns_are_exact_and_shared(name):
+def test_normalisation_patterns_are_exact_and_coloured_validly(name):
+    # The nonzeros coloured mode reports are the Jacobian's exactly, and its colourings are valid: the numerical
+    # values are full mode's bit for bit (two columns of one colour sharing a row would add up), the analytical
+    # ones within rounding (two rows of one colour sharing a column would).
     f, groups = NORMALISATIONS[name]
     x = tf.constant(RNG.normal(size=(32, 8)), tf.float64)
-    f(x)  # a Keras layer builds its variables here, not inside the traced function
-    function = tf.function(lambda v: tf.reshape(f(v), [-1]))
-    m, dep = _sparsity.trace(function.get_concrete_function(tf.TensorSpec(x.shape, x.dtype)).graph, [(0, 256)])
-    (pattern,) = _sparsity.traced_patterns(m, dep, [256])
-    dense = np.zeros(pattern.shape, bool)
-    dense[pattern.rows, pattern.cols] = True
-    np.testing.assert_array_equal(dense, _truth(f, x))
-    if groups is not None:
-        assert pattern.group is not None and len(pattern.gptr) - 1 == groups
-    # Both colourings are valid: columns sharing a row differ, rows sharing a column differ.
-    labels = _colouring.colour(pattern, (32, 8))
-    rows = _colouring.row_colour([pattern], (32, 8))
-    for row in range(m):
-        mine = labels[pattern.cols[pattern.rows == row]]
-        assert len(set(mine)) == len(mine)
-    for col in range(256):
-        mine = rows[pattern.rows[pattern.cols == col]]
-        assert len(set(mine)) == len(mine)
-    if groups is not None:  # one set per row or column: the lattice is optimal (the widest row)
-        assert labels.max() + 1 == pattern.max_row()
+    f(x)  # a Keras layer builds its variables here
+    coloured = fastcheck.check_gradients(f, x, mode="coloured", tables={"DENSE_REPORT_ENTRIES": 0})
+    full = fastcheck.check_gradients(f, x, mode="full")
+    assert coloured.ok and full.ok, str(coloured)
+    (pair,), (dense,) = coloured.pairs, full.pairs
+    assert pair.sparse and pair.jacobian_shape == (256, 256)
+    found = np.zeros(pair.jacobian_shape, bool)
+    found[pair.rows, pair.cols] = True
+    np.testing.assert_array_equal(found, _truth(f, x))
+    np.testing.assert_array_equal(pair.numerical, dense.numerical[pair.rows, pair.cols])
+    np.testing.assert_allclose(pair.analytical, dense.analytical[pair.rows, pair.cols], rtol=1e-14, atol=1e-15)
+    (block,) = events_of(coloured, "ColouredSummary")[0].blocks
+    assert block.nonzeros == found.sum()
+    if groups is not None:  # one set per row or column: the lattice colouring is optimal (the widest row)
+        assert block.colours == np.bincount(pair.rows).max()
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=["float32", "float64"])
@@ -637,22 +626,23 @@ def test_pattern_entries_and_at_agree_with_the_materialised_indices():
     np.testing.assert_array_equal(shared.columns_of(np.array([1, 3])), [1, 4])
 
 
-@pytest.mark.parametrize("m", [1000, 140_000])  # 140,000 outputs: three blocks of differences per colour
-def test_float32_differences_are_held_exactly(m):
-    from fastcheck._colours import _Differences
-
-    plus = RNG.normal(size=(3, m)).astype(np.float32)
-    minus = (plus * np.float32(0.999)).astype(np.float32)
-    crossing = np.r_[0:20, m - 20 : m]  # crossing zero: inexact in float32, in the first and the last block
-    minus[:, crossing] = -RNG.uniform(1e-9, 1e-6, size=(3, 40)).astype(np.float32)
-    exact = plus.astype(np.float64) - minus.astype(np.float64)
-    held = _Differences(3, m, narrow=True)
-    held.store(slice(0, 2), plus[:2], minus[:2])
-    held.store(slice(2, 3), plus[2:], minus[2:])
-    assert held.values.dtype == np.float32 and 0 < len(held.index) <= 120
-    colours, rows = np.repeat(np.arange(3), m), np.tile(np.arange(m), 3)
-    np.testing.assert_array_equal(held.take(colours, rows), exact.reshape(-1))
-    np.testing.assert_array_equal(held.take(None, slice(m - 30, m))[None], exact[:1, m - 30 :])
+def test_float32_differences_are_read_back_exactly():
+    # Evaluated in float32 (native precision), a colour's difference f(x + d) - f(x - d) is held in float32 where that
+    # is exact; products crossing zero (in the first and the last of three blocks of outputs) are not, and read back as
+    # the float64 difference they are: the same quotients as full mode's on those rows alone (rows are independent).
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(70_000, 2)).astype(np.float32)
+    x[:10, 0], x[-10:, 0] = rng.uniform(-1e-3, 1e-3, 10), rng.uniform(-1e-3, 1e-3, 10)  # |x| < the step
+    f = lambda v: v * v[:, ::-1]  # noqa: E731 -- one multiply: rounded alike in every kernel
+    report = fastcheck.check_gradients(f, tf.constant(x), mode="coloured", precision="native")
+    (pair,) = report.pairs
+    assert report.ok and pair.sparse and events_of(report, "ColouredSummary")[0].blocks[0].colours == 2, str(report)
+    for rows, offset in ((slice(0, 10), 0), (slice(-10, None), x.size - 20)):
+        full = fastcheck.check_gradients(f, tf.constant(x[rows]), mode="full", precision="native").pairs[0]
+        mine = (pair.rows >= offset) & (pair.rows < offset + 20)
+        assert mine.sum() == 40
+        np.testing.assert_array_equal(pair.numerical[mine], full.numerical[pair.rows[mine] - offset,
+                                                                           pair.cols[mine] - offset])
 
 
 def _column_scaled(f, index: int, relative: float):

@@ -693,12 +693,13 @@ def test_a_check_returns_what_it_learnt_and_only_the_shared_calibration_keeps_it
 
 
 def test_tables_override_only_the_tunables_a_check_reads_from_its_options():
-    from fastcheck import _config, _tables
-
-    config = _config.CheckConfig(tables={"NOISE_ALL": 5})
-    assert hash(config) and config.table("NOISE_ALL") == 5 and config.replace(seed=1).table("NOISE_ALL") == 5
-    assert _config.CheckConfig().table("NOISE_ALL") == _tables.NOISE_ALL
     x = tf.constant(RNG.normal(size=5))
+    # The override applies to its check alone (a hashable option: the kernels are cached under it), with any other
+    # option beside it: a coloured check reports past 0 dense entries as a sparse pair.
+    for seed in (0, 0, 1):
+        assert fastcheck.check_gradients(tf.sin, x, mode="coloured", tables={"DENSE_REPORT_ENTRIES": 0},
+                                         seed=seed).pairs[0].sparse
+    assert not fastcheck.check_gradients(tf.sin, x, mode="coloured").pairs[0].sparse
     with pytest.raises(ValueError, match="'REFINE_LEVELS' is not a tunable a check reads from its options"):
         fastcheck.check_gradients(tf.sin, x, tables={"REFINE_LEVELS": 8})
     with pytest.raises(ValueError, match="NOISE_ALL=-1 is not valid"):

@@ -114,21 +114,3 @@ def test_rounding_at_every_point_keeps_its_noise():
     (found,) = events_of(report, "PrecisionFound")
     assert found.precision == "bfloat16" and found.why.precision == "bfloat16", report.notes
     assert events_of(report, "NoiseMeasured"), report.notes  # above float64's rounding
-
-
-def test_noise_spread_over_the_line_has_no_jumps():
-    # Gaussian noise on a sloped line: no table of 2000 is read as jumps (the estimate is the table's own).
-    rng = np.random.default_rng(6)
-    tables = 3.0 + 1e-3 * np.arange(8)[:, None] + 1e-9 * rng.normal(size=(8, 2000))
-    assert not _precision._jumps(tables, float(np.finfo(np.float64).eps)).any()
-    assert _precision._without_jumps(tables, float(np.finfo(np.float64).eps)) is tables
-
-
-def test_one_jump_is_taken_out_of_a_noisy_table():
-    rng = np.random.default_rng(7)
-    noisy = 1e-3 * np.arange(8)[:, None] + 1e-9 * rng.normal(size=(8, 1))
-    jumped = noisy + np.where(np.arange(8)[:, None] >= 5, 0.25, 0.0)
-    epsilon = float(np.finfo(np.float64).eps)
-    plain = _precision._differences(noisy)[4]
-    read = _precision._differences(_precision._without_jumps(jumped, epsilon))[4]
-    assert read[0] < 10 * plain[0] + 1e-12 and _precision._differences(jumped)[4][0] > 1e-3
