@@ -23,7 +23,6 @@ from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import Plan
 from fastcheck._tables import (
-    NOISE_FACTOR,
     PATTERN_MARGIN,
     PATTERN_PROBES,
     REFINE_RATIO,
@@ -96,7 +95,7 @@ def _screen(plan: Plan, block: _Block, atol: float, rtol: float) -> np.ndarray |
     try:
         judged = _screened(sides, tf.reshape(columns.executor.values[columns.position], [-1]), columns.step_tensor,
                            tf.reshape(vjp, [-1]), _centre(plan), *(tf.constant(v, tf.float64) for v in (
-                               atol, rtol, NOISE_FACTOR * float(plan.uniform_epsilon), SCREEN_MARGIN)))
+                               atol, rtol, float(plan.uniform_epsilon), SCREEN_MARGIN)))
     except tf.errors.OpError:  # no XLA for this device or dtype, or no memory for the pass: numpy judges it all
         return None
     return np.flatnonzero(view(judged))
@@ -113,7 +112,7 @@ def _centre(plan: Plan) -> tf.Tensor:
 
 
 @tf.function(jit_compile=True, autograph=False, reduce_retracing=True)
-def _screened(sides, x, step, vjp, centre, atol, rtol, noise_factor, margin):
+def _screened(sides, x, step, vjp, centre, atol, rtol, epsilon, margin):
     """The mask [m] of a diagonal block's nonzeros not cleared by ``_compare``'s rule with every allowance scaled by
     ``margin``, as ``_noise``, ``_span`` and ``first_sweep`` compute them, in one fused pass (a value that is not
     finite clears nothing)."""
@@ -121,8 +120,7 @@ def _screened(sides, x, step, vjp, centre, atol, rtol, noise_factor, margin):
     span = wide((x + step) - (x - step))
     numerical = (wide(sides[0]) - wide(sides[sides.shape[0] // 2])) / span  # f(x + d) first, f(x - d) half way
     analytical = wide(vjp)
-    noise = tf.abs(wide(centre)) * noise_factor / tf.abs(span)
-    noise = tf.where(tf.math.is_finite(noise), noise, tf.zeros_like(noise))
+    noise = _compare.quotient_noise(_compare.rounding_level(wide(centre), epsilon), span)
     band = _compare.allowance(numerical, atol, rtol, noise)
     finite = tf.math.is_finite(numerical) & tf.math.is_finite(analytical)
     return tf.logical_not(finite & (tf.abs(analytical - numerical) <= margin * band))

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import tensorflow as tf
 
 from fastcheck._events import Hint
 from fastcheck._tables import (
@@ -98,15 +99,20 @@ def rounding_level(y0, eps_eval, sigma=None, factor: float = NOISE_FACTOR, measu
     ``factor * eps_eval * |f_i|`` (rounding; ``eps_eval`` per output row, ``Plan.row_epsilon``, or one for all), or
     ``measured * sigma_i`` where f's noise was measured (``sigma``: the standard deviation of its evaluations, see
     ``_precision``) and is larger: a band of about 6 standard deviations of a difference quotient, so that a million
-    elements of a correct noisy f raise no false alarm.  ``_flat`` reads the bare level (both factors 1)."""
-    level = factor * eps_eval * np.abs(y0)
+    elements of a correct noisy f raise no false alarm.  ``_flat`` reads the bare level (both factors 1).  Numpy
+    arrays or, without ``sigma``, TF tensors (the XLA screen's)."""
+    level = abs(y0) * (factor * eps_eval)
     return level if sigma is None else np.maximum(level, measured * sigma)
 
 
 def quotient_noise(level, spans) -> np.ndarray:
     """The rounding error of central difference quotients (f(x+) - f(x-)) / span of outputs off by ``level``
     (``rounding_level``): ``level / |span|``, 0 where that is not finite (broadcasting: an element's span, or an
-    outer product of rows and columns)."""
+    outer product of rows and columns).  Numpy arrays, or TF tensors (fast mode's probes, the XLA screen: by
+    division, the same value within an ulp)."""
+    if isinstance(level, tf.Tensor) or isinstance(spans, tf.Tensor):
+        noise = level / tf.abs(spans)
+        return tf.where(tf.math.is_finite(noise), noise, tf.zeros_like(noise))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         noise = np.asarray(level * (1.0 / np.abs(spans)), np.float64)
         noise[~np.isfinite(noise)] = 0.0

@@ -211,7 +211,7 @@ class Joint:
         plus, minus, realised = self._evaluate(directions, tf.constant(steps, F64))
         step = tf.constant(steps, F64)[:, None]
         estimate = (plus - minus) / (2 * step)
-        noise = self.level[None, :] / (2 * step)
+        noise = _compare.quotient_noise(self.level[None, :], 2 * step)
         return estimate, realised, plus, minus, noise
 
     @property
