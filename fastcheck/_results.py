@@ -87,6 +87,7 @@ class PairReport:
     float64_gradient: bool = False
     _summary: dict | None = dataclasses.field(default=None, init=False, repr=False)
     _counts: np.ndarray | None = dataclasses.field(default=None, init=False, repr=False)
+    _coarse: bool | None = dataclasses.field(default=None, init=False, repr=False)
 
     # -- the values, from the storage ----------------------------------------------------
 
@@ -161,11 +162,12 @@ class PairReport:
     @property
     def coarse(self) -> bool:
         """Whether every value passes but the resolution is too coarse for the pass to say much
-        (``_compare.coarse``): undecidable, not ok."""
-        if self.failed_count or self.storage.decisive(self.rtol):
-            return False  # (dense: its largest element alone resolving the limit, no pass over every element)
-        resolved, tolerance = self.resolutions
-        return coarse(resolved, tolerance, self.rtol)
+        (``_compare.coarse``): undecidable, not ok.  Made once, as the summaries (``ok`` is read many times)."""
+        if self._coarse is None:
+            # (dense: its largest element alone resolving the limit, no pass over every element)
+            self._coarse = not self.failed_count and not self.storage.decisive(self.rtol) and coarse(
+                *self.resolutions, self.rtol)
+        return self._coarse
 
     @property
     def resolutions(self) -> tuple[float, float]:
