@@ -105,7 +105,7 @@ def rounding_level(y0, eps_eval, sigma=None, factor: float = NOISE_FACTOR, measu
     return level if sigma is None else np.maximum(level, measured * sigma)
 
 
-def quotient_noise(level, spans) -> np.ndarray:
+def quotient_noise(level, spans) -> np.ndarray | tf.Tensor:
     """The rounding error of central difference quotients (f(x+) - f(x-)) / span of outputs off by ``level``
     (``rounding_level``): ``level / |span|``, 0 where that is not finite (broadcasting: an element's span, or an
     outer product of rows and columns).  Numpy arrays, or TF tensors (fast mode's probes, the XLA screen: by
