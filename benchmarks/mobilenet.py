@@ -211,7 +211,7 @@ def _options(text: str) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.mobilenet", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
-    parser.add_argument("--options", default="", help="check_model options, e.g. mode=fast,time_budget=30")
+    parser.add_argument("--options", default="", help="check_model options, e.g. mode=fast,probes=8")
     parser.add_argument("--variables", default="", help="check only variables whose paths start with these prefixes")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per case")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))

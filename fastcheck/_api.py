@@ -8,15 +8,15 @@ from collections.abc import Callable
 import numpy as np
 
 from fastcheck._check import jacobians, run_check
-from fastcheck._config import INTERNAL_FIELDS, CheckConfig
+from fastcheck._config import INTERNAL_FIELDS, REMOVED_OPTIONS, CheckConfig
 from fastcheck._problem import function_problem, model_problem, supplied_problem
 from fastcheck._results import GradientCheckError, GradientReport
 
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
                     memory_budget=None, device=None, precision="auto", mode="auto", probes=4, seed=0,
-                    order=1, progress=None, autodiff="auto", wrt=None, time_budget=None,
-                    sparsity=None, strategy=None, devices=None, calibration=None, tables=None) -> GradientReport:
+                    order=1, progress=None, autodiff="auto", wrt=None, sparsity=None, strategy=None, devices=None,
+                    **removed) -> GradientReport:
     """Compare autodiff Jacobians of ``f`` with batched central differences.
 
     Every floating or complex input is checked (complex ones as (real, imag)
@@ -45,8 +45,8 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         against the reverse-mode gradient and u.J.d against one VJP, a failing
         projection localised to an input and a region of it), or "auto": full
         when the Jacobian fits ``memory_budget``, inputs have at most 200,000
-        elements and the full check is predicted to take at most
-        ``time_budget`` seconds; the report says which ran, and why.
+        elements and the full check is predicted (from f's counted call cost
+        and graph) to take at most 60 s; the report says which ran, and why.
         "coloured": element-wise verdicts on every structural nonzero of a
         sparse Jacobian from a few differences and VJPs (one per colour of its
         columns / rows); the pattern is ``sparsity`` or traced from f's graph.
@@ -64,9 +64,6 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         nested lists/tuples, namedtuples), ``tf.SparseTensor`` (values checked) or
         ``tf.RaggedTensor`` (flat values checked); unchecked ones reach f unchanged,
         Python ints and bools as Python numbers.
-      time_budget: seconds ``mode="auto"`` may spend on full Jacobians (default
-        60): when the full check is predicted to take longer it runs fast mode,
-        and the report's mode note gives the predicted time.
       sparsity: the Jacobian's sparsity pattern for ``mode="coloured"``: a
         boolean array [m, n] (m: f's flat outputs, n: the checked input's
         elements), index pairs ``(rows, cols)`` (a tuple of two integer arrays),
@@ -84,19 +81,6 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         raise ``memory_budget`` to give devices with their own memory more.
       devices: shorthand for ``strategy=tf.distribute.MirroredStrategy(devices)``,
         e.g. ``["/GPU:0", "/GPU:1"]``.
-      calibration: routing's measured costs (``fastcheck.testing.Calibration``: this
-        machine's dispatch time and cache, whether a kernel was traced, how long
-        earlier checks took against their predictions), which pick the eager or
-        traced path and ``mode="auto"``'s time prediction.  None (default): the
-        process's shared calibration, which learns from every check that uses it.
-        Given one, the check routes by it and leaves the shared one alone; what it
-        learnt is ``report.calibration`` (pass that to the next check).
-      tables: overrides of fastcheck's tunables (``fastcheck/_tables.py``) by name,
-        for this check: ``NOISE_ALL`` (coloured mode measures f's noise on every
-        output up to this many), ``DENSE_REPORT_ENTRIES`` (coloured pairs up to
-        this many entries are reported dense), ``FULL_BYTES_PER_ENTRY`` and
-        ``HELD_MEMORY_FLOOR`` (the memory full Jacobians need, and the least a
-        check may hold); e.g. ``tables={"NOISE_ALL": 1000}``.
 
     Returns:
       A ``GradientReport``; ``bool(report)`` tells whether every element passed.
@@ -117,14 +101,24 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       >>> report.ok
       True
     """
+    _refuse_removed(removed, "check_gradients")
     config = CheckConfig(eps, atol, rtol, jit_compile, memory_budget, device, precision, mode, probes, seed, order,
-                         progress, autodiff, time_budget, sparsity, strategy=strategy, devices=devices,
-                         calibration=calibration, tables=tables)
+                         progress, autodiff, sparsity, strategy=strategy, devices=devices)
     return run_check(function_problem(f, inputs, config, wrt), config)
+
+
+def _refuse_removed(options: dict, entry: str) -> None:
+    """A TypeError naming a removed option and what replaces it, or any other unknown keyword."""
+    for name in options:
+        if name in REMOVED_OPTIONS:
+            raise TypeError(f"{entry}() no longer takes {name}=: {REMOVED_OPTIONS[name]}.")
+    if entry == "check_gradients" and options:
+        raise TypeError(f"check_gradients() got unknown option(s) {', '.join(map(repr, sorted(options)))}.")
 
 
 def checked_config(options: dict, entry: str) -> CheckConfig:
     """The configuration from keyword options, with a TypeError naming any unknown one."""
+    _refuse_removed(options, entry)
     known = {field.name for field in dataclasses.fields(CheckConfig)} - INTERNAL_FIELDS
     unknown = sorted(set(options) - known)
     if unknown:

@@ -10,8 +10,6 @@ graph / loop / eager), falling back like the numerical side.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_array_ops
@@ -21,7 +19,7 @@ from fastcheck._executor import Batch, Executor, view
 from fastcheck._kernels import pad
 from fastcheck._paths import EAGER, LOOP, compile_kernel
 from fastcheck._plan import EAGER_TENSOR, Plan, first_line, unstacked
-from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS, LOOP_BATCH_ELEMENTS
+from fastcheck._tables import EAGER_LOOP_SECONDS, EAGER_SECONDS, LOOP_BATCH_ELEMENTS, VJP_CALLS
 
 ZERO = tf.UnconnectedGradients.ZERO
 _EAGER = object()  # what a batch's eager fallback returns: the eager loops take over
@@ -149,31 +147,22 @@ class AutodiffJacobian:
     def __call__(self) -> list[np.ndarray]:
         """One array [m, n_k] per checked input, in the analytical dtype's precision (as float64)."""
         # Eager VJPs/JVPs cost no tracing: they win for scalar outputs, few rows, and above all for while-loop
-        # functions, whose gradient graphs take seconds to trace.  The first row's time decides whether to go on.
-        # A kernel already compiled for this plan (a repeated check) always wins.
-        limit = None if self.executor.path == EAGER else EAGER_LOOP_SECONDS if self.executor.path == LOOP else EAGER_SECONDS
-        # Under a strategy the rows go over the replicas, on a traced path: no timing-dependent eager attempt (two
-        # workers must take the same steps, and write the same report).  A repeated f's kernel is compiled, not
-        # tried eagerly first -- but for the loop path (its gradient graphs are the slow ones to trace).
-        compile_now = self.executor.route.repeated and self.executor.path != LOOP
-        timed_attempt = self.executor.path == EAGER or (self.executor.share is None and not compile_now)
-        result = None if self._compiled() or not timed_attempt else self._eager(limit)
+        # functions, whose gradient graphs take seconds to trace.  Whether they run is predicted from f's counted
+        # call cost (never timed), so a check takes the same side's numbers in every process.  Under a strategy the
+        # rows go over the replicas, on a traced path.
+        eager = self.executor.path == EAGER or (self.executor.share is None and self._eager_fits())
+        result = self._eager() if eager else None
         if result is None and self.executor.path != EAGER:
             result = self._batched()
         return self._eager() if result is None else result
 
-    def _keys(self) -> list[tuple]:
-        """The executor's kernel keys ``_batched`` would use on the current path (chunk sizes as they stand)."""
-        plan, chunks = self.plan, self.executor.chunks
-        if plan.m == 1 and not self.forward:
-            return [("autodiff", self.twin, "gradient")]
-        if self.forward:
-            return [("autodiff", self.twin, "forward", s.position, chunks.get(("forward", s.position), chunks[s.position]))
-                    for s in plan.checked]
-        return [("autodiff", self.twin, "reverse", chunks.get("reverse rows", self.executor.route.output_chunk))]
-
-    def _compiled(self) -> bool:
-        return self.executor.path != EAGER and all(self.executor.is_compiled(key) for key in self._keys())
+    def _eager_fits(self) -> bool:
+        """Whether the eager passes (a row of VJP_CALLS calls of f each, a column each for forward mode) are
+        predicted within EAGER_SECONDS (EAGER_LOOP_SECONDS on the loop path, where gradient graphs trace slowest)."""
+        plan = self.plan
+        passes = plan.n if self.forward else 1 if plan.m == 1 else plan.m
+        limit = EAGER_LOOP_SECONDS if self.executor.path == LOOP else EAGER_SECONDS
+        return passes * VJP_CALLS * plan.call_seconds <= limit
 
     def _batched(self):
         """The Jacobian from batched kernels on the executor's path, chunked by its one chunk loop; None when
@@ -219,15 +208,14 @@ class AutodiffJacobian:
                       unit="rows", item="reverse-mode row", spread=False, local=True)
         return None if executor.chunked(batch, plan.m, rows, eager=lambda: _EAGER) is _EAGER else blocks
 
-    def _eager(self, limit: float | None = None):
-        """Row by row (reverse) or column by column (forward), eagerly; None when over ``limit`` seconds."""
+    def _eager(self):
+        """Row by row (reverse) or column by column (forward), eagerly."""
         plan = self.plan
         # Fresh tensors, as a training step has: TFP bijectors cache log-det-Jacobians per tensor object, so a taped
         # call on the objects planning used would reuse values computed outside the tape (and miss their gradient).
         values = [gen_array_ops.identity(v) for v in self.values]  # the op itself: tf.identity's Python is ~30 calls
         sources = [values[s.position] for s in plan.checked]
         if self.forward:
-            pace = _Pace(limit, plan.n)
             blocks = []
             for spec, source in zip(plan.checked, sources):
                 columns = []
@@ -236,8 +224,6 @@ class AutodiffJacobian:
                     with tf.autodiff.ForwardAccumulator(source, tangent) as accumulator:
                         leaves = plan.output_leaves(values)
                     columns.append(_flat_numpy(plan, [accumulator.jvp(leaf, unconnected_gradients=ZERO) for leaf in leaves]))
-                    if pace.over():
-                        return None
                 blocks.append(np.stack(columns, axis=1))
             return blocks
         # The tape holds f's own output leaves: no flattening ops to differentiate per row.
@@ -278,7 +264,7 @@ class AutodiffJacobian:
                 self.executor.coloured("reverse", int(found.row_labels.max()) + 1)
                 return block
         try:
-            blocks = self._rows(leaves, sources, _Pace(limit, plan.m), lambda: (tape, leaves))
+            blocks = self._rows(leaves, sources, lambda: (tape, leaves))
         except Exception:
             # tf.py_function's gradient runs once per forward call (TensorFlow drops its
             # Python function after the first backward pass): one forward pass per row.
@@ -288,12 +274,12 @@ class AutodiffJacobian:
                     outputs = plan.output_leaves(values)
                 return row_tape, outputs
 
-            return self._rows(leaves, sources, _Pace(limit, plan.m), fresh)
+            return self._rows(leaves, sources, fresh)
         if blocks is not None and self.executor.path == EAGER and self.values is self.executor.native:
             self.executor.row_blocks(blocks)  # a row loop too short to colour: its blocks check f's pattern
         return blocks
 
-    def _rows(self, leaves, sources, pace: _Pace, taped):
+    def _rows(self, leaves, sources, taped):
         """Reverse mode one output row at a time; ``taped()`` gives a (tape, leaves) pass to differentiate."""
         rows: list[list[np.ndarray]] = [[] for _ in sources]
         for index, leaf in enumerate(leaves):
@@ -310,8 +296,6 @@ class AutodiffJacobian:
                     grads = eager_vjp(tape, [outputs[index]], sources, [cotangent])
                     for row, g in zip(rows, grads):
                         row.append(_densify(g).numpy().reshape(-1))
-                    if pace.over():
-                        return None
         return [np.stack(row).astype(np.float64) for row in rows]
 
 
@@ -319,29 +303,6 @@ def _flat_numpy(plan: Plan, leaves) -> np.ndarray:
     """Flat float64 vector of per-leaf results, rounded as ``plan.call_flat`` would round them."""
     target = plan.native_flat_dtype.as_numpy_dtype
     return np.concatenate([np.asarray(leaf).astype(target, copy=False).reshape(-1) for leaf in leaves]).astype(np.float64)
-
-
-class _Pace:
-    """Whether a loop of ``total`` eager passes would run over ``limit`` seconds at its steady pace: that of the
-    passes after the first, which pays one-time costs (the taped forward pass, kernel lookups: 5 ms where later rows
-    of a dense layer take 0.3 ms)."""
-
-    def __init__(self, limit: float | None, total: int):
-        self.limit, self.total, self.done = limit, total, 0
-        self.start = time.perf_counter()
-        self.first = self.start
-
-    def over(self) -> bool:
-        """Count one finished pass; True when the loop should stop."""
-        self.done += 1
-        now = time.perf_counter()
-        if self.limit is None or self.done >= self.total:
-            return False
-        if self.done == 1:
-            self.first = now
-            return now - self.start > self.limit
-        pace = (now - self.first) / (self.done - 1)
-        return now - self.start + pace * (self.total - self.done) > self.limit
 
 
 def forward_probe(plan: Plan, directions: list[np.ndarray]) -> tuple[np.ndarray | None, str | None]:

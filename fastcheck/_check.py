@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
-from fastcheck import _calibration
 from fastcheck import _events as events
 from fastcheck._coloured import check_coloured, prospect
 from fastcheck._config import MACHINE_EPSILON, CheckConfig, memory_limit
@@ -19,8 +17,8 @@ from fastcheck._diagnosis import describe_nonfinite
 from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._kernels import kernel_held, known, learn, plan_key
-from fastcheck._paths import EAGER, Route, choose_route
+from fastcheck._kernels import kernel_held
+from fastcheck._paths import EAGER, Route, choose_route, predict
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
 from fastcheck._raised import passes_own
@@ -51,13 +49,8 @@ OBSERVERS: list[Callable[[GradientReport], None]] = []
 
 @passes_own  # the user's own exception, raised by f after planning, leaves as itself
 def run_check(problem: Problem, config: CheckConfig) -> GradientReport:
-    """Check one problem under one configuration; every observer sees the report.
-
-    The check routes by ``config.calibration``, or the process's shared calibration when it is None; what it learnt
-    is ``report.calibration``, and becomes the shared one in the second case.
-    """
+    """Check one problem under one configuration; every observer sees the report."""
     report = _run_check(problem, config)
-    _keep(config, report.calibration)
     for observe in list(OBSERVERS):
         observe(report)
     return report
@@ -73,7 +66,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             problems = [plan.nondeterministic, *([problem.if_random] if problem.if_random else [])]
             return GradientReport([], "none", "-", time.perf_counter() - start,
                                   (*plan.notes, *problem.notes),
-                                  problems, problem.title, timings, calibration=_received(config))
+                                  problems, problem.title, timings)
         if plan.empty:
             return _nothing_to_check(plan, problem, config, time.perf_counter() - start, timings)
         if config.mode == "full":
@@ -96,21 +89,6 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             notes_before = [events.Inconsistent(text) for text in done[0][2].inconsistent]
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
         inconsistent = list(outcome.inconsistent)
-        learnt = executor.calibration
-        found_of_f: dict = {"checks": 1}  # what this problem's later checks route by
-        if (mode == "full" and not rerun and not executor.elementwise_sides and not executor.colours
-                and not executor.chosen.repeated and not executor.chosen.reason.coloured):
-            # What routing predicted, against what it cost: later checks route by it (not an element-wise f's few
-            # calls, nor loops by f's pattern, which say nothing of an eager loop's 2n + m; nor a repeated check's,
-            # whose kernels were traced before).
-            seconds = sum(timings.get(stage, 0.0) for stage in ("route", "analytical", "numerical"))
-            learnt = learnt.learn_from(executor.chosen, executor.path, seconds)
-            if executor.path == EAGER:
-                found_of_f["eager_seconds"] = seconds
-        if "numerical" in executor.elementwise_sides:
-            found_of_f["elementwise"] = True
-        if config.jit_compile == "auto":  # learnt once, at the end (routing read the count it adds to)
-            learn(plan_key(plan, config), **found_of_f)
         found = run_events(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
@@ -119,36 +97,17 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
         if config.autodiff in ("forward", "both") and mode != "full" and problem.supplied is None:
             warnings.append(forward_not_checked(config.autodiff, mode))
         return GradientReport(outcome.pairs, outcome.path or executor.path, kind, time.perf_counter() - start,
-                              tuple(found), problems, problem.title, timings, warnings, calibration=learnt)
+                              tuple(found), problems, problem.title, timings, warnings)
 
 
 @dataclasses.dataclass
 class Facts:
-    """What deciding a check's strategy reads of f beyond its plan, each probed once and only when first asked
-    (they cost calls of f): one traced call's seconds, and coloured mode's prospect (``_coloured.prospect``,
-    memoised on the executor; an f without a pattern raises its ValueError each time it is asked)."""
+    """What deciding a check's strategy reads of f beyond its plan, probed once and only when first asked (it
+    costs calls of f): coloured mode's prospect (``_coloured.prospect``, memoised on the executor; an f without a
+    pattern raises its ValueError each time it is asked)."""
 
     executor: Executor
     timings: dict
-
-    @functools.cached_property
-    def traced_call(self) -> float:
-        """Seconds of one call of f's traced function (the route's probe), the first call (graph optimisation) aside;
-        f's eager call where there is none or it fails."""
-        executor = self.executor
-        function = executor.route.flat_function
-        if not callable(function):
-            return executor.plan.call_seconds
-        try:
-            function(*executor.values).numpy()
-            start = time.perf_counter()
-            function(*executor.values).numpy()
-            return time.perf_counter() - start
-        except Exception:  # f runs eagerly only: the batched kernels fall back to the eager path anyway
-            return executor.plan.call_seconds
-
-    def call_seconds(self) -> float:
-        return self.traced_call
 
     def sparse(self) -> dict:
         with timed(self.timings, "sparsity"):
@@ -162,17 +121,16 @@ def decide(plan: Plan, config: CheckConfig, executor: Executor, facts: Facts, do
     Nothing run yet: the mode ``config.mode`` asks for, or ``mode="auto"``'s choice (``choose_mode``).  After
     coloured mode found the reverse-mode gradient inconsistent with f's sparsity pattern (its row colours' VJPs
     disagree with a dense cotangent's, so it cannot name the wrong elements): full mode, where the full Jacobians
-    fit -- at most ``FULL_RERUN_MAX_ENTRIES`` entries, within the memory limit, and predicted within time_budget.
+    fit -- at most ``FULL_RERUN_MAX_ENTRIES`` entries, within the memory limit, and predicted within ``FULL_SECONDS``.
     """
     if not done:
-        return choose_mode(plan, config, executor.route, executor.calibration, facts.call_seconds, facts.sparse)
+        return choose_mode(plan, config, executor.route, facts.sparse)
     _, why, outcome = done[-1]
     if len(done) > 1 or not outcome.inconsistent or plan.m * plan.n > FULL_RERUN_MAX_ENTRIES:
         return None
     if config.table("FULL_BYTES_PER_ENTRY") * plan.m * plan.n > memory_limit(config)[0]:
         return None
-    seconds = predict_full_seconds(plan, executor.route, executor.calibration, config.seconds, facts.call_seconds)[0]
-    return ("full", (events.Escalated(why),)) if seconds <= config.seconds else None
+    return ("full", (events.Escalated(why),)) if predict_full_seconds(plan, executor.route)[0] <= config.table("FULL_SECONDS") else None
 
 
 def jacobians(problem: Problem, config: CheckConfig, side: str) -> list[list[np.ndarray | None]]:
@@ -195,9 +153,6 @@ def jacobian_blocks(problem: Problem, config: CheckConfig, sides: tuple[str, ...
             by_input = {s.position: b for s, b in zip(plan.checked, blocks)}
             found[side] = [[by_input[s.position][o.offset : o.offset + o.size] if s.position in by_input else None
                             for s in plan.inputs] for o in plan.outputs]
-        if config.jit_compile == "auto":
-            learn(plan_key(plan, config), checks=1)
-        _keep(config, executor.calibration)
         return found
 
 
@@ -217,7 +172,7 @@ def _nothing_to_check(plan: Plan, problem: Problem, config: CheckConfig, seconds
     pairs: list[PairReport] = [pair(o, s) for s in plan.checked for o in plan.outputs]
     note = events.NothingToCheck(not plan.m, plan.m, plan.n)
     return GradientReport(pairs, "none", "-", seconds, (*plan.notes, *problem.notes, note), [],
-                          problem.title, timings, calibration=_received(config))
+                          problem.title, timings)
 
 
 def _empty_parts(plan: Plan) -> list:
@@ -240,83 +195,66 @@ def _planned(problem: Problem, config: CheckConfig) -> Plan:
 
 def _executor(plan: Plan, config: CheckConfig, timings: dict) -> Executor:
     with timed(timings, "route"):
-        checks = known(plan_key(plan, config)).checks + 1 if config.jit_compile == "auto" else 1
-        route, calibration = choose_route(plan, config, _received(config), checks)
-        return Executor(plan, config, route, calibration)
+        return Executor(plan, config, choose_route(plan, config))
 
 
-def _received(config: CheckConfig) -> _calibration.Calibration:
-    """The calibration a check routes by: ``config.calibration``, else the process's shared one."""
-    return _calibration.shared_calibration() if config.calibration is None else config.calibration
+def predict_full_seconds(plan: Plan, route: Route) -> tuple[float, events.Prediction]:
+    """(seconds, how) a full check of ``plan`` on ``route`` is predicted to take, from f's counted call cost and the
+    route's probe of its graph (never from a clock).
 
-
-def _keep(config: CheckConfig, learnt: _calibration.Calibration | None) -> None:
-    """What a check that routed by the process's shared calibration learnt becomes the shared one (the one place
-    it changes); a check given its own leaves the shared one as it was."""
-    if config.calibration is None and learnt is not None:
-        _calibration.keep_shared(learnt)
-
-
-def predict_full_seconds(plan: Plan, route: Route, calibration: _calibration.Calibration, budget: float,
-                         call_seconds) -> tuple[float, events.Prediction]:
-    """(seconds, how) a full check of ``plan`` on ``route`` is predicted to take after routing.
-
-    Eager path: routing's prediction of the eager loop (2n + a few calls of f at f's measured eager call, or the
-    loops by f's pattern where routing priced them, ``Route.loops``; corrected by what earlier eager checks took:
-    ``calibration``).  Traced paths: one kernel per checked input (one for all of
-    them where routing batches them together, ``Route.joint_chunk``) plus the autodiff kernel, each costing what
-    routing predicts for tracing one (from f's measured eager call and this process's dispatch), then 2n batched
-    evaluations (plus a few per row of a Jacobian with m > 1 rows), with ``call_seconds()`` measuring one call of
-    f's traced function -- only when the tracing alone fits ``budget``.
+    Eager path: the eager loop (2n + a few calls of f, or the loops by f's pattern where routing priced them,
+    ``Route.loops``).  Traced paths: one kernel per checked input (one for all of them where routing batches them
+    together, ``Route.joint_chunk``) plus the autodiff kernel, each costing a trace, then 2n batched evaluations
+    (plus a few per row of a Jacobian with m > 1 rows).
     """
-    eager, traced = calibration.predict(plan, route.loops)  # the loops by f's pattern, where routed by them
+    eager, traced = predict(plan, route.loops)  # the loops by f's pattern, where routed by them
     if route.path == EAGER:
         return eager, events.Prediction("eager", calls=route.loops[0] if route.loops else 2 * plan.n,
                                         per_call=plan.call_seconds)
     kernels = (1 if route.joint_chunk else len(plan.checked)) + 1  # differences (one for all inputs, or one each), autodiff
     tracing = kernels * traced
-    if tracing > budget:
-        return tracing, events.Prediction("tracing", kernels=kernels, per_kernel=traced)
-    per_eval = max(BATCHED_PER_CALL * call_seconds(),
-                   route.flops_per_eval / BATCHED_FLOPS + route.elements_per_eval / BATCHED_ELEMENTS)
+    per_eval = _batched_seconds(plan, route)
     evaluations = 2 * plan.n + (VJP_CALLS * plan.m if plan.m > 1 else 0)
     return tracing + evaluations * per_eval, events.Prediction("batched", evaluations, per_eval, kernels, traced)
 
 
-def choose_mode(plan: Plan, config: CheckConfig, route: Route, calibration: _calibration.Calibration, call_seconds,
-                sparse=None) -> tuple[str, tuple]:
+def _batched_seconds(plan: Plan, route: Route) -> float:
+    """One batched evaluation of f: see ``BATCHED_PER_CALL``."""
+    return max(BATCHED_PER_CALL * plan.traced_call_seconds,
+               route.flops_per_eval / BATCHED_FLOPS + route.elements_per_eval / BATCHED_ELEMENTS)
+
+
+def choose_mode(plan: Plan, config: CheckConfig, route: Route, sparse=None) -> tuple[str, tuple]:
     """("full" | "coloured" | "fast", why: its reasons, ``fastcheck._events``) for ``config.mode``.
 
     ``mode="auto"``: full Jacobians when they fit memory_budget, every input has at most ``FULL_MAX_INPUT``
-    elements, and the full check is predicted to take at most ``time_budget`` seconds (``predict_full_seconds``);
+    elements, and the full check is predicted to take at most ``FULL_SECONDS`` (``predict_full_seconds``);
     beyond that, coloured mode when f's Jacobian is sparse enough to pay (``_beyond_full``), random projections
-    otherwise.  ``call_seconds()`` measures one call of f's traced function (when needed); ``sparse()`` gives
-    coloured mode's prospect (``_coloured.prospect``).
+    otherwise.  ``sparse()`` gives coloured mode's prospect (``_coloured.prospect``).
     """
     if config.mode != "auto":
         return config.mode, (events.Requested(),)
     entries = plan.m * plan.n
     fitting = FULL_MAX_ENTRIES_PER_GIB * config.budget / (1 << 30)
     if entries > fitting:
-        return _beyond_full(events.FullTooLarge(entries, fitting), plan, config, route, call_seconds, sparse)
+        return _beyond_full(events.FullTooLarge(entries, fitting), plan, config, route, sparse)
     if max((s.size for s in plan.checked), default=0) > FULL_MAX_INPUT:
-        return _beyond_full(events.InputTooLarge(FULL_MAX_INPUT), plan, config, route, call_seconds, sparse)
+        return _beyond_full(events.InputTooLarge(FULL_MAX_INPUT), plan, config, route, sparse)
     if len(plan.checked) <= TIME_RULE_MIN_INPUTS and plan.n <= TIME_RULE_MIN_ELEMENTS:
         return "full", (events.FullFits(entries),)
-    seconds, how = predict_full_seconds(plan, route, calibration, config.seconds, call_seconds)
-    if seconds > config.seconds:
-        return _beyond_full(events.FullTooSlow(seconds, how, config.seconds), plan, config, route, call_seconds,
-                            sparse)
-    return "full", (events.FullFits(entries, seconds, config.seconds),)
+    seconds, how = predict_full_seconds(plan, route)
+    if seconds > config.table("FULL_SECONDS"):
+        return _beyond_full(events.FullTooSlow(seconds, how, config.table("FULL_SECONDS")), plan, config, route, sparse)
+    return "full", (events.FullFits(entries, seconds, config.table("FULL_SECONDS")),)
 
 
-def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, call_seconds, sparse) -> tuple[str, tuple]:
+def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, sparse) -> tuple[str, tuple]:
     """("coloured" | "fast", why) where full Jacobians do not fit.
 
     Coloured when f has more than one output (a scalar f's Jacobian is one dense row), its sparsity pattern is
     known (given, or traced op by op), its column colours are at most ``COLOURED_MAX_COLUMN_SHARE`` of the columns,
     its nonzeros fit the memory a check may hold, and its evaluations (2 per colour and refinement) and VJPs (one per
-    row colour) are predicted to fit ``time_budget`` at the batched cost of one evaluation; element-wise verdicts are
+    row colour) are predicted to fit ``FULL_SECONDS`` at the batched cost of one evaluation; element-wise verdicts are
     then worth their cost over projections.
     """
     if sparse is None or plan.m <= 1:
@@ -331,11 +269,10 @@ def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, call_second
         return "fast", (why, events.TooDense(nonzeros, colours))
     if found["bytes"] > limit:
         return "fast", (why, events.ColouredTooLarge(found["bytes"], nonzeros, limit))
-    per_eval = max(BATCHED_PER_CALL * call_seconds(),
-                   route.flops_per_eval / BATCHED_FLOPS + route.elements_per_eval / BATCHED_ELEMENTS)
+    per_eval = _batched_seconds(plan, route)
     seconds = (found["evaluations"] + VJP_CALLS * found["vjps"]) * per_eval + COLOURED_SECONDS_PER_NONZERO * nonzeros
-    if seconds > config.seconds:
-        return "fast", (why, events.ColouredTooSlow(colours, seconds, config.seconds))
+    if seconds > config.table("FULL_SECONDS"):
+        return "fast", (why, events.ColouredTooSlow(colours, seconds, config.table("FULL_SECONDS")))
     return "coloured", (why, events.Sparse(nonzeros, colours, seconds))
 
 

@@ -11,6 +11,7 @@ Steps and tolerances are data, kept here in one place:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -20,12 +21,10 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _tables
-from fastcheck._calibration import Calibration
 from fastcheck._pattern import given
 from fastcheck._tables import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_PROBES,
-    DEFAULT_TIME_BUDGET,
     DEFAULT_TOLERANCES,  # re-exported: the tolerance table users override
 )
 
@@ -156,30 +155,45 @@ def validate_devices(devices) -> tuple[str, ...] | None:
     return names
 
 
-def _table_overrides(tables) -> tuple | None:
-    """``tables=`` as sorted (name, value) pairs; a ``TypeError`` / ``ValueError`` naming it."""
-    if tables is None:
-        return None
-    try:
-        pairs = dict(tables)
-    except (TypeError, ValueError):
-        raise TypeError(f"tables={tables!r} is not a mapping: pass a dict of tunables by name, e.g. "
-                        "{'NOISE_ALL': 1000}, or None.") from None
-    for name, value in pairs.items():
+# Tunables of ``_tables`` overridden within a ``tunables`` block (a test seam: tests reach a branch -- coloured
+# mode's sampled noise, its sparse report, a check too large to hold -- on a small problem).
+_overrides: dict = {}
+
+
+@contextlib.contextmanager
+def tunables(**overrides):
+    """Within the block, every check reads these tunables of ``fastcheck/_tables.py`` (those in ``CONFIGURABLE``)
+    instead of the table's values; the values before the block are back after it."""
+    for name, value in overrides.items():
         if name not in _tables.CONFIGURABLE:
-            raise ValueError(f"tables={pairs!r}: {name!r} is not a tunable a check reads from its options; "
-                             f"pass some of {', '.join(sorted(_tables.CONFIGURABLE))}.")
+            raise ValueError(f"tunables({name}=...): {name!r} is not a tunable a check reads; pass some of "
+                             f"{', '.join(sorted(_tables.CONFIGURABLE))}.")
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
                 or not np.isfinite(value) or value < 0:
-            raise ValueError(f"tables={pairs!r}: {name}={value!r} is not valid: pass a finite number >= 0 "
+            raise ValueError(f"tunables({name}={value!r}) is not valid: pass a finite number >= 0 "
                              f"(the default is {getattr(_tables, name)!r}).")
-    return tuple(sorted(pairs.items()))
+    global _overrides
+    before, _overrides = _overrides, {**_overrides, **overrides}
+    try:
+        yield
+    finally:
+        _overrides = before
 
 
-def _require_calibration(calibration) -> None:
-    if calibration is not None and not isinstance(calibration, Calibration):
-        raise TypeError(f"calibration={calibration!r} is not a Calibration: pass the report.calibration of an "
-                        "earlier check, fastcheck.testing.Calibration(), or None for the process's shared one.")
+def tunable(name: str):
+    """The tunable ``name`` of ``_tables``, or its override within a ``tunables`` block."""
+    return _overrides.get(name, getattr(_tables, name))
+
+
+# Options earlier versions took, and what replaces each (passing one is a TypeError that says so).
+REMOVED_OPTIONS = {
+    "calibration": "routing is decided from the check's own inputs (sizes, f's counted call cost and graph), so "
+                   "there is nothing to calibrate; drop calibration=",
+    "time_budget": "mode='auto' decides from the check's sizes and predicted cost; pass mode='full', 'coloured' or "
+                   "'fast' to choose the mode yourself",
+    "tables": "fastcheck's tunables are constants (fastcheck/_tables.py); tests may override some within "
+              "fastcheck.testing.tunables(...)",
+}
 
 
 # Fields no public entry point takes as an option (``CheckConfig.options``).
@@ -204,26 +218,17 @@ class CheckConfig:
     order: int = 1
     progress: bool | None = None
     autodiff: str = "auto"
-    time_budget: float | None = None
     # The Jacobian's sparsity pattern for mode="coloured" (see ``_pattern.GivenSparsity``); normalised, identity-hashed.
     sparsity: Any = None
     # A tf.distribute.Strategy whose replicas share the batched evaluations (``_distribute``), or ``devices``: device
     # names, a MirroredStrategy over them (stored as a tuple).
     strategy: Any = None
     devices: Any = None
-    # Routing's measured costs (a ``_calibration.Calibration``); None: the process's shared one, which learns from
-    # every check that uses it.
-    calibration: Any = None
-    # Overrides of tunables in ``_tables`` by name (those in ``_tables.CONFIGURABLE``), stored as sorted (name,
-    # value) pairs; read through ``table``.
-    tables: Any = None
     # eps is every element's absolute step (``compute_gradient``'s delta), not a relative one
     absolute_step: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "sparsity", given(self.sparsity))
-        object.__setattr__(self, "tables", _table_overrides(self.tables))
-        _require_calibration(self.calibration)
         validate_strategy(self.strategy)
         object.__setattr__(self, "devices", validate_devices(self.devices))
         if self.strategy is not None and self.devices is not None:
@@ -265,24 +270,12 @@ class CheckConfig:
                              "mode='coloured' (or 'auto'), or drop sparsity=.")
         if self.device is not None and not isinstance(self.device, str):
             raise TypeError(f"device={self.device!r} is not valid: pass a device name such as '/GPU:0', or None.")
-        if self.time_budget is not None:
-            if isinstance(self.time_budget, bool) or not isinstance(self.time_budget, (int, float, np.integer, np.floating)):
-                raise TypeError(f"time_budget={self.time_budget!r} is not a number: pass the seconds mode='auto' may "
-                                f"spend on full Jacobians, e.g. 60, or None for the default ({DEFAULT_TIME_BUDGET:g} s).")
-            if not np.isfinite(self.time_budget) or self.time_budget <= 0:
-                raise ValueError(f"time_budget={self.time_budget!r} is not valid: pass a finite positive number of "
-                                 f"seconds, e.g. 60, or None for the default ({DEFAULT_TIME_BUDGET:g} s).")
         if self.progress not in (None, True, False):
             raise ValueError(f"progress={self.progress!r} is not valid: pass True, False or None (on a terminal only).")
 
     @property
     def budget(self) -> int:
         return int(self.memory_budget or DEFAULT_MEMORY_BUDGET)
-
-    @property
-    def seconds(self) -> float:
-        """The time budget of mode="auto": full Jacobians only when predicted to take at most this long."""
-        return float(DEFAULT_TIME_BUDGET if self.time_budget is None else self.time_budget)
 
     def twin_applies(self, plan) -> bool:
         """Whether a pass too coarse for a 1% error may be judged again through the gradient's float64 twin
@@ -308,8 +301,8 @@ class CheckConfig:
         return float(self.eps) if self.eps is not None else noise_epsilon ** (1.0 / 3.0)
 
     def table(self, name: str):
-        """The tunable ``name`` of ``_tables``: the ``tables=`` override where given, else the table's value."""
-        return dict(self.tables or ()).get(name, getattr(_tables, name))
+        """The tunable ``name`` of ``_tables``, or its override within a ``tunables`` block."""
+        return tunable(name)
 
     def options(self) -> dict:
         """The configuration as the keyword options of the public entry points (without ``absolute_step``, which

@@ -292,7 +292,7 @@ class Inconsistent:
 @dataclasses.dataclass(frozen=True)
 class RouteReason:
     """Why routing chose its path (``_paths.Route.reason``): a small check's eager loop predicted to cost less
-    than tracing ("small": ``eager``/``traced`` seconds, ``first_trace``: no trace yet in this process), f cannot
+    than tracing ("small": ``eager``/``traced`` seconds predicted from f's counted call cost), f cannot
     be traced ("untraceable": ``error``), f draws random numbers ("random": ``op``; ``overridden``: despite
     jit_compile=True), jit_compile=True or False ("requested", "disabled"), while_loops ("loops"), an op slow under
     XLA ("slow op", "slow on CPU": ``op``), or the batched ``work`` in element-evaluations ("pays", "too small")."""
@@ -301,12 +301,10 @@ class RouteReason:
                   "pays", "too small"]
     eager: float = 0.0
     traced: float = 0.0
-    first_trace: bool = False
     error: str = ""
     op: str = ""
     overridden: bool = False
     work: float = 0.0
-    repeated: int = 0  # a traced path for the repeated check number ``repeated`` of f, whose ``eager`` loop it skips
     coloured: bool = False  # "small" only where the eager loops by f's traced pattern (``_eager_colours``) are
 
 

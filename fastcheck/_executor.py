@@ -32,16 +32,23 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _diagonal, _eager_colours, _paths
-from fastcheck._calibration import EAGER, Calibration, shared_calibration
-from fastcheck._config import MACHINE_EPSILON, CheckConfig
+from fastcheck._config import MACHINE_EPSILON, CheckConfig, tunable
 from fastcheck._distribute import Share, spread_for
 from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory, OwnKernel
-from fastcheck._kernels import FlatCall, cached, flat_call, is_cached, pad, plan_key
-from fastcheck._paths import GRAPH, LOOP, Route, compile_kernel, is_compile_failure
+from fastcheck._kernels import FlatCall, cached, flat_call, pad, plan_key
+from fastcheck._paths import EAGER, GRAPH, LOOP, Route, compile_kernel, is_compile_failure
 from fastcheck._pfor import converted
 from fastcheck._plan import Plan, first_line, measure_precision, unstacked, view
 from fastcheck._precision import NOISE_SIDE, SEPARATE_INPUTS
-from fastcheck._tables import LINE_MARGIN, LOOP_BATCH_ELEMENTS, MEMORY_SAFETY, NOISE_TABLES, PROGRESS_SECONDS
+from fastcheck._tables import (
+    BATCHED_ELEMENTS,
+    BATCHED_FLOPS,
+    LINE_MARGIN,
+    LOOP_BATCH_ELEMENTS,
+    MEMORY_SAFETY,
+    NOISE_TABLES,
+    PROGRESS_SECONDS,
+)
 
 
 class ShapeChangeError(ValueError):
@@ -255,13 +262,11 @@ def joined(parts: list):
 class Executor:
     """Evaluates f in batches for one check; see the module docstring."""
 
-    def __init__(self, plan: Plan, config: CheckConfig, route: Route, calibration: Calibration | None = None):
+    def __init__(self, plan: Plan, config: CheckConfig, route: Route):
         # Kernels trace f as the route's probe did: with AutoGraph only when f needs it.
         plan = dataclasses.replace(plan, autograph=route.autograph) if route.autograph != plan.autograph else plan
         self.plan, self.config, self.route = plan, config, route
         self.chosen = route  # as routing chose it, before any fallback
-        # Routing's costs as this check found them (``_calibration.Calibration``): what it returns.
-        self.calibration = shared_calibration() if calibration is None else calibration
         # Items per call of each batch (``Batch.key``; an input's position: its differences), written here only:
         # set by a batch's first call, halved on out-of-memory; read through ``chunk``.
         self.chunks: dict = dict(route.chunks)
@@ -324,10 +329,6 @@ class Executor:
         kernel = kernel.entry() if isinstance(kernel, FlatCall) else kernel
         tap = self.share.current_tap() if self.share is not None else None
         return kernel if tap is None else tap.wrap(kernel)  # across workers: recorded or replayed
-
-    def is_compiled(self, key: tuple) -> bool:
-        """Whether ``kernel(key, ...)`` would find its kernel compiled (a repeated check)."""
-        return is_cached(self._cache_key(key))
 
     def _cache_key(self, key: tuple) -> tuple:
         """``plan_key`` (worked out once per plan: a kernel is looked up on every call) + the path + ``key``."""
@@ -470,21 +471,23 @@ class Executor:
             self.plan, position, chunk, self.path, self.route.flat_function, sides=sides)), 0
 
     def _rented_kernel(self, kernel, position: int):
-        """The joint differences kernel, timed call by call for ``_rent`` (not its first call: the trace)."""
+        """The joint differences kernel, its calls counted for ``_rent`` (not its first call: the trace)."""
 
         def call(*args):
             first = id(kernel) not in self._called
             self._called.add(id(kernel))
-            start = time.perf_counter()
             out = kernel(*args)
             if not first:
-                self._rent(position, time.perf_counter() - start)
+                evaluations = 2 * int(args[1].shape[0])
+                route = self.route
+                self._rent(position, evaluations * (route.flops_per_eval / BATCHED_FLOPS
+                                                    + route.elements_per_eval / BATCHED_ELEMENTS))
             return out
 
         return call
 
     def _rent(self, position: int, seconds: float) -> None:
-        """Count a joint call on ``position`` that took ``seconds``: its own kernel would evaluate only the ops that
+        """Count a joint call on ``position`` predicted to take ``seconds``: its own kernel would evaluate only the ops that
         follow it (``Route.own_shares``), a share of them.  Once the calls' excess adds up to a kernel's predicted
         trace, the input's later differences take their own kernel and chunk (rent until the rent would have bought
         it: never more than twice the cheaper of the two).  The first sweep's few calls per input rarely add up to
@@ -623,7 +626,7 @@ class Executor:
         """``measure_noise``'s batched evaluator (``line(steps, ts)``: each noise table one call of a traced loop
         instead of 2 NOISE_SIDE calls of f), or None where the tables run point by point: across workers, beyond
         ``memory_budget``, and on the eager path where those calls cost less than tracing the kernel (predicted in
-        this process).
+        f's counted call cost).
         """
         plan = self.plan
         if self.share is not None or not plan.checked:
@@ -634,9 +637,8 @@ class Executor:
             return None
         if self.path == EAGER:
             groups = len(plan.checked) if len(plan.checked) <= SEPARATE_INPUTS else 1
-            calibration = self.calibration
-            point_by_point = groups * NOISE_TABLES * 2 * NOISE_SIDE * plan.call_seconds * calibration.scale(EAGER)
-            traced = calibration.tracing() + groups * NOISE_TABLES * plan.call_seconds
+            point_by_point = groups * NOISE_TABLES * 2 * NOISE_SIDE * plan.call_seconds
+            traced = tunable("TRACE_SECONDS") + groups * NOISE_TABLES * plan.call_seconds
             if point_by_point <= LINE_MARGIN * traced:
                 return None
         # A loop over the table's points, not vectorised: each point runs f's own kernels, so its rounding is that
@@ -655,8 +657,6 @@ class Executor:
                 step = np.asarray(steps[p], dtype) if p in steps else np.zeros(value.shape, dtype)
                 moves.append(tf.constant(step.reshape(value.shape)))
             try:
-                if self.path == EAGER:
-                    self.calibration = self.calibration.after_trace()
                 out = view(kernel(self.values, tuple(moves), tf.constant(np.asarray(ts, np.float64))))
             except Exception:
                 if state["ran"]:

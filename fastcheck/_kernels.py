@@ -4,14 +4,13 @@ A check's kernels (the differences, the autodiff rows, fast mode's probes, colou
 ``tf.function``s of f.  They are kept in one LRU cache keyed by ``plan_key`` (f by identity), so a repeated check of
 f traces nothing; they hold f through ``WeakCall``, so the cache never keeps f alive, and f's kernels leave the
 cache when f is collected (so a later function at the same address never meets them, and a suite checking a fresh
-lambda per test does not accumulate graphs).  Beside them, one typed record of what the checks learnt of the problem
-(``Known``: how many checks, a failed trace, the last eager loop's seconds, an element-wise f), read by routing.
+lambda per test does not accumulate graphs).  The cache saves time only: whether a kernel is in it changes no
+path, mode, number or note of a check.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import inspect
 import re
@@ -21,7 +20,6 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck._config import CheckConfig
-from fastcheck._events import RouteReason
 from fastcheck._plan import Plan
 from fastcheck._raised import call_carrying_own
 from fastcheck._tables import KERNEL_CACHE_ENTRIES
@@ -187,32 +185,6 @@ def _put(key: tuple, value) -> None:
 
 def is_cached(key: tuple) -> bool:
     return key in _cache
-
-
-@dataclasses.dataclass(frozen=True)
-class Known:
-    """What this process's checks learnt of one problem (``plan_key``: f, signatures, configuration), kept beside its
-    kernels and dropped with them; routing reads it (``_paths``), each check adds to it (``learn``)."""
-
-    checks: int = 0  # checks of it routed so far, the current one included
-    untraceable: RouteReason | None = None  # the reason its trace failed: it would fail again
-    eager_seconds: float = 0.0  # what its last eager loop took (route, analytical and numerical stages)
-    elementwise: bool = False  # its eager loops made ``_diagonal``'s few calls
-
-
-def known(key: tuple) -> Known:
-    """What was learnt of the problem ``key`` (nothing yet: ``Known()``)."""
-    return _cache.get(key + (Known,), Known())
-
-
-def learn(key: tuple, **facts) -> Known:
-    """The problem's record with ``facts`` replaced, kept; ``checks=1`` counts one more check."""
-    record = known(key)
-    if "checks" in facts:
-        facts["checks"] += record.checks
-    record = dataclasses.replace(record, **facts)
-    _put(key + (Known,), record)
-    return record
 
 
 def pad(values: np.ndarray, size: int) -> np.ndarray:

@@ -15,20 +15,22 @@ Paths, from fastest per element to cheapest to start:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 
 import numpy as np
 import tensorflow as tf
 
 from fastcheck import _eager_colours
-from fastcheck._calibration import EAGER, Calibration  # EAGER: the fourth path, named where its costs are learnt
-from fastcheck._config import CheckConfig
+from fastcheck._config import CheckConfig, tunable
 from fastcheck._events import ChunkReason, RouteReason
-from fastcheck._kernels import cached, known, learn, plan_key
+from fastcheck._kernels import cached, plan_key
 from fastcheck._pfor import LOOPED_WHEN_JOINT
 from fastcheck._plan import Plan
 from fastcheck._raised import Raised
 from fastcheck._tables import (
     BATCHED_FLOPS,
+    CACHE_BYTES,
     JOINT_CALL_PERTURBATIONS,
     JOINT_ELEMENTS_PER_SECOND,
     JOINT_EXTRA_ELEMENTS,
@@ -36,10 +38,11 @@ from fastcheck._tables import (
     MEMORY_BOUND_INTENSITY,
     MEMORY_SAFETY,
     MIN_CACHED_CHUNK,
+    VJP_CALLS,
     XLA_MIN_WORK,
 )
 
-XLA, GRAPH, LOOP = "xla", "graph", "loop"
+XLA, GRAPH, LOOP, EAGER = "xla", "graph", "loop", "eager"
 # Each path falls back to the next when it cannot run f: XLA cannot compile some ops, pfor cannot convert some, and
 # a function that calls .numpy() or Python-side effects cannot be traced at all but still runs eagerly.
 FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
@@ -86,9 +89,6 @@ class Route:
     own_shares: tuple = ()
     trace_seconds: float = 0.0
     traceable: bool = True  # False: tracing f failed (it runs only eagerly), so no graph of it is built
-    # f is checked again and again (``_repeated``): its kernels are compiled for the checks to come, none of its
-    # Jacobians tried eagerly first
-    repeated: bool = False
     loops: tuple = ()  # (calls of f, VJPs) of the eager loops by f's pattern, where routing priced them so
 
     @property
@@ -97,23 +97,23 @@ class Route:
         return LOOP if self.path == XLA and self.has_loops else FALLBACK.get(self.path)
 
 
-def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, checks: int = 1) -> tuple[Route, Calibration]:
-    """The route for ``plan``, predicted by ``calibration``, and the calibration after routing (which traced f's
-    probe, unless it chose the eager path for a small check); ``checks``: this check's number among the process's
-    checks of the same problem (``_kernels.Known.checks``)."""
+def predict(plan: Plan, loops: tuple = ()) -> tuple[float, float]:
+    """(eager loop, traced) seconds predicted for a full check of ``plan`` from f's counted call cost
+    (``Plan.call_seconds``); ``loops``: the eager loops' calls of f and VJPs where f's pattern colours them
+    (``_eager_colours.loops``), else 2n and min(n, m)."""
+    calls, vjps = loops or (2 * plan.n, 1 if plan.m == 1 else min(plan.n, plan.m))
+    eager = (calls + VJP_CALLS * vjps + 1) * plan.call_seconds
+    return eager, tunable("TRACE_SECONDS") + tunable("TRACE_CALLS") * plan.call_seconds
+
+
+def choose_route(plan: Plan, config: CheckConfig) -> Route:
+    """The route for ``plan``: a pure function of the plan (sizes, dtypes, f's counted call cost and traced graph)
+    and the configuration, never of earlier checks or clocks."""
     n, m = plan.n, plan.m
-    predicted_eager, predicted_traced = calibration.predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
-    small = config.jit_compile == "auto" and predicted_eager < predicted_traced
-    repeated = _repeated(plan, config, predicted_eager, checks) if config.jit_compile == "auto" else 0
-    if small and not repeated:
-        return Route(EAGER, RouteReason("small", predicted_eager, predicted_traced, first_trace=not calibration.traced),
-                     {s.position: s.size for s in plan.checked}, m, 0,
-                     predicted=(predicted_eager, predicted_traced)), calibration
-    failed = known(plan_key(plan, config)).untraceable
-    if failed is not None:  # this f, these signatures: its trace failed before, it would again
-        return Route(EAGER, failed, {s.position: s.size for s in plan.checked}, m, 0,
-                     traceable=False), calibration
-    calibration = calibration.after_trace()
+    predicted_eager, predicted_traced = predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
+    if config.jit_compile == "auto" and predicted_eager < predicted_traced:
+        return Route(EAGER, RouteReason("small", predicted_eager, predicted_traced),
+                     {s.position: s.size for s in plan.checked}, m, 0, predicted=(predicted_eager, predicted_traced))
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
     except (Exception, Raised) as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly
@@ -123,18 +123,17 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
         # it there as well, and then it leaves the check as itself.
         cause: BaseException = error.error if isinstance(error, Raised) else error
         reason = RouteReason("untraceable", error=f"{type(cause).__name__}: {_why(cause)}")
-        learn(plan_key(plan, config), untraceable=reason)
-        return Route(EAGER, reason, {s.position: s.size for s in plan.checked}, m, 0, traceable=False), calibration
+        return Route(EAGER, reason, {s.position: s.size for s in plan.checked}, m, 0, traceable=False)
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
-    if config.jit_compile == "auto" and m > 1 and not repeated:
+    if config.jit_compile == "auto" and m > 1:
         # The eager loops by f's pattern (``_eager_colours``, read from the probe's graph) may beat tracing after all.
         found = _eager_colours.structure(plan, config, plan.native_values(), max(n, m), probe.graph)
         loops = _eager_colours.loops(plan, config, found) if found is not None else ()
-        eager = calibration.predict(plan, loops)[0] if loops else predicted_traced
+        eager = predict(plan, loops)[0] if loops else predicted_traced
         if eager < predicted_traced:
             return Route(EAGER, RouteReason("small", eager, predicted_traced, coloured=True),
                          {s.position: s.size for s in plan.checked}, m, 0, predicted=(eager, predicted_traced),
-                         loops=loops), calibration
+                         loops=loops)
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.
     per_perturbation = (2 * elements + 5 * plan.n + 2 * m) * itemsize * MEMORY_SAFETY
@@ -142,7 +141,7 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
     chunk_reason = ChunkReason()
     # The working set of a call: f's shared data, and per perturbation its x+ and x- rows with their intermediates
     # (see MIN_CACHED_CHUNK).
-    cache = calibration.cache_size
+    cache = int(config.table("MACHINE_CACHE")) or cache_bytes()
     cache_rows = (cache - probe.shared_bytes) // (2 * (plan.n + probe.written) * itemsize)
     memory_bound = probe.flops < MEMORY_BOUND_INTENSITY * elements
     if memory_bound or cache_rows >= MIN_CACHED_CHUNK:
@@ -174,16 +173,13 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
         path, reason = XLA, RouteReason("pays", work=work)
     else:
         path, reason = GRAPH, RouteReason("too small", work=work)
-    if small and repeated:  # the eager loop was predicted cheaper for this one check
-        reason = dataclasses.replace(reason, repeated=repeated, eager=predicted_eager)
-    traced_seconds = predicted_traced or calibration.predict(plan)[1]
+    traced_seconds = predicted_traced or predict(plan)[1]
     # Ops pfor loops over with their filter and input batched, as in a joint kernel (``_pfor``); the executor also
     # hands back to per-input kernels wherever a joint kernel's trace has a loop.
     joint = joint_chunk(plan, path, chunk_rows, traced_seconds, probe) if not (has_loops or op_types & LOOPED_WHEN_JOINT) else 0
     own_shares = tuple(d / max(1, probe.checked_flops) for d in probe.downstream) if joint else ()
     return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
-                 probe.autograph, (predicted_eager, predicted_traced), joint, own_shares, traced_seconds,
-                 repeated=bool(repeated)), calibration
+                 probe.autograph, (predicted_eager, predicted_traced), joint, own_shares, traced_seconds)
 
 
 def _why(error: BaseException) -> str:
@@ -192,20 +188,6 @@ def _why(error: BaseException) -> str:
     line = lines[-1] if lines[0] == "in user code:" else lines[0]
     prefix = f"{type(error).__name__}: "
     return (line[len(prefix):] if line.startswith(prefix) else line)[:120]
-
-
-def _repeated(plan: Plan, config: CheckConfig, predicted_eager: float, checks: int) -> int:
-    """``checks`` (this check's number among the checks of the same problem: f, signatures, configuration) when it
-    is the ``REPEAT_TRACE_CHECKS``-th or later and its eager loop is predicted, or was measured by an earlier check
-    of it (``Known.eager_seconds``), at ``REPEAT_TRACE_SECONDS`` or more, else 0: such an f is checked again and again
-    (at several points, in a loop, in property tests), and its traced kernels, paid for once, make each later check
-    a few batched calls.  An f whose element-wise structure is known stays eager: its eager check is a few calls."""
-    record = known(plan_key(plan, config))
-    eager = max(predicted_eager, record.eager_seconds)
-    if (checks < config.table("REPEAT_TRACE_CHECKS") or eager < config.table("REPEAT_TRACE_SECONDS")
-            or record.elementwise):
-        return 0
-    return checks
 
 
 def joint_chunk(plan: Plan, path: str, chunk_rows: int, traced_seconds: float, probe: Probe | None = None) -> int:
@@ -374,3 +356,27 @@ def is_compile_failure(error: Exception) -> bool:
     """Errors that mean "this path cannot run f", as opposed to "f is broken"."""
     return isinstance(error, (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
                               tf.errors.InternalError, NotImplementedError, ValueError, TypeError))
+
+
+@functools.lru_cache(maxsize=1)
+def cache_bytes() -> int:
+    """The largest data cache of this machine's CPUs at level 3 or above (Linux sysfs), else CACHE_BYTES."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    found = 0
+    try:
+        for entry in os.listdir(base):
+            if not entry.startswith("index"):
+                continue
+            with open(os.path.join(base, entry, "level")) as level, open(os.path.join(base, entry, "type")) as kind, \
+                    open(os.path.join(base, entry, "size")) as size:
+                if int(level.read()) >= 3 and kind.read().strip() != "Instruction":
+                    found = max(found, _bytes(size.read().strip()))
+    except (OSError, ValueError):
+        return CACHE_BYTES
+    return found or CACHE_BYTES
+
+
+def _bytes(text: str) -> int:
+    """'32768K' -> 33554432 (sysfs cache sizes: a number with an optional K/M/G suffix)."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale

@@ -445,9 +445,6 @@ class GradientReport:
     # True statements about f that do not change the verdict (a wrong forward-mode JVP
     # where the checked reverse-mode gradient is right).
     warnings: list[str] = dataclasses.field(default_factory=list)
-    # Routing's costs after this check (``_calibration.Calibration``): what it received, and what it learnt;
-    # pass it as ``calibration=`` to a later check.
-    calibration: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:

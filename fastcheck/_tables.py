@@ -139,28 +139,23 @@ SCREEN_MARGIN = 0.9
 NOISE_SAMPLE = 512  # rows whose noise is measured besides the failing nonzeros' (f's relative noise as a whole)
 NOISE_ALL = 1 << 17  # up to this many outputs the noise is measured on all (the other modes' sigma, their verdicts)
 
-# -- routing: path choice and its time model (``_paths``, ``_autodiff``, ``_executor``, ``_full``) ------
-# Tracing, pfor conversion and the first run of a batched kernel cost about TRACE_SECONDS + TRACE_CALLS eager
-# calls of f, and the first traced check in a process pays TensorFlow's own warm-up, FIRST_TRACE_SECONDS more --
-# on the machine where they were measured (AMD EPYC, TF 2.21 CPU, kernels traced without AutoGraph), whose eager
-# dispatch of one small op takes REFERENCE_DISPATCH seconds.  An eager reverse-mode row costs about VJP_CALLS calls
-# of f (tape walk, cotangent).  Both are Python-side work, so on another machine they start scaled by its measured
-# dispatch time; then the check's ``Calibration`` corrects them by what checks took.
-TRACE_SECONDS = 0.08
+# -- routing: path choice and its cost model (``_paths``, ``_autodiff``, ``_executor``, ``_full``) ------
+# Tracing, pfor conversion and the first run of a batched kernel cost about TRACE_SECONDS + TRACE_CALLS eager calls
+# of f (``_plan.CallCost``'s counted seconds); an eager reverse-mode row costs about VJP_CALLS calls of f (tape walk,
+# cotangent).  Constants, not measurements of the running process: the same check routes alike in every process
+# (TRACE_SECONDS: a cold trace of a small f's kernels, 0.1-0.2 s on an Intel Xeon @ 2.80GHz, TF 2.21).
+TRACE_SECONDS = 0.15
 TRACE_CALLS = 40
-FIRST_TRACE_SECONDS = 0.05
 VJP_CALLS = 4
-REFERENCE_DISPATCH = 7.5e-6
-CLOSE_CALL = 4.0  # a traced check teaches the calibration only where eager and traced were predicted this close
-# A problem checked again and again is routed to its traced kernels from its REPEAT_TRACE_CHECKS-th check on, where
-# its eager loop is predicted or measured at REPEAT_TRACE_SECONDS or more (``_paths._repeated``): that check pays the
-# trace (~0.1 s), each later one runs a few batched calls.  From the third: one repeat is common (a test checking f
-# twice) and would pay a trace for nothing.
-REPEAT_TRACE_CHECKS = 3
-REPEAT_TRACE_SECONDS = 0.005
-EAGER_LEARN_SECONDS = 0.02  # an eager check teaches it only where its predicted loop takes this long
 EQUAL_BLOCK = 1 << 18  # bytes per block of ``_plan``'s bitwise comparison of two calls: in cache, no output-sized temporary
-CALL_TIMING_LIMIT = 0.01  # seconds: a third call times f when one call is cheaper than this (``_plan``)
+# What one eager call of f costs is counted, not timed (``_plan.CallCost``): each Python call, eager op, element an
+# op writes and multiply-add of a product or convolution at these seconds, least-squares fitted on 11 functions from
+# sin of 10 elements to TFP's Gamma, a Keras MLP, a convolution and a 10^6-element map (Intel Xeon @ 2.80GHz, TF
+# 2.21; within 2.5x of each call's time).  Routing's predictions are made from them alone.
+COST_PER_PYTHON_CALL = 4.8e-7
+COST_PER_OP = 1.1e-5
+COST_PER_ELEMENT = 5.8e-9
+COST_PER_FLOP = 1e-10  # between a memory-bound matvec (3.4e-10) and oneDNN convolutions (4e-11)
 # The eager loops take one call per colour of f's traced pattern (``_eager_colours``) where a loop would take this long
 # at two calls of f a row or column (tracing f and its pattern: 4-8 ms for TensorFlow's convolution tests) and the
 # colours are at most this share of its rows or columns (a depthwise convolution's 96 rows: 8 to 16 colours).
@@ -218,7 +213,7 @@ FORWARD_PROBES = 1  # random sign vectors of that JVP check: one over every colu
 # -- memory model (``_paths``, ``_coloured``, ``_config``) ---------------------------------------------
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes: memory_budget=None, which sizes the batched evaluations
 # Each call's working set -- f's shared constants and variables, the chunk's x+ and x- rows and their
-# intermediates -- is kept within the CPU's last-level cache (``_calibration.cache_bytes``) where that still leaves
+# intermediates -- is kept within the CPU's last-level cache (``_paths.cache_bytes``) where that still leaves
 # MIN_CACHED_CHUNK perturbations per call (to amortise the ~0.5 ms per call): on an AMD EPYC with a 32 MiB L3,
 # cache-sized calls ran tanh(W x) sweeps 1.3-1.6x faster than memory_budget's (the largest calls are never
 # fastest).  A memory-bound f (fewer FLOPs than MEMORY_BOUND_INTENSITY per intermediate element) gets cache-sized
@@ -226,6 +221,7 @@ DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes: memory_budget=None, which sizes the ba
 # per call, 14.4-14.9 s at 40-96).  CACHE_BYTES where the OS does not say.
 MEMORY_BOUND_INTENSITY = 32
 CACHE_BYTES = 64 << 20
+MACHINE_CACHE = 0  # bytes of the CPU's cache calls are sized to; 0: as the OS says (``_paths.cache_bytes``)
 # Entries of the compiled-kernel cache (LRU; a function's kernels also leave it when f is collected): not tuned by
 # a measurement.
 KERNEL_CACHE_ENTRIES = 64
@@ -251,9 +247,9 @@ HELD_MEMORY_FLOOR = 4 << 30
 
 # -- mode choice (``_check``, ``_config``, ``_plan``, ``_model``, ``_sparsity``) -----------------------
 DEFAULT_PROBES = 4  # fast mode's random probes per check (probes=)
-DEFAULT_TIME_BUDGET = 60.0  # seconds: mode="auto" runs full Jacobians only when predicted to take at most this long
+FULL_SECONDS = 60.0  # mode="auto" runs full Jacobians only where predicted (``_check.predict_full_seconds``) within this
 # mode="auto" runs full Jacobians up to these sizes (elements of one Jacobian block per GiB of memory_budget, and
-# elements of one input), and within config.seconds (time_budget) of predicted time; projections beyond.
+# elements of one input), and within FULL_SECONDS of predicted time; projections beyond.
 FULL_MAX_ENTRIES_PER_GIB = 25_000_000
 FULL_MAX_INPUT = 200_000
 # One batched evaluation of a full sweep (vectorized_map chunks) costs about max(BATCHED_PER_CALL single calls of
@@ -264,8 +260,8 @@ FULL_MAX_INPUT = 200_000
 BATCHED_PER_CALL = 1 / 8
 BATCHED_FLOPS = 3e10
 BATCHED_ELEMENTS = 2e9
-# The time rule applies only to checks this large: a small one is cheap in full whatever a momentary load makes its
-# measured costs look like (one slow call must not turn a 16-element check into projections).
+# The predicted-cost rule applies only to checks this large: a small one runs in full whatever its prediction says
+# (a 16-element check is never worth projections).
 TIME_RULE_MIN_INPUTS = 16
 TIME_RULE_MIN_ELEMENTS = 20_000
 # Coloured mode in auto: at most this share of the columns as colours (beyond it the Jacobian is too dense for
@@ -316,9 +312,10 @@ UNDECIDED_DETAILS = 4  # past this many undecidable fast-mode pairs, their detai
 FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis needs
 
 # -- overridable per check ---------------------------------------------------------------------------
-# The tunables a check reads from its options (``CheckConfig.table``), so ``tables={name: value}`` overrides them
+# The tunables a check reads through ``CheckConfig.table``, which ``fastcheck.testing.tunables`` overrides
 # for that check: for experiments with a threshold, and for tests that reach a branch (coloured mode's sampled
 # noise, its sparse report, a check too large to hold) on a small problem.
 CONFIGURABLE = frozenset({"NOISE_ALL", "NOISE_LINE", "SCREEN_ELEMENTS", "DENSE_REPORT_ENTRIES", "FULL_BYTES_PER_ENTRY", "HELD_MEMORY_FLOOR", "DIAGONAL_MIN_ELEMENTS",
-                          "REPEAT_TRACE_CHECKS", "REPEAT_TRACE_SECONDS", "EAGER_COLOUR_SECONDS"})
+                          "EAGER_COLOUR_SECONDS", "MACHINE_CACHE", "FULL_SECONDS",
+                          "TRACE_SECONDS", "TRACE_CALLS"})
 

@@ -554,15 +554,10 @@ _FORWARD_PROBE = {
 
 
 def route_reason(why: events.RouteReason) -> str:
-    """Why routing chose its path, as a phrase (a repeated check's: its rule's, then why it skips its eager loop)."""
-    if why.repeated:
-        return (route_reason(dataclasses.replace(why, repeated=0)) + f"; check {why.repeated} of the same f: its "
-                f"kernels are traced once and reused by its later checks, instead of its eager loop (predicted "
-                f"{why.eager * 1e3:.0f} ms)")
+    """Why routing chose its path, as a phrase."""
     if why.rule == "small":
         loop = "eager loops by colours of f's traced pattern" if why.coloured else "small check: eager loop"
-        return (f"{loop} predicted {why.eager * 1e3:.0f} ms, tracing {why.traced * 1e3:.0f} ms"
-                + (" (the first trace in this process)" if why.first_trace else ""))
+        return f"{loop} predicted {why.eager * 1e3:.0f} ms, tracing {why.traced * 1e3:.0f} ms"
     if why.rule == "untraceable":
         return f"f cannot be traced ({why.error}): evaluated eagerly"
     if why.rule == "random":
@@ -639,12 +634,12 @@ def mode_reasons(why: tuple) -> str:
 MODE_REASON_TEXT: dict[type, Callable[[Any], str]] = {
     events.Requested: lambda r: "as requested",
     events.FullFits: lambda r: f"the full Jacobian ({r.entries:.3g} entries) fits memory_budget" + (
-        "" if r.seconds is None else f", and is predicted to take {r.seconds:.2g} s, within time_budget={r.budget:g} s"),
+        "" if r.seconds is None else f", and is predicted to take {r.seconds:.2g} s, within {r.budget:g} s"),
     events.FullTooLarge: lambda r: f"the full Jacobian has {r.entries:.3g} entries, more than {r.fitting:.3g} fit memory_budget",
     events.InputTooLarge: lambda r: f"an input has more than {r.limit} elements: 2n evaluations would take too long",
     events.FullTooSlow: lambda r: (
-        f"full Jacobians predicted to take {r.seconds:.3g} s ({prediction(r.how)}), more than time_budget="
-        f"{r.budget:g} s; pass mode='full' to run them anyway, or a larger time_budget"),
+        f"full Jacobians predicted to take {r.seconds:.3g} s ({prediction(r.how)}), more than {r.budget:g} s; "
+        "pass mode='full' to run them anyway"),
     events.NoPattern: lambda r: f"no sparsity pattern for coloured mode ({r.error})",
     events.TooDense: lambda r: (
         f"f's Jacobian has {r.nonzeros:.3g} structural nonzeros in {r.colours} column colours: too dense for "
@@ -653,8 +648,7 @@ MODE_REASON_TEXT: dict[type, Callable[[Any], str]] = {
         f"coloured mode would hold {r.held / 2**30:.3g} GiB for its {r.nonzeros:.3g} structural nonzeros, more than "
         f"the {r.limit / 2**30:.3g} GiB a check may hold"),
     events.ColouredTooSlow: lambda r: (
-        f"coloured mode ({r.colours} column colours) predicted to take {r.seconds:.3g} s, more than "
-        f"time_budget={r.budget:g} s"),
+        f"coloured mode ({r.colours} column colours) predicted to take {r.seconds:.3g} s, more than {r.budget:g} s"),
     events.Sparse: lambda r: (
         f"f's Jacobian is sparse ({r.nonzeros:.3g} structural nonzeros in {r.colours} column colours, predicted "
         f"{r.seconds:.2g} s): element-wise verdicts on every nonzero"),
@@ -668,8 +662,6 @@ def prediction(how: events.Prediction) -> str:
     """How a full check's time was predicted, as a phrase."""
     if how.by == "eager":
         return f"an eager loop of {how.calls} calls of f at {how.per_call * 1e3:.2g} ms"
-    if how.by == "tracing":
-        return f"{how.kernels} kernels to trace at ~{how.per_kernel:.2g} s each, before any evaluation"
     return (f"{how.kernels} kernels to trace at ~{how.per_kernel:.2g} s and {how.calls:.3g} batched evaluations at "
             f"~{how.per_call * 1e3:.2g} ms")
 

@@ -10,21 +10,13 @@ Example (a test module)::
         def test_gradient(self):
             self.assertGradientsClose(my_op, np.random.default_rng(0).normal(size=(3, 4)))
 
-Routing (eager or traced path, and ``mode="auto"``'s time prediction) learns from the checks a process ran
-(``Calibration``).  A test suite whose tests must route alike whichever ran before gives each test a fresh
-calibration, e.g. with pytest::
-
-    @pytest.fixture(autouse=True)
-    def fresh_routing_calibration():
-        with fastcheck.testing.routing_calibration(fastcheck.testing.Calibration(traced=True)):
-            yield
-
-and a single check takes its own with ``calibration=`` (``Calibration(dispatch=7.5e-6)``: a machine with the
-reference dispatch time; ``Calibration(cache=8 << 20)``: an 8 MiB cache).
-
 A device that runs out of memory is simulated with ``out_of_memory(above=N)``: within the block every batched call
 of f over more than N items raises TensorFlow's ``ResourceExhaustedError`` before it runs, and a check halves its
 chunks and retries (``OutOfMemory`` events in its report) to the same result.
+
+A branch that only large checks reach is reached on a small one with ``tunables(NAME=value)``: within the block every
+check reads those tunables of ``fastcheck/_tables.py`` (the names in its ``CONFIGURABLE``) instead of the table's,
+e.g. ``tunables(DENSE_REPORT_ENTRIES=0)`` reports a coloured check's pairs sparse.
 """
 
 from __future__ import annotations
@@ -36,10 +28,10 @@ from typing import NoReturn
 import tensorflow as tf
 
 import fastcheck
-from fastcheck._calibration import Calibration, routing_calibration
+from fastcheck._config import tunables
 from fastcheck._executor import out_of_memory
 
-__all__ = ["Calibration", "GradientTestCase", "out_of_memory", "routing_calibration"]
+__all__ = ["GradientTestCase", "out_of_memory", "tunables"]
 
 _GRAPH_NOTE = (
     "fastcheck checked this eagerly beside the test's graph (in its own thread): f, the model and the data must not use "

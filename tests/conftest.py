@@ -33,16 +33,15 @@ def rng():
     return np.random.default_rng(0)
 
 
-@pytest.fixture(autouse=True)
-def fresh_routing_calibration():
-    """Each test routes as the first check of a process would (after the first trace): what
-    earlier tests taught the process's calibration must not change a later test's path."""
-    from fastcheck.testing import Calibration, routing_calibration
-
-    with routing_calibration(Calibration(traced=True)):
-        yield
-
-
 def events_of(report, kind: str) -> list:
     """The report's events of one kind (``to_dict``'s "kind": the event's type name, ``fastcheck._events``)."""
     return [event for event in report.events if type(event).__name__ == kind]
+
+
+def checked(f, inputs, tables=None, **options):
+    """``fastcheck.check_gradients`` with some tunables overridden (``fastcheck.testing.tunables``) for this check."""
+    import fastcheck
+    from fastcheck.testing import tunables
+
+    with tunables(**(tables or {})):
+        return fastcheck.check_gradients(f, inputs, **options)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import events_of
+from conftest import checked, events_of
 
 import fastcheck
 from fastcheck import _colouring, _pattern, _sparsity
@@ -432,10 +432,10 @@ def test_noise_measured_on_a_sample_of_rows_gives_the_verdicts_of_measuring_ever
 
             return y, grad
 
-    sampled = fastcheck.check_gradients(f, x, mode="coloured", tables={"NOISE_ALL": 1000})
+    sampled = checked(f, x, mode="coloured", tables={"NOISE_ALL": 1000})
     (summary,) = events_of(sampled, "ColouredSummary")
     assert summary.noise_rows is not None and summary.noise_rows[1] > 0, sampled.notes  # (failing, sampled, moved)
-    everything = fastcheck.check_gradients(f, x, mode="coloured", tables={"NOISE_ALL": 10**9})
+    everything = checked(f, x, mode="coloured", tables={"NOISE_ALL": 10**9})
     assert events_of(everything, "ColouredSummary")[0].noise_rows is None, everything.notes
     # The noise of each output is estimated from random directions, drawn over the sub-vector
     # here: borderline elements of this hopeless f may flip either way, nothing more.
@@ -507,7 +507,7 @@ def test_normalisation_patterns_are_exact_and_coloured_validly(name):
     f, groups = NORMALISATIONS[name]
     x = tf.constant(RNG.normal(size=(32, 8)), tf.float64)
     f(x)  # a Keras layer builds its variables here
-    coloured = fastcheck.check_gradients(f, x, mode="coloured", tables={"DENSE_REPORT_ENTRIES": 0})
+    coloured = checked(f, x, mode="coloured", tables={"DENSE_REPORT_ENTRIES": 0})
     full = fastcheck.check_gradients(f, x, mode="full")
     assert coloured.ok and full.ok, str(coloured)
     (pair,), (dense,) = coloured.pairs, full.pairs
@@ -571,7 +571,7 @@ def test_one_wrong_entry_of_a_normalisation_is_located(name, dtype, report_kind)
     # in 100 leaves float32 layer norm's defect entry unresolved (undecidable, not a pass).
     x = tf.constant(np.random.default_rng(11).normal(size=(32, 8)), dtype)
     row, col = (8 * 5 + 2, 8 * 5 + 6) if name != "batch_normalization" else (8 * 7 + 3, 8 * 20 + 3)
-    report = fastcheck.check_gradients(_one_entry_wrong(f, row, col, 0.05), x, mode="coloured", tables=tables)
+    report = checked(_one_entry_wrong(f, row, col, 0.05), x, mode="coloured", tables=tables)
     assert report.verdict == "fail", str(report)
     (pair,) = report.pairs
     assert pair.sparse == (report_kind == "sparse")
@@ -676,14 +676,11 @@ def test_a_gradient_that_runs_once_per_pass_is_checked_on_the_eager_path():
     # gradient that calls tape.gradient on a non-persistent tape it closes over raised RuntimeError at
     # the second colour ("f raised RuntimeError ..."), whenever routing chose the eager path (a loaded
     # machine, a process whose tracing looked dear).
-    from fastcheck.testing import Calibration
-
-    dear_tracing = Calibration(traced=True, traced_ratios=(1e6,))  # traced checks took 10^6 x their prediction
     rng = np.random.default_rng(5)
     x = tf.constant(rng.normal(size=(1, 8, 8, 4)), tf.float32)
     kernel = tf.constant(rng.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
     report = fastcheck.check_gradients(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x,
-                                       mode="coloured", calibration=dear_tracing)
+                                       mode="coloured", tables={"TRACE_SECONDS": 1e6})
     (pair,) = report.pairs
     assert report.path == "eager" and report.verdict == "fail", str(report)
     assert set(np.argwhere(pair.statuses == "mismatch")[:, 1].tolist()) == {77}
@@ -701,7 +698,7 @@ def test_noise_tables_run_through_the_colour_kernel_bit_for_bit():
     assert not events_of(report, "FellBack"), report.notes
     (tables,) = events_of(report, "NoiseTables")
     assert tables.batched == tables.tables > 0, tables
-    pointwise = fastcheck.check_gradients(f, x, mode="coloured", jit_compile=False, tables={"NOISE_LINE": 0})
+    pointwise = checked(f, x, mode="coloured", jit_compile=False, tables={"NOISE_LINE": 0})
     assert [(e.tables, e.batched) for e in events_of(pointwise, "NoiseTables")] == [(tables.tables, 0)]
     assert pointwise.verdict == report.verdict and len(pointwise.pairs) == len(report.pairs)
     for p, q in zip(report.pairs, pointwise.pairs):
@@ -785,7 +782,7 @@ def test_a_vjp_off_the_pattern_fails(name, fits):
     # Where full Jacobians "do not fit" (2^60 bytes an entry), the pair itself fails, with the problem.
     tables = None if fits else {"FULL_BYTES_PER_ENTRY": 1 << 60}
     f, x = _vjp_defects()[name]
-    report = fastcheck.check_gradients(f, x, mode="coloured", tables=tables)
+    report = checked(f, x, mode="coloured", tables=tables)
     assert report.verdict == "fail", str(report)
     assert "is not the transpose of f's Jacobian" in str(report)
     if fits:  # element verdicts from the full rerun, as mode="full" gives them
@@ -895,9 +892,9 @@ def test_the_device_screen_gives_numpys_verdicts_on_every_element(name):
     # rule judges the rest: the statuses, values and problems are those of judging every element in numpy.
     f, x, options = _screen_cases()[name]
     # (jit_compile=True: the screen runs on the compiled paths; an element-wise f's eager loops are a few calls)
-    screened = fastcheck.check_gradients(f, tf.constant(x), mode="coloured", precision="native", jit_compile=True,
+    screened = checked(f, tf.constant(x), mode="coloured", precision="native", jit_compile=True,
                                          tables={"SCREEN_ELEMENTS": 1}, **options)
-    numpy = fastcheck.check_gradients(f, tf.constant(x), mode="coloured", precision="native", jit_compile=True,
+    numpy = checked(f, tf.constant(x), mode="coloured", precision="native", jit_compile=True,
                                       tables={"SCREEN_ELEMENTS": 1 << 40}, **options)
     (block,) = events_of(screened, "ColouredSummary")[0].blocks
     (unscreened,) = events_of(numpy, "ColouredSummary")[0].blocks

@@ -6,7 +6,7 @@ import weakref
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import events_of
+from conftest import checked, events_of
 
 import fastcheck
 
@@ -170,13 +170,9 @@ def test_library_functions_take_the_few_calls_with_the_loops_numbers(name, dtype
          "where": lambda t: tf.where(t > 0, tf.sqrt(tf.abs(t)), tf.zeros_like(t)),
          "lambertw": lambda t: tfp.math.lambertw(tf.abs(t))}[name]
     x = tf.constant(np.random.default_rng(0).normal(size=(3, 4)), dtype)
-    # lambertw's eager loop is predicted near its trace's cost: a calibration that prices traces high keeps it eager
-    # whatever the machine's load (the shortcut under test is the eager path's).
-    from fastcheck.testing import Calibration
-
-    # (the colours off: lambertw's traced pattern would let its columns share calls, ``test_a_while_loop...``)
-    loops, fast, loop_calls, calls = _reports(f, [x], calibration=Calibration(traced_ratios=(1000.0,)),
-                                              tables={"EAGER_COLOUR_SECONDS": 1e9})
+    # Traces priced high keep every f eager (the shortcut under test is the eager path's); the colours off:
+    # lambertw's traced pattern would let its columns share calls, ``test_a_while_loop...``.
+    loops, fast, loop_calls, calls = _reports(f, [x], tables={"EAGER_COLOUR_SECONDS": 1e9, "TRACE_SECONDS": 1e3})
     assert fast.path == "eager" and _same(loops, fast) and fast.verdict == "pass", str(fast)
     assert (calls >= loop_calls) == (name == "lambertw"), (loop_calls, calls)
 
@@ -191,9 +187,9 @@ def test_the_report_says_which_sides_made_the_few_calls():
     (both,) = events_of(fastcheck.check_gradients(tf.tanh, x), "ElementwiseCalls")
     (forward,) = events_of(fastcheck.check_gradients(mixed, x), "ElementwiseCalls")
     assert both.sides == ("reverse", "numerical") and forward.sides == ("numerical",)
-    assert "input: f is element-wise in it" in "\n".join(fastcheck.check_gradients(tf.tanh, x).notes)
-    assert not events_of(fastcheck.check_gradients(tf.math.cumsum, x), "ElementwiseCalls")
-    assert not events_of(fastcheck.check_gradients(tf.tanh, x, tables={"DIAGONAL_MIN_ELEMENTS": 10**9}),
+    assert "input: f is element-wise in it" in "\n".join(checked(tf.tanh, x).notes)
+    assert not events_of(checked(tf.math.cumsum, x), "ElementwiseCalls")
+    assert not events_of(checked(tf.tanh, x, tables={"DIAGONAL_MIN_ELEMENTS": 10**9}),
                          "ElementwiseCalls")
 
 
@@ -203,13 +199,10 @@ KERNEL_2X2 = tf.constant(np.random.default_rng(4).normal(size=(2, 2, 3, 2)), tf.
 
 
 def _coloured_and_loop(f, x):
-    """(the check with the eager loops coloured whatever their length, the loops' check), both on the eager path (a
-    calibration whose traces cost 1000 times the constants')."""
-    from fastcheck.testing import Calibration
-
-    eager = Calibration(traced_ratios=(1000.0,))
-    coloured = fastcheck.check_gradients(f, x, tables={"EAGER_COLOUR_SECONDS": 0.0}, calibration=eager)
-    loop = fastcheck.check_gradients(f, x, tables={"EAGER_COLOUR_SECONDS": 1e9}, calibration=eager)
+    """(the check with the eager loops coloured whatever their length, the loops' check), both on the eager path
+    (traces priced at 1000 s)."""
+    coloured = checked(f, x, tables={"EAGER_COLOUR_SECONDS": 0.0, "TRACE_SECONDS": 1e3})
+    loop = checked(f, x, tables={"EAGER_COLOUR_SECONDS": 1e9, "TRACE_SECONDS": 1e3})
     return coloured, loop
 
 
@@ -309,7 +302,6 @@ def test_routing_prices_the_eager_loops_by_fs_pattern(wrong):
     # traces, by f's pattern (4 column and 4 row colours) at a few dozen calls: routed eager, saying so.  (Eager
     # loops predicted at 4x f's calls: on a machine whose eager calls are cheap, the dense loops still cost more than
     # a trace, and the colours' few dozen calls far less.)
-    from fastcheck.testing import Calibration
 
     kernel = tf.constant(np.random.default_rng(8).normal(size=(2, 2, 1, 1)))
 
@@ -318,8 +310,7 @@ def test_routing_prices_the_eager_loops_by_fs_pattern(wrong):
         return y, lambda g: (1.01 if wrong else 1.0) * g
 
     x = tf.constant(np.random.default_rng(9).normal(size=(1, 40, 40, 1)))
-    report = fastcheck.check_gradients(lambda t: off(tf.nn.depthwise_conv2d(t, kernel, [1, 1, 1, 1], "SAME")), x,
-                                       calibration=Calibration(eager_ratios=(4.0,)))
+    report = fastcheck.check_gradients(lambda t: off(tf.nn.depthwise_conv2d(t, kernel, [1, 1, 1, 1], "SAME")), x)
     (chosen,) = events_of(report, "PathChosen")
     assert chosen.path == report.path == "eager" and chosen.reason.coloured, report.notes
     assert "eager loops by colours of f's traced pattern predicted" in str(report)

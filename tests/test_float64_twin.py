@@ -4,6 +4,7 @@ gradient's float64 twin: the same gradient code at the float64 point, by float64
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import checked
 
 import fastcheck
 
@@ -81,8 +82,8 @@ def test_full_and_coloured_mode_judge_an_element_wise_f_through_the_twin_alike(m
 def test_coloured_mode_runs_the_twin_only_within_the_memory_a_check_may_hold():
     # Its per-nonzero arrays (TWIN_BYTES_PER_NONZERO each) past the limit: the pair keeps its pass without the twin.
     f, x = _small_sine(1.0)
-    held = fastcheck.check_gradients(f, x, mode="coloured")
-    limited = fastcheck.check_gradients(f, x, mode="coloured", memory_budget=2000, tables={"HELD_MEMORY_FLOOR": 1})
+    held = checked(f, x, mode="coloured")
+    limited = checked(f, x, mode="coloured", memory_budget=2000, tables={"HELD_MEMORY_FLOOR": 1})
     assert held.ok and held.pairs[0].float64_gradient and held.pairs[0].resolution < 1e-3
     assert limited.ok and not limited.pairs[0].float64_gradient and limited.pairs[0].resolution > 1e-3
 

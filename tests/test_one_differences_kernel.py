@@ -5,10 +5,14 @@ included, whose batched filters pfor alone would loop over (``_pfor``)."""
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import events_of
+from conftest import checked, events_of
 
 import fastcheck
 from fastcheck import _paths, _tables
+from fastcheck._tables import TRACE_CALLS, TRACE_SECONDS
+
+# A machine where tracing is (nearly) free.
+FREE_TRACING = {"TRACE_SECONDS": 1e-9, "TRACE_CALLS": 0}
 
 RNG = np.random.default_rng(3)
 SHAPES = [(6, 5), (5,), (5, 4), (4,), (4, 3), (3,), (7,)]
@@ -38,16 +42,13 @@ def _mlp(off: int | None = None):
 
 @pytest.mark.parametrize("jit_compile", [True, False])
 def test_one_kernel_gives_the_per_input_jacobians(jit_compile):
-    from fastcheck.testing import Calibration
-
     f, values = _mlp()
     joint = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile)
     chunked = events_of(joint, "Chunked")
     assert chunked and all(e.why.limit == "joint" and e.why.inputs == 7 and e.why.padded == e.chunk for e in chunked), \
         joint.notes
     # On a machine where tracing is (nearly) free a kernel per input saves the joint kernel's extra work.
-    free_tracing = Calibration(traced=True, traced_ratios=(1e-9,))
-    separate = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile, calibration=free_tracing)
+    separate = checked(f, values, mode="full", jit_compile=jit_compile, tables=FREE_TRACING)
     assert all(e.why.limit != "joint" for e in events_of(separate, "Chunked")), separate.notes
     assert joint.ok and separate.ok
     for a, b in zip(joint.pairs, separate.pairs):
@@ -85,14 +86,11 @@ def _cnn(off: int | None = None):
 
 @pytest.mark.parametrize("jit_compile", [True, False])
 def test_convolutions_share_one_kernel(jit_compile):
-    from fastcheck.testing import Calibration
-
     f, values = _cnn()
     joint = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile)
     assert all(e.why.limit == "joint" and e.why.inputs == 4 for e in events_of(joint, "Chunked")), joint.notes
     assert events_of(joint, "Chunked") and not events_of(joint, "JointKernelDropped"), joint.notes
-    separate = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile,
-                                         calibration=Calibration(traced=True, traced_ratios=(1e-9,)))
+    separate = checked(f, values, mode="full", jit_compile=jit_compile, tables=FREE_TRACING)
     assert all(e.why.limit != "joint" for e in events_of(separate, "Chunked")), separate.notes
     assert joint.ok and separate.ok, (str(joint), str(separate))
     for a, b in zip(joint.pairs, separate.pairs):
@@ -145,16 +143,13 @@ def test_an_input_whose_own_kernel_evaluates_less_leaves_the_joint_one(off):
     # A kernel's trace predicted at microseconds (still more than the joint kernel's extra work): b's first joint
     # call costs more beyond its own kernel's share than a trace, so its later differences take their own kernel;
     # w's own kernel would evaluate every op (no excess), so it stays.  The numbers are a kernel per input's.
-    from fastcheck.testing import Calibration
-
     f, values = _deep(off)
-    report = fastcheck.check_gradients(f, values, mode="full", jit_compile=False,
-                                       calibration=Calibration(traced=True, traced_ratios=(3e-4,)))
+    report = checked(f, values, mode="full", jit_compile=False,
+                     tables={"TRACE_SECONDS": 3e-4 * TRACE_SECONDS, "TRACE_CALLS": 3e-4 * TRACE_CALLS})
     assert any(e.why.limit == "joint" for e in events_of(report, "Chunked")), report.notes
     assert [e.input for e in events_of(report, "OwnKernel")] == [report.pairs[1].input_name], report.notes
     assert "its later differences ran on a kernel of its own" in str(report)
-    separate = fastcheck.check_gradients(f, values, mode="full", jit_compile=False,
-                                         calibration=Calibration(traced=True, traced_ratios=(1e-9,)))
+    separate = checked(f, values, mode="full", jit_compile=False, tables=FREE_TRACING)
     assert not events_of(separate, "OwnKernel") and report.ok == separate.ok == (not off)
     for a, b in zip(report.pairs, separate.pairs):
         np.testing.assert_allclose(a.numerical, b.numerical, rtol=0, atol=1e-9)

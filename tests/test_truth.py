@@ -1,17 +1,15 @@
 """Verdict truth: the gradient training uses, in the precision f really computes, at hard points."""
 
 import dataclasses
-import time
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import events_of
+from conftest import checked, events_of
 from test_real_networks import PlantedScale  # x * scale, its custom gradient's d/dscale times a factor
 
 import fastcheck
-from fastcheck.testing import Calibration
 
 RNG = np.random.default_rng(7)
 
@@ -660,21 +658,22 @@ def test_noise_tables_are_one_traced_call_each_and_equal_the_point_by_point_nois
     @tf.custom_gradient
     def f(x):
         if route == "eager" and tf.executing_eagerly():
-            # A slow eager call (20 ms): the 31 calls of its eager check still cost less than tracing is
-            # predicted at (40 calls and more), while a noise measurement's 8 tables of 16 calls (2.6 s) cost
-            # more than twice the tracing of their loop (at most 0.32 s, and 8 calls).
-            time.sleep(0.02)
+            # A dear eager call (40,000 Python calls: ~20 ms counted): the 31 calls of its eager check still cost
+            # less than tracing is predicted at (40 calls and more), while a noise measurement's 8 tables of 16
+            # calls cost more than twice the tracing of their loop (0.15 s and 8 calls).
+            for _ in range(40_000):
+                abs(1)
         y = tf.tanh(tf.linalg.matvec(w, x))
         return y, lambda dy: 1.1 * tf.linalg.matvec(w, dy * (1 - y * y), transpose_a=True)  # 10% off
 
     x = tf.constant(RNG.normal(size=5), tf.float32)
-    options = {"jit_compile": False if route == "graph" else "auto", "calibration": Calibration()}
+    options = {"jit_compile": False if route == "graph" else "auto"}
     report = fastcheck.check_gradients(f, x, **options)
     assert report.verdict == "fail" and report.path == route, str(report)
     (tables,) = events_of(report, "NoiseTables")
     assert tables.batched == tables.tables > 0, tables
     # The same check with every table point by point (NOISE_LINE=0): the same noise, so the same bands, bit for bit.
-    pointwise = fastcheck.check_gradients(f, x, tables={"NOISE_LINE": 0}, **options)
+    pointwise = checked(f, x, tables={"NOISE_LINE": 0}, **options)
     assert pointwise.path == route and events_of(pointwise, "NoiseTables") == [dataclasses.replace(tables, batched=0)]
     _assert_same_pairs(report, pointwise)
 
