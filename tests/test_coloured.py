@@ -679,8 +679,8 @@ def test_a_gradient_that_runs_once_per_pass_is_checked_on_the_eager_path():
     rng = np.random.default_rng(5)
     x = tf.constant(rng.normal(size=(1, 8, 8, 4)), tf.float32)
     kernel = tf.constant(rng.normal(size=(3, 3, 4, 4)) / 6, tf.float32)
-    report = fastcheck.check_gradients(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x,
-                                       mode="coloured", tables={"TRACE_SECONDS": 1e6})
+    report = checked(_column_scaled(lambda x: tf.nn.conv2d(x, kernel, 1, "SAME"), 77, 1e-2), x, mode="coloured",
+                     tables={"TRACE_SECONDS": 1e6})
     (pair,) = report.pairs
     assert report.path == "eager" and report.verdict == "fail", str(report)
     assert set(np.argwhere(pair.statuses == "mismatch")[:, 1].tolist()) == {77}
@@ -711,9 +711,9 @@ def test_explicit_coloured_mode_refuses_what_it_cannot_hold():
     # A check may hold memory_budget (4 KiB here), with no floor under it.
     small = {"memory_budget": 4096, "tables": {"HELD_MEMORY_FLOOR": 0}}
     with pytest.raises(ValueError, match=r"mode='coloured' needs about .* GiB .*2,048 structural nonzeros.*mode='fast'"):
-        fastcheck.check_gradients(tf.sin, x, mode="coloured", **small)
+        checked(tf.sin, x, mode="coloured", **small)
     assert fastcheck.check_gradients(tf.sin, x, mode="coloured").ok  # within the default floor (4 GiB)
-    assert fastcheck.check_gradients(tf.sin, x, mode="fast", **small).ok  # the mode the message names fits
+    assert checked(tf.sin, x, mode="fast", **small).ok  # the mode the message names fits
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["correct", "one entry sign-flipped"])

@@ -22,11 +22,12 @@ def _reports(f, xs, **options):
         calls.append(1)
         return f(*args)
 
-    loops = fastcheck.check_gradients(counted, xs, progress=False, **{
-        **options, "tables": {**options.get("tables", {}), "DIAGONAL_MIN_ELEMENTS": 10**9, "EAGER_COLOUR_SECONDS": 1e9}})
+    tables = options.pop("tables", {})
+    loops = checked(counted, xs, progress=False, **options,
+                    tables={**tables, "DIAGONAL_MIN_ELEMENTS": 10**9, "EAGER_COLOUR_SECONDS": 1e9})
     loop_calls = len(calls)
     calls.clear()
-    fast = fastcheck.check_gradients(counted, xs, progress=False, **options)
+    fast = checked(counted, xs, progress=False, tables=tables, **options)
     return loops, fast, loop_calls, len(calls)
 
 
