@@ -38,7 +38,7 @@ class Case:
     description: str = ""
     dtypes: tuple = BOTH
     # dtypes in which no step resolves a 1% error of the correct gradient: the verdict is undecidable
-    # with a coarse pair, not a pass (see the README's "Resolution")
+    # with a coarse pair, not a pass (see docs/rule.md, "Resolution")
     unresolvable: tuple = ()
 
 

@@ -1,6 +1,6 @@
 """Smoke test of ``python -m benchmarks models``: one tiny tf_keras check writes a row to the JSON and the table.
 
-No verdict or timing assertions: the suite records today's behaviour (benchmarks/results/models-baseline.md).
+No verdict or timing assertions: the suite records today's behaviour (benchmarks/results/models-2026-12-01-b9da3e6.md).
 """
 
 import json
