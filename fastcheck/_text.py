@@ -4,6 +4,7 @@ event's note by dispatch on the event's type (``EVENT_TEXT``).  Stages hand over
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -607,8 +608,10 @@ def native_reason(e: events.NumericalSide) -> str:
         return "f returned different shapes for float64 inputs"
     if e.reason == "fails":
         return f"f does not run in float64 ({e.error})"
+    why = ("an op of f is not finite in float64 where it is natively" if not math.isfinite(e.float64) else
+           "f chooses weights, layers or code by dtype")
     return (f"f computes something else in float64 (flat output {e.row} is {e.float64:.8g} in float64 but "
-            f"{e.native:.8g} natively, beyond native rounding): f chooses weights, layers or code by dtype")
+            f"{e.native:.8g} natively, beyond native rounding): {why}")
 
 
 def _precision_why(why) -> str:
