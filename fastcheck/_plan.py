@@ -606,7 +606,7 @@ def _differs_in_float64(plan: Plan, upcast: np.ndarray, repeat: np.ndarray) -> N
             return None
         finite = np.isfinite(native)
         scale = np.abs(native) + np.sqrt(np.mean(np.square(native[finite]))) if finite.any() else 0
-        allowed = 64 * eps * scale
+        allowed = np.asarray(64 * eps * scale, np.float64)
         outside = difference > allowed
         outside &= finite & np.isfinite(upcast)
         # Not finite in float64 where the native f is (TensorFlow's float64 erf at +-inf is NaN): no noise explains it.
