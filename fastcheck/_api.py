@@ -30,7 +30,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         nested list/tuple/dict of tensors.
       inputs: one tensor-like (tf.Tensor, tf.Variable, numpy array, Python
         number; Python floats become float64) or a list/tuple of them.
-      eps: relative step; element ``j`` is perturbed by ``eps * max(1, |x_j|)``.
+      eps: relative step; element ``j`` is perturbed by ``eps * max(1, |x_j|)`` (by ``eps`` where x_j is infinite).
         Default ``machine_epsilon ** (1/3)`` of the evaluation dtype.
       atol, rtol: tolerances; default from the table in ``_config.py`` by the
         analytical dtype (float64: 1e-8, 1e-6; float32: 1e-5, 1e-4).

@@ -426,7 +426,8 @@ class _Block:
         x = self.columns.x
         if self.pattern.diagonal:
             with np.errstate(invalid="ignore", over="ignore"):
-                return np.abs(np.asarray(self.analytical.at(rows, rows), np.float64) * x[rows])
+                terms = np.abs(np.asarray(self.analytical.at(rows, rows), np.float64) * x[rows])
+                return np.where(np.isfinite(terms), terms, 0.0)  # as the others: an infinite input has no term
         unique, inverse = np.unique(np.asarray(rows, np.int64), return_inverse=True)
         if self.pattern.dense:  # every column: whole rows of the analytical block
             with np.errstate(invalid="ignore", over="ignore"):
@@ -528,9 +529,24 @@ def pairs(plan: Plan, blocks: Sequence[_Block], atol, rtol, output_name, side: s
             pair = PairReport(output_name or output.name, spec.name, output_shape, input_shape, storage, atol, rtol,
                               one_sided=one_sided, side=side, inconsistent=block.inconsistent, float64_gradient=used)
             pair.cause = (Hint("wrong pattern") if block.wrong_pattern else Hint("inconsistent") if block.inconsistent
-                          else pair.diagnose())
+                          else _undecided_at_nonfinite_inputs(pair, block.columns.x, plan.eval_output[output.offset : output.offset + output.size]) or pair.diagnose())
             reports.append(pair)
     return reports
+
+
+def _undecided_at_nonfinite_inputs(pair: PairReport, x: np.ndarray, y0: np.ndarray) -> Hint | None:
+    """Where ``x`` (the pair's input, flat) holds elements that are not finite and every element of ``pair`` the
+    numerics leave undecided lies at one of them or in a row where f is not finite at the point (``y0``: the pair's
+    output, flat; the report's problem says so), what explains them: the point the user chose, not f's domain."""
+    nonfinite = ~np.isfinite(x)
+    undecided = np.isin(pair.status, _compare.UNDECIDED)
+    if not undecided.any() or not nonfinite.any():
+        return None
+    rows, cols = (pair.rows[undecided], pair.cols[undecided]) if pair.sparse else np.nonzero(undecided)
+    if not np.all(nonfinite[cols] | ~np.isfinite(y0[rows])):
+        return None
+    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(nonfinite)), pair.input_shape))
+    return Hint("nonfinite input", count=int(nonfinite.sum()), first=first)
 
 
 def twinned(blocks: Sequence[_Block], plan: Plan, config, atol: float, rtol: float,

@@ -89,7 +89,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             notes_before = [events.Inconsistent(text) for text in done[0][2].inconsistent]
             outcome = dataclasses.replace(outcome, notes=[*notes_before, *outcome.notes])
         inconsistent = list(outcome.inconsistent)
-        found = run_events(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan)
+        found = run_events(outcome, executor, config, mode, why, problem.notes) + _empty_parts(plan) + _nonfinite(plan)
         problems = [] if np.all(np.isfinite(plan.eval_output)) else [describe_nonfinite(plan, plan.eval_output)]
         problems += outcome.problems + inconsistent  # coloured mode: a violated sparsity pattern, a VJP off it
         kind = mode if mode in ("fast", "coloured") else problem.kind or outcome.kind
@@ -179,6 +179,20 @@ def _empty_parts(plan: Plan) -> list:
     """The outputs and checked inputs with no elements, in a check of the others."""
     empty = [o.name for o in plan.outputs if not o.size] + [s.name for s in plan.checked if not s.size]
     return [events.EmptyPart(name) for name in empty]
+
+
+def _nonfinite(plan: Plan) -> list:
+    """The checked inputs holding infinite or NaN elements, each with its first five (as ``describe_nonfinite``
+    names f's)."""
+    found = []
+    for spec in plan.checked:
+        x = spec.real_view.numpy()
+        bad = np.argwhere(~np.isfinite(x))
+        if len(bad):
+            first = bad[:5]
+            found.append(events.NonfiniteInput(spec.name, len(bad), tuple(tuple(int(i) for i in at) for at in first),
+                                               tuple(float(x[tuple(at)]) for at in first)))
+    return found
 
 
 def _planned(problem: Problem, config: CheckConfig) -> Plan:

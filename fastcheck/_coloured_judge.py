@@ -19,7 +19,7 @@ from fastcheck import _compare
 from fastcheck._autodiff import vjp_kernel
 from fastcheck._block import _Block
 from fastcheck._colours import _eager_vjp, _kernel_path, _large, _vjp_weights
-from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
+from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON, device_span
 from fastcheck._executor import Batch, Executor, view
 from fastcheck._plan import Plan
 from fastcheck._tables import (
@@ -117,7 +117,7 @@ def _screened(sides, x, step, vjp, centre, atol, rtol, epsilon, margin):
     ``margin``, as ``_noise``, ``_span`` and ``first_sweep`` compute them, in one fused pass (a value that is not
     finite clears nothing)."""
     wide = functools.partial(tf.cast, dtype=tf.float64)
-    span = wide((x + step) - (x - step))
+    span = wide(device_span(x, step, x.dtype))
     numerical = (wide(sides[0]) - wide(sides[sides.shape[0] // 2])) / span  # f(x + d) first, f(x - d) half way
     analytical = wide(vjp)
     noise = _compare.quotient_noise(_compare.rounding_level(wide(centre), epsilon), span)

@@ -5,7 +5,9 @@ Steps and tolerances are data, kept here in one place:
 * The finite-difference step for element ``x_j`` is ``h_j = eps * max(1, |x_j|)`` where ``eps`` defaults to
   ``machine_epsilon(dtype) ** (1/3)`` of the dtype the numerical side is *evaluated* in (the least precise floating
   dtype on the path: inputs and outputs).  ``eps**(1/3)`` balances the O(h^2) truncation error of central
-  differences against the O(eps/h) rounding error.
+  differences against the O(eps/h) rounding error.  An infinite (or NaN) ``x_j`` takes ``h_j = eps``
+  (``step_scale``): ``x_j +- h_j`` is ``x_j`` itself, and its quotient ``(f(x) - f(x)) / 2 h_j`` is what
+  ``tf.test.compute_gradient`` computes there (0 where f is finite).
 * Tolerances come from the dtype of the *analytical* side (the user's dtype), the computation being judged.
 """
 
@@ -45,6 +47,36 @@ PRECISION_EPSILON = {
     "float16": MACHINE_EPSILON[tf.float16],
     "bfloat16": MACHINE_EPSILON[tf.bfloat16],
 }
+
+
+def step_scale(x) -> np.ndarray:
+    """``max(1, |x_j|)`` as float64, the factor of element ``j``'s step ``eps * max(1, |x_j|)``; 1 where ``x_j`` is
+    not finite (an infinite step would move x_j to ``inf - inf``, NaN: ``tf.test.compute_gradient`` moves it by its
+    finite delta, and ``x_j +- delta`` stays where it is)."""
+    magnitude = np.abs(np.asarray(x, np.float64))
+    return np.where(np.isfinite(magnitude), np.maximum(1.0, magnitude), 1.0)
+
+
+def device_step_scale(x: tf.Tensor) -> tf.Tensor:
+    """``step_scale`` of a tensor, flattened, on the device (float64)."""
+    magnitude = tf.abs(tf.cast(tf.reshape(x, [-1]), tf.float64))
+    return tf.where(tf.math.is_finite(magnitude), tf.maximum(tf.constant(1.0, tf.float64), magnitude), 1.0)
+
+
+def span(x, d, dtype=np.float64) -> np.ndarray:
+    """``(x + d) - (x - d)`` as float64, each side rounded in x's dtype (``d``: the step in that dtype) and subtracted
+    in ``dtype``: the step actually taken both ways; ``2 d`` where x is not finite (``x +- d`` is x itself, and its
+    difference quotient divides by the nominal span, as ``tf.test.compute_gradient`` does, not by ``inf - inf``)."""
+    x = np.asarray(x)
+    with np.errstate(over="ignore"):  # x + d past the dtype's largest value: an infinite span, judged non-finite
+        centre = np.where(np.isfinite(x), x, x.dtype.type(0))
+        return ((centre + d).astype(dtype) - (centre - d).astype(dtype)).astype(np.float64)
+
+
+def device_span(x: tf.Tensor, d: tf.Tensor, dtype: tf.DType = tf.float64) -> tf.Tensor:
+    """``span`` on the device, in ``dtype``."""
+    centre = tf.where(tf.math.is_finite(x), x, tf.zeros_like(x))
+    return tf.cast(centre + d, dtype) - tf.cast(centre - d, dtype)
 
 
 PRECISIONS = ("auto", "native", "float64")

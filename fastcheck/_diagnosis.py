@@ -59,6 +59,9 @@ def describe_nonfinite(plan: Plan, y0: np.ndarray) -> str:
     culprit = _first_nonfinite_op(plan)
     if culprit:
         message += " " + culprit
+    if any(not np.all(np.isfinite(spec.real_view.numpy())) for spec in plan.checked):
+        return message + (" The inputs themselves hold infinite or NaN elements (named in the notes): f of an "
+                          "infinite input is often infinite, and no difference quotient checks its derivative there.")
     return message + " Check f at points inside its domain (e.g. probabilities from a softmax, not a normal sample)."
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _compare
+from fastcheck._config import device_span, device_step_scale
 from fastcheck._events import FastForwardOnly
 from fastcheck._executor import Batch, Executor, ShapeChangeError
 from fastcheck._paths import GRAPH, XLA
@@ -50,8 +51,8 @@ def _perturbed(plan: Plan, values, flat, direction, step):
 
     ``direction`` is [n] float64 over every checked input (flattened real views, concatenated in ``plan.checked``
     order); ``flat`` is x so concatenated (``_concatenated``; None: inputs of several dtypes, moved one by one).  Each
-    input moves in its own evaluation dtype; the realised direction is ``((x + s d) - (x - s d)) / 2s`` in float64,
-    so that both sides differentiate along the step actually taken.
+    input moves in its own evaluation dtype; the realised direction is ``((x + s d) - (x - s d)) / 2s`` in float64
+    (``device_span``: d itself where x is not finite), so that both sides differentiate along the step actually taken.
     """
     sizes = [spec.size for spec in plan.checked]
 
@@ -61,7 +62,7 @@ def _perturbed(plan: Plan, values, flat, direction, step):
     if flat is not None:  # one dtype: a few ops over the whole vector (a model has hundreds of variables)
         offset = tf.cast(direction * step, flat.dtype)
         up, down = split(flat + offset), split(flat - offset)
-        realised = (tf.cast(flat + offset, F64) - tf.cast(flat - offset, F64)) / (2 * step)
+        realised = device_span(flat, offset) / (2 * step)
     else:
         up, down, parts = [], [], []
         for spec, piece in zip(plan.checked, split(direction)):
@@ -69,7 +70,7 @@ def _perturbed(plan: Plan, values, flat, direction, step):
             offset = tf.cast(piece * step, x.dtype)
             up.append(x + offset)
             down.append(x - offset)
-            parts.append((tf.cast(up[-1], F64) - tf.cast(down[-1], F64)) / (2 * step))
+            parts.append(device_span(x, offset) / (2 * step))
         realised = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
     plus, minus = list(values), list(values)
     for spec, a, b in zip(plan.checked, up, down):
@@ -168,8 +169,7 @@ class Joint:
         self.offsets = np.concatenate([[0], np.cumsum([spec.size for spec in self.specs])]).astype(np.int64)
         self.n = int(self.offsets[-1])
         values = executor.values
-        self.scale = tf.concat([tf.reshape(tf.maximum(tf.constant(1.0, F64), tf.abs(tf.cast(values[s.position], F64))), [-1])
-                                for s in self.specs], 0)
+        self.scale = tf.concat([device_step_scale(values[s.position]) for s in self.specs], 0)
         self.eps = self.config.step(plan.noise_epsilon)
         self.y0 = plan.eval_output
         self.supplied = supplied

@@ -337,6 +337,17 @@ class EmptyPart:
     name: str
 
 
+@dataclasses.dataclass(frozen=True)
+class NonfiniteInput:
+    """Checked input ``name`` holds ``count`` elements that are not finite (the first few at ``first``, multi-indices,
+    with their ``values``): each moves by the relative step itself (``_config.step_scale``)."""
+
+    name: str
+    count: int
+    first: tuple
+    values: tuple
+
+
 # --- the analytical side
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from fastcheck import _diagonal, _eager_colours, _paths
-from fastcheck._config import MACHINE_EPSILON, CheckConfig, tunable
+from fastcheck._config import MACHINE_EPSILON, CheckConfig, device_span, span, step_scale, tunable
 from fastcheck._distribute import Share, spread_for
 from fastcheck._events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory, OwnKernel
 from fastcheck._kernels import FlatCall, cached, flat_call, pad, plan_key
@@ -100,7 +100,7 @@ def _differences_kernel(plan: Plan, position: int, chunk: int, path: str, flat_f
 
 def _sides(outs, picked, delta, chunk: int, sides: bool):
     """A differences kernel's results from f at its [2 chunk] rows (x+ then x-) and the perturbed elements."""
-    span = (picked + delta) - (picked - delta)
+    span = device_span(picked, delta, picked.dtype)
     # [m, chunk]: the Jacobian's own layout, so the host never transposes it.
     plus, minus = tf.transpose(outs[:chunk]), tf.transpose(outs[chunk:])
     if sides:
@@ -568,7 +568,7 @@ class Executor:
         idx = np.asarray(idx)
         offsets = np.asarray(delta, np.float64)
         up, down = offsets.astype(dtype), (-offsets).astype(dtype)  # each side's offset, rounded as the input is
-        spans = (flat[idx] + up).astype(np.float64) - (flat[idx] - up).astype(np.float64)
+        spans = span(flat[idx], up)
         shortcut = self._shortcut(position, flat, shape, idx, delta) if np.unique(idx).size == len(idx) > 1 else None
         if shortcut is not None:
             return (*shortcut, spans)
@@ -671,8 +671,9 @@ class Executor:
 
 
 def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
-    """Per-element step ``eps * max(1, |x_j|)`` for one input (real view, flattened), or ``eps`` itself where the
-    configuration asks for an absolute step (``compute_gradient``'s delta).
+    """Per-element step ``eps * max(1, |x_j|)`` (``step_scale``: ``eps`` where x_j is not finite) for one input
+    (real view, flattened), or ``eps`` itself where the configuration asks for an absolute step
+    (``compute_gradient``'s delta).
 
     ``eps`` is the evaluation dtype's ``machine_epsilon ** (1/3)``: the steps do not follow f's measured noise (a
     larger relative step spans periods of cos at 5e7); noise-limited columns are re-estimated over larger steps
@@ -681,7 +682,7 @@ def steps(plan: Plan, config: CheckConfig, position: int) -> np.ndarray:
     if config.absolute_step and config.eps is not None:  # the configuration refuses one without the other
         return np.full(plan.inputs[position].size, float(config.eps))
     x = plan.eval_value(plan.inputs[position]).numpy().reshape(-1).astype(np.float64)
-    return config.step(MACHINE_EPSILON[plan.eval_dtype]) * np.maximum(1.0, np.abs(x))
+    return config.step(MACHINE_EPSILON[plan.eval_dtype]) * step_scale(x)
 
 
 def along_columns(executor: Executor, position: int, rows: np.ndarray, cols: np.ndarray, width: np.ndarray,

@@ -263,7 +263,7 @@ def _line_steps(bases, signs, scale) -> dict:
         size = scale * np.clip(magnitude, floor, 1.0)
         # At least 4 ulps, so that x_j itself moves: an output that stays put then does so because f rounds it.
         ulps = 4 * np.abs(np.spacing(base)).astype(np.float64)
-        steps[p] = np.maximum(np.exp2(np.round(np.log2(size))), ulps) * signs[p]
+        steps[p] = np.fmax(np.exp2(np.round(np.log2(size))), ulps) * signs[p]  # fmax: no ulp at inf
     return steps
 
 

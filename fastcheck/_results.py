@@ -236,7 +236,9 @@ class PairReport:
             squares += (np.sum(difference * difference), np.sum(kept_n * kept_n), np.sum(kept_a * kept_a))
             score = np.nan_to_num(score, nan=np.inf)
             if status.any():  # OK is 0
-                score = np.where(np.isin(status, (ANALYTICAL_NONFINITE, NUMERICAL_NONFINITE)), np.inf, score)
+                score = np.where(status == ANALYTICAL_NONFINITE, np.inf, score)
+                # Undecidable (a NaN quotient too: f not finite at an infinite input): after the mismatches.
+                score = np.where(status == NUMERICAL_NONFINITE, 1.0, score)
                 score = np.where(np.isin(status, (UNRESOLVED, DISCONTINUOUS, UNRESOLVED_KINK, FLAT)),
                                  np.maximum(score, 1.0), score)
                 score = np.where(status == NONDIFFERENTIABLE, 0.0, score)  # reported apart, in detail_lines

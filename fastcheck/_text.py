@@ -4,6 +4,7 @@ event's note by dispatch on the event's type (``EVENT_TEXT``).  Stages hand over
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -98,6 +99,12 @@ LOCALISED = ("a directional derivative disagrees: the gradient of the named inpu
              "that region with mode='full' on a slice, starting at the worst element.")
 HINTS = {
     "analytical not finite": "the analytical gradient is NaN/Inf where f is smooth: " + NONFINITE_CAUSE,
+    "nonfinite input": (
+        "the input itself is infinite or NaN at {count} element(s) (the first at {first}): x +- h is x there, so the "
+        "difference quotient is (f(x) - f(x)) / 2h, not finite where f is not (f of an infinite input often is "
+        "infinite, and then every quotient in its output's row is not finite too), 0 where f is finite; the point is "
+        "the one you chose, not f leaving its domain: no step checks the gradient at these elements, check it at "
+        "large finite inputs instead."),
     "numerical not finite": ("f is not finite at or next to the point, so the derivative there cannot be checked "
                              "numerically; move the point inside f's domain."),
     "f jumps here": ("f jumps at the point (its difference quotients grow like 1/step): it has no derivative there to "
@@ -596,8 +603,10 @@ def native_reason(e: events.NumericalSide) -> str:
         return "f returned different shapes for float64 inputs"
     if e.reason == "fails":
         return f"f does not run in float64 ({e.error})"
+    why = ("an op of f is not finite in float64 where it is natively" if not math.isfinite(e.float64) else
+           "f chooses weights, layers or code by dtype")
     return (f"f computes something else in float64 (flat output {e.row} is {e.float64:.8g} in float64 but "
-            f"{e.native:.8g} natively, beyond native rounding): f chooses weights, layers or code by dtype")
+            f"{e.native:.8g} natively, beyond native rounding): {why}")
 
 
 def _precision_why(why) -> str:
@@ -708,6 +717,12 @@ EVENT_TEXT: dict[type, Callable[[Any], str]] = {
     events.Inconsistent: lambda e: f"coloured mode: {e.found}",
     events.NothingToCheck: _nothing_to_check,
     events.EmptyPart: lambda e: f"nothing to check for {e.name}: it has no elements (its pairs' Jacobians are empty)",
+    events.NonfiniteInput: lambda e: (
+        f"{e.name} holds {_counted(e.count, 'non-finite element')} ("
+        f"{', '.join(f'{element_name(e.name, i)}={v:g}' for i, v in zip(e.first, e.values))}"
+        f"{' ...' if e.count > len(e.first) else ''}): each moves by the relative step itself, x +- h is x there, "
+        "and its difference quotient is (f(x) - f(x)) / 2h, as tf.test.compute_gradient computes it: 0 where f is "
+        "finite there, judged by the rule; not finite where f is not"),
     events.ForwardNotChecked: lambda e: _FORWARD_NOT_CHECKED[e.reason].format(evaluations=e.evaluations),
     events.ForwardProbe: lambda e: _FORWARD_PROBE[e.result].format(directions=e.directions, error=e.error),
     events.FastSummary: _fast_summary,
