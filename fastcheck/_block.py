@@ -203,7 +203,8 @@ class _Block:
         failing = np.setdiff1d(failing, coarsened) if len(coarsened) else failing
         if len(failing):
             self._settle(plan, failing, atol, rtol)
-        self._jumps(plan)
+        if noisy:  # jumps of f beyond its rounding show in its measured noise first
+            self._jumps(plan)
         if flat:
             self._flat(plan)
 
@@ -254,7 +255,9 @@ class _Block:
 
     def _jumps(self, plan: Plan) -> None:
         """Mismatches, whatever step settled them (the wide fit's, the ladder's), where f jumps within the steps
-        (``_refine.jumps_near``): DISCONTINUOUS, undecidable; the distance to the nearest jump found is kept."""
+        (``_refine.jumps_near``): DISCONTINUOUS, undecidable; the distance to the nearest jump found is kept.  Run
+        where f's measured noise exceeds its rounding: dense jumps are what a measurement along lines through x
+        reads as noise, and f measured as smooth as its rounding has none to find."""
         index = having(self.status, _compare.MISMATCH, among=self.flagged)
         if not len(index):
             return
