@@ -89,7 +89,6 @@ class _Block:
     # are not OK, so those not OK now are among them (10^7 statuses: no pass over them all to find 5321).
     flagged: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     one_sided: dict = dataclasses.field(default_factory=dict)
-    jumps: dict = dataclasses.field(default_factory=dict)  # nonzero -> distance to the nearest jump of f found
     cleared: int = 0  # nonzeros the last judgement's device screen passed (``_screen``)
     wrong_pattern: bool = False
     inconsistent: bool = False  # the reverse-mode gradient failed the dense cotangent probe
@@ -255,7 +254,7 @@ class _Block:
 
     def _jumps(self, plan: Plan) -> None:
         """Mismatches, whatever step settled them (the wide fit's, the ladder's), where f jumps within the steps
-        (``_refine.jumps_near``): DISCONTINUOUS, undecidable; the distance to the nearest jump found is kept.  Run
+        (``_refine.jumps_near``): DISCONTINUOUS, undecidable.  Run
         where f's measured noise exceeds its rounding: dense jumps are what a measurement along lines through x
         reads as noise, and f measured as smooth as its rounding has none to find."""
         index = having(self.status, _compare.MISMATCH, among=self.flagged)
@@ -265,9 +264,8 @@ class _Block:
         eps = np.maximum(plan.row_epsilon_at(rows), PRECISION_EPSILON.get(plan.precision, 0.0))
         rounding = _compare.rounding_level(np.maximum(np.abs(plan.eval_output[rows]), self.row_terms(rows)), eps, None,
                                            1.0)
-        jumps, distance = jumps_near(self.ladder(plan, rows, cols), len(index), np.broadcast_to(rounding, index.shape))
+        jumps, _ = jumps_near(self.ladder(plan, rows, cols), len(index), np.broadcast_to(rounding, index.shape))
         self.status[index[jumps]] = _compare.DISCONTINUOUS
-        self.jumps.update({int(k): float(d) for k, d in zip(index[jumps], distance[jumps])})
 
     def _flat(self, plan: Plan) -> None:
         """Mismatches whose quotient, at the first step or refined, is f not moving: larger steps along their
