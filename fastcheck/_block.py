@@ -27,10 +27,10 @@ import numpy as np
 
 from fastcheck import _compare, _flat, _pattern, _wide
 from fastcheck._colours import _Analytical, _array
-from fastcheck._config import MACHINE_EPSILON
+from fastcheck._config import MACHINE_EPSILON, PRECISION_EPSILON
 from fastcheck._events import Hint
 from fastcheck._plan import InputSpec, Plan
-from fastcheck._refine import LADDER, Evaluate, Line, Rungs, confirmation, descend, examined
+from fastcheck._refine import LADDER, Evaluate, Line, Rungs, confirmation, descend, examined, jumps_near
 from fastcheck._results import PairReport, having
 from fastcheck._storage import Dense, Nonzeros
 from fastcheck._tables import (
@@ -125,7 +125,7 @@ class _Block:
             assert self.rule is not None, "judge() first"
             plan, atol, rtol = self.rule
             _, band = _verdicts(a, numerical, _noise(plan, rows, spans), atol, rtol)
-        if self.override is not None:
+        if self.override is not None and len(self.override[0]):  # an empty one: nothing refined
             index, values, refined_band = self.override
             if isinstance(part, slice):
                 lo, hi = np.searchsorted(index, [part.start, part.stop])
@@ -202,6 +202,8 @@ class _Block:
         failing = np.setdiff1d(failing, coarsened) if len(coarsened) else failing
         if len(failing):
             self._settle(plan, failing, atol, rtol)
+        if noisy:  # jumps of f beyond its rounding show in its measured noise first
+            self._jumps(plan)
         if flat:
             self._flat(plan)
 
@@ -249,6 +251,21 @@ class _Block:
         self.one_sided.update({(int(failing[k]),): value for (_, k), value in sides.items()})
         self.adopt(failing, estimate[0], band[0])
         self.status[failing] = status[0]
+
+    def _jumps(self, plan: Plan) -> None:
+        """Mismatches, whatever step settled them (the wide fit's, the ladder's), where f jumps within the steps
+        (``_refine.jumps_near``): DISCONTINUOUS, undecidable.  Run
+        where f's measured noise exceeds its rounding: dense jumps are what a measurement along lines through x
+        reads as noise, and f measured as smooth as its rounding has none to find."""
+        index = having(self.status, _compare.MISMATCH, among=self.flagged)
+        if not len(index):
+            return
+        rows, cols = self.pattern.at(index)
+        eps = np.maximum(plan.row_epsilon_at(rows), PRECISION_EPSILON.get(plan.precision, 0.0))
+        rounding = _compare.rounding_level(np.maximum(np.abs(plan.eval_output[rows]), self.row_terms(rows)), eps, None,
+                                           1.0)
+        jumps, _ = jumps_near(self.ladder(plan, rows, cols), len(index), np.broadcast_to(rounding, index.shape))
+        self.status[index[jumps]] = _compare.DISCONTINUOUS
 
     def _flat(self, plan: Plan) -> None:
         """Mismatches whose quotient, at the first step or refined, is f not moving: larger steps along their

@@ -489,9 +489,8 @@ def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, 
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = float(np.dot(a, n) / np.dot(n, n)) if np.dot(n, n) > 0 else np.nan
         residual = float(np.linalg.norm(a - factor * n) / np.linalg.norm(a)) if np.isfinite(factor) else np.inf
-    # A factor fitted to one or two elements of many says nothing about the gradient as a whole.
-    # (total >= min(FACTOR_ELEMENTS, nonzero finite entries), without a pass over them when total suffices.)
-    fitted = total >= FACTOR_ELEMENTS or total >= int(np.count_nonzero(numerical[np.isfinite(numerical)]))
+    # Any factor fits one element: a factor (or sign) is a finding only where FACTOR_ELEMENTS failing ones fit it.
+    fitted = total >= FACTOR_ELEMENTS
     if fitted and residual < 0.02 and abs(factor + 1) < 0.02:
         return Hint("sign")
     if fitted and residual < 0.02 and abs(factor - 1) > 1e-3:

@@ -38,6 +38,8 @@ from fastcheck._tables import (
     EDGE_LEVELS,
     FINEST_HOLDS,
     FINEST_ROUNDING,
+    FLAT_JUMP_GROWTH,
+    JUMP_VISIBLE,
     REFINE_LEVELS,
     REFINE_RATIO,
     RESOLVE_UP,
@@ -280,6 +282,38 @@ def examined(evaluate: Evaluate, line: Line, analytical: np.ndarray, first: np.n
                                                                   analytical[:, doubtful], atol, rtol)
     estimate[:, doubtful] = found.estimate
     return estimate, status, band, {(row, int(doubtful[k])): value for (row, k), value in sides.items()}
+
+
+def jumps_near(evaluate: Evaluate, count: int, rounding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([k] whether f jumps within the ladder's widest step of each direction, [k] the distance to the nearest jump
+    found, NaN where none): what must be ruled out before any step is evidence against a gradient.
+
+    Dense jumps (a mean over many fixed draws, each switching branch at its own x: jumps 1e-6 apart) are f's shape,
+    not noise: between them f is smooth with the analytical slope, and a step across hundreds of them measures the
+    slope of their trend instead.  Seen in the second differences |f(x+d) + f(x-d) - 2 f(x)| at d = h 4**RESOLVE_UP
+    ... h / 4**DEEP_LEVELS: where f is smooth they shrink 16x per level (f'' d^2) down to a floor, f's rounding; a
+    kink d0 away shrinks them ~4x per level (linearly in d - d0); a jump between two steps keeps them: f jumps within
+    d where its second difference there exceeds ``JUMP_VISIBLE`` times the floor and the step 4x larger moves it
+    less than ``FLAT_JUMP_GROWTH`` times as far.  The floor is the larger of the least of the three finest steps that
+    move x (a jump nearer than the finest of them shows in the others) and ``rounding`` [k] (one rounding of f, or of its terms, at f's precision: a bfloat16 staircase inside f is
+    rounding, and stays noise)."""
+    powers = list(LADDER.larger[:-1]) + list(LADDER.first) + list(LADDER.deeper)
+    rungs = evaluate(np.arange(count), powers)
+    y0 = np.asarray(rungs.y0)[:, None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        curvature = np.array([np.max(np.abs(plus + minus - 2 * y0), axis=0) for _, _, plus, minus, _ in rungs.levels])
+    steps = np.array([np.abs(spans) / 2 for *_, spans in rungs.levels])  # [levels, k]
+    moves = (steps > 0) & np.isfinite(curvature)
+    floor = np.array(rounding, np.float64)
+    for k in range(count):
+        finest = curvature[moves[:, k], k][-3:]
+        if len(finest):
+            floor[k] = max(floor[k], float(np.min(finest)))
+    with np.errstate(invalid="ignore"):
+        kept = (curvature[1:] > JUMP_VISIBLE * floor[None, :]) & (curvature[:-1] < FLAT_JUMP_GROWTH * curvature[1:])
+        jumps = kept & moves[1:] & moves[:-1]
+    distance = np.where(jumps, steps[1:], np.inf).min(axis=0)
+    return jumps.any(axis=0), np.where(np.isfinite(distance), distance, np.nan)
 
 
 def _within(evaluate: Evaluate, index: np.ndarray) -> Evaluate:

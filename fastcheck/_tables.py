@@ -309,7 +309,7 @@ COLLECTIVE_TIMEOUT_SECONDS = 600.0
 WORST_KEPT = 8  # worst elements kept by the one summary pass (the text asks for 3)
 COLLAPSE_PASSING = 20  # past this many passing pairs, the text collapses them to one line by layer
 UNDECIDED_DETAILS = 4  # past this many undecidable fast-mode pairs, their details are one line
-FACTOR_ELEMENTS = 3  # failing elements a sign or constant-factor diagnosis needs
+FACTOR_ELEMENTS = 2  # failing elements a sign or constant-factor diagnosis needs: one element fits any factor
 
 # -- overridable per check ---------------------------------------------------------------------------
 # The tunables a check reads through ``CheckConfig.table``, which ``fastcheck.testing.tunables`` overrides
