@@ -26,6 +26,7 @@ from fastcheck._events import ChunkReason, RouteReason
 from fastcheck._kernels import cached, known, learn, plan_key
 from fastcheck._pfor import LOOPED_WHEN_JOINT
 from fastcheck._plan import Plan
+from fastcheck._raised import Raised
 from fastcheck._tables import (
     BATCHED_FLOPS,
     JOINT_CALL_PERTURBATIONS,
@@ -115,11 +116,13 @@ def choose_route(plan: Plan, config: CheckConfig, calibration: Calibration, chec
     calibration = calibration.after_trace()
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
-    except Exception as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly
-        # (f's own exception, ``_raised.Raised``, is no such failure: it leaves the check as itself)
-        if config.jit_compile is True:
+    except (Exception, Raised) as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly
+        if config.jit_compile is True or (isinstance(error, Raised) and not error.tracing):
             raise
-        reason = RouteReason("untraceable", error=f"{type(error).__name__}: {_why(error)}")
+        # f's own exception when traced (an f that refuses tracing) too: the eager calls show whether f raises
+        # it there as well, and then it leaves the check as itself.
+        cause: BaseException = error.error if isinstance(error, Raised) else error
+        reason = RouteReason("untraceable", error=f"{type(cause).__name__}: {_why(cause)}")
         learn(plan_key(plan, config), untraceable=reason)
         return Route(EAGER, reason, {s.position: s.size for s in plan.checked}, m, 0, traceable=False), calibration
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
