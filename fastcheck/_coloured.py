@@ -98,7 +98,7 @@ def check_coloured(executor: Executor, plan: Plan, timings: dict, supplied=None,
     except (TypeError, ValueError, GradientCheckError, MemoryError):
         raise
     except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
-        raise kernel_failure(error) from error
+        raise kernel_failure(error, executor.path, executor.config.jit_compile) from error
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -325,4 +325,4 @@ def _rows_function(executor: Executor, plan: Plan, specs: list, columns: list, r
             function = None
         if function is not None:
             return lambda subs: view(function(*subs)).astype(np.float64)
-    return lambda subs: np.asarray(plan.call_flat_numpy(moved_values(subs), plan.eval_upcast))[rows]
+    return lambda subs: np.asarray(plan.call_flat_numpy_at(moved_values(subs), plan.eval_upcast))[rows]

@@ -291,7 +291,7 @@ class _Columns:
                 out = []
                 for moved in (self.x + direction, self.x - direction):
                     values[self.position] = tf.constant(moved.reshape(executor.values[self.position].shape))
-                    y = plan.call_flat_numpy(values, plan.eval_upcast)
+                    y = plan.call_flat_numpy_at(values, plan.eval_upcast)
                     out.append((y if wanted is None or not sides else y[wanted])[None, :])
                 consume(slice(k, k + 1), *out) if sides else consume(slice(k, k + 1), np.subtract(*out, dtype=np.float64))
 

@@ -124,8 +124,9 @@ def _logged_input(text: str, plan: Plan) -> InputSpec | None:
 _GRADIENT_OP = re.compile(r"\[Op:(\w*(?:Backprop|Grad)\w*)\]|node (?:gradients?|gradient_tape)/")
 
 
-def kernel_failure(error: Exception) -> ValueError:
-    """The error a strategy raises when f (or its gradient) fails inside a batched kernel: which, and the cause."""
+def kernel_failure(error: Exception, path: str, jit_compile) -> ValueError:
+    """The error a strategy raises when f (or its gradient) fails where the check evaluated it (``path``: the one
+    that failed, after any fallbacks): which side, and the cause; no advice to pass an option already passed."""
     gist = first_line(error)
     gradient = _GRADIENT_OP.search(str(error))
     if gradient:
@@ -134,7 +135,12 @@ def kernel_failure(error: Exception) -> ValueError:
             f"f's reverse-mode gradient raised {type(error).__name__}{op}: {gist}\nTensorFlow's gradient of an op in "
             "f fails at these inputs, on this device: a training step would fail the same way. Check f's ops for "
             "the device (some gradients exist only on GPU) or give the op a tf.custom_gradient.")
+    if path == "eager":
+        return ValueError(
+            f"f raised {type(error).__name__} in one of the eager calls fastcheck made of it near the inputs: {gist}\n"
+            "f ran at the inputs themselves; make sure f runs at points a small step away from them.")
+    advice = " or pass jit_compile=False" if jit_compile is not False else ""
     return ValueError(
-        f"f raised {type(error).__name__} while fastcheck evaluated it in a batched tf.function: {gist}\nf ran "
-        "eagerly at the inputs; check that it can be traced (no .numpy() calls or Python side effects on "
-        "tensors), or pass jit_compile=False.")
+        f"f raised {type(error).__name__} while fastcheck evaluated it in a batched tf.function (path {path!r}): "
+        f"{gist}\nf ran eagerly at the inputs; check that it can be traced (no .numpy() calls or Python side "
+        f"effects on tensors){advice}.")

@@ -34,7 +34,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import op_callbacks
 
 from fastcheck._config import CheckConfig
-from fastcheck._plan import EAGER_TENSOR, Plan
+from fastcheck._plan import EAGER_TENSOR, REFUSALS, Plan
 from fastcheck._sparsity import ELEMENTWISE, FLAT_IDENTITY, NO_DEPENDENCE, REDUCTIONS
 from fastcheck._tables import COTANGENT_ELEMENTS, COTANGENT_SHAPES
 
@@ -148,7 +148,10 @@ def differences(plan: Plan, values: list, position: int, flat: np.ndarray, shape
             moved[idx] = flat[idx] + (sign * np.asarray(delta, np.float64)).astype(flat.dtype)
             values[position] = source = tf.constant(moved.reshape(shape))
             reads.watch(source)
-            result = plan.call(values, untaped=True)
+            try:
+                result = plan.call(values, untaped=True)
+            except REFUSALS:  # f refuses a point that moves every element: the loops find which
+                return None
             leaves = [result] if type(result) is EAGER_TENSOR else [
                 leaf for leaf, kept in zip(tf.nest.flatten(result), plan.leaf_is_output) if kept]
             if len(leaves) != 1 or type(leaves[0]) is not EAGER_TENSOR:

@@ -36,7 +36,7 @@ from fastcheck import _colouring, _sparsity
 from fastcheck._config import MACHINE_EPSILON, CheckConfig
 from fastcheck._kernels import cached, plan_key
 from fastcheck._pattern import ranges
-from fastcheck._plan import Plan
+from fastcheck._plan import REFUSALS, Plan
 from fastcheck._tables import COLOUR_SHARE
 
 
@@ -166,7 +166,10 @@ def differences(plan: Plan, found: Structure, values: list, position: int, flat:
             moved = flat.copy()
             moved[idx[chosen]] = flat[idx[chosen]] + sign * offsets[chosen]
             values[position] = tf.constant(moved.reshape(shape))
-            y = plan.call_flat_numpy(values, plan.eval_upcast)
+            try:
+                y = plan.call_flat_numpy(values, plan.eval_upcast)
+            except REFUSALS:  # f refuses a point that moves many elements: the loop finds which
+                return None
             if y.shape != (plan.m,):
                 return None  # the loop raises, naming the element
             pairs = by_colour[bounds[c] : bounds[c + 1]]

@@ -612,7 +612,7 @@ class Executor:
     def _evaluated(self, values: list, position: int, where: str = ""):
         """f's outputs [m] at ``values`` (input ``position`` moved); raises if the output shape changed."""
         plan = self.plan
-        y = plan.call_flat_numpy(values, plan.eval_upcast)
+        y = plan.call_flat_numpy_at(values, plan.eval_upcast)
         if y.shape != (plan.m,):
             raise ShapeChangeError(
                 f"The output shape of f changed when {plan.inputs[position].name} was perturbed{where}; "

@@ -105,7 +105,7 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     except (TypeError, ValueError, GradientCheckError):
         raise
     except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
-        raise kernel_failure(error) from error
+        raise kernel_failure(error, executor.path, executor.config.jit_compile) from error
     plan = jac.plan  # with f's measured noise and precision, when they were needed
     side = "forward" if jac.config.autodiff == "forward" else "reverse"
     reports = pairs(plan, blocks, atol, rtol, output_name, side, np.inf, twin_rows)

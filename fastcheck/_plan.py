@@ -31,6 +31,7 @@ from fastcheck._config import (
 )
 from fastcheck._events import CallNoise, LowPrecisionOp, NumericalSide, TensorFloat32
 from fastcheck._precision import Noise, low_precision_op, measure_noise, tensorfloat32_op
+from fastcheck._raised import Raised, own_error
 from fastcheck._tables import (
     COST_PER_ELEMENT,
     COST_PER_FLOP,
@@ -317,6 +318,16 @@ class Plan:
         own (a reshape or cast op costs as much as a small f)."""
         return self.flat_numpy(self.call(values, untaped=True), upcast)
 
+    def call_flat_numpy_at(self, values: list[tf.Tensor], upcast: bool = False) -> np.ndarray:
+        """``call_flat_numpy`` at a point a check moved the inputs to: where f refuses the point (raises
+        ``REFUSALS``: an assertion on its values, TFP's ``validate_args``), f is not finite there (NaN), and the
+        ladder treats the point as it treats any outside f's domain (smaller steps, one-sided quotients:
+        ``_refine``'s edge).  f's own exceptions (``_raised``) still leave the check as themselves."""
+        try:
+            return self.call_flat_numpy(values, upcast)
+        except REFUSALS:
+            return np.full(self.m, np.nan)
+
     def flat_numpy(self, result, upcast: bool = False) -> np.ndarray:
         """f's raw ``result`` as ``call_flat_numpy`` gives it."""
         target = np.float64 if upcast else self.native_flat_dtype.as_numpy_dtype
@@ -352,8 +363,14 @@ class Float64Refused(Exception):
         self.reason = reason
 
 
+# What f raises to refuse a point it is given (``Plan.call_flat_numpy_at``): TensorFlow's assertions and
+# ``validate_args`` raise InvalidArgumentError, a Python check on the values often a ValueError.
+REFUSALS = (tf.errors.InvalidArgumentError, ValueError)
+
+
 class FunctionRaised(ValueError):
-    """f raised when planning called it at the inputs; ``__cause__`` is f's exception."""
+    """f raised an error fastcheck handles (``_raised.HANDLED``) when planning called it at the inputs; ``__cause__``
+    is f's exception.  f's own exception leaves the check as itself, as from any later call (``_raised``)."""
 
 
 _PRODUCTS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
@@ -426,6 +443,9 @@ def _call_user(f, args, what: str):
     try:
         return f(*args)
     except Exception as error:  # re-raised with the user's context
+        own = own_error(error)
+        if own is not None:
+            raise Raised(own, tracing=False) from None
         raise FunctionRaised(
             f"f raised {type(error).__name__} when called with {what}: {first_line(error)}\n"
             "fastcheck calls f(*inputs) with the inputs you passed; make sure f runs on them on its own, "

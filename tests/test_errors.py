@@ -30,11 +30,18 @@ def test_returns_non_tensor():
 
 def test_function_raises_is_reraised_with_context():
     def f(x):
-        raise RuntimeError("boom inside f")
+        raise tf.errors.InvalidArgumentError(None, None, "boom inside f")
 
-    with pytest.raises(ValueError, match="f raised RuntimeError.*boom inside f") as raised:
+    with pytest.raises(ValueError, match="f raised InvalidArgumentError.*boom inside f") as raised:
         fastcheck.check_gradients(f, tf.constant([1.0]))
-    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert isinstance(raised.value.__cause__, tf.errors.InvalidArgumentError)
+
+    def g(x):  # f's own exception: itself, with a note
+        raise RuntimeError("boom inside g")
+
+    with pytest.raises(RuntimeError, match="boom inside g") as raised:
+        fastcheck.check_gradients(g, tf.constant([1.0]))
+    assert "fastcheck: f raised this" in "\n".join(raised.value.__notes__)
 
 
 def test_output_shape_changes_under_perturbation():
@@ -86,7 +93,7 @@ def test_variable_input_keeps_its_exact_value(outcome):
 
     f = {"pass": tf.sin, "fail": wrong, "raise": lambda x: (_ for _ in ()).throw(RuntimeError("fail"))}[outcome]
     if outcome == "raise":
-        with pytest.raises(ValueError):
+        with pytest.raises(RuntimeError, match="fail"):  # f's own exception, as itself
             fastcheck.check_gradients(f, variable)
     else:
         assert fastcheck.check_gradients(f, variable).ok == (outcome == "pass")
