@@ -52,9 +52,9 @@ SETTINGS = {
     "xla": (traced, {"jit_compile": True}, "xla"),
     "eager": (untraceable, {"jit_compile": False}, "eager"),
 }
-# The first three calls are planning's, at the inputs; the next is the trace that picks the route.  f's own
+# The first two calls are planning's, at the inputs; the next is the trace that picks the route.  f's own
 # exception on any of them is f's, as on every later call: no path falls back for it.
-PLANNING_CALLS = 3
+PLANNING_CALLS = 2
 PROBE_CALL = PLANNING_CALLS + 1
 
 
@@ -79,7 +79,6 @@ def test_own_exception_on_every_later_call_comes_out_as_itself(setting):
         except MyError as error:
             raised = pytest.ExceptionInfo.from_exception(error)
         else:  # only while the route's trace probes f (its AutoGraph retry too): read as f refusing tracing
-            # (planning times f on a cold process with one more call: the trace is then call 5, its retry 6)
             assert options.get("jit_compile") is not True and n > PLANNING_CALLS, f"call {n}: swallowed"
             (chosen,) = events_of(report, "PathChosen")
             assert report.path == "eager" and chosen.reason.error.startswith("MyError"), report.notes
