@@ -209,9 +209,10 @@ def _failing_lines(pair) -> list[str]:
         e = pair._element(k)
         if e.status == "ok":
             break
-        sides = ""
-        if e.status == STATUS_NAMES[UNRESOLVED_KINK]:
-            found = pair.one_sided.get(pair._key(k))
+        sides, found = "", pair.one_sided.get(pair._key(k))
+        if e.status == STATUS_NAMES[MISMATCH] and found is not None:  # at a kink: outside its settled sides
+            sides = f" at a kink, outside its settled one-sided derivatives {found[0]:.8g} and {found[1]:.8g}"
+        elif e.status == STATUS_NAMES[UNRESOLVED_KINK]:
             sides = (f", one-sided derivatives {found[0]:.8g} and {found[1]:.8g}" if found is not None
                      else ", the one-sided quotients never settle")
         lines.append(
