@@ -70,7 +70,8 @@ def flat(numerical: np.ndarray, spans: np.ndarray, level: np.ndarray) -> np.ndar
 
 def resolution(scale: np.ndarray, allowed: np.ndarray, tolerated: np.ndarray, usable: np.ndarray) -> tuple[float, float]:
     """(resolution, the tolerance's own) over the ``usable`` entries with a nonzero ``scale``
-    (the analytical value); (inf, inf) where there is none: a zero gradient is judged by atol alone."""
+    (the analytical value); (inf, inf) where there is none: a zero gradient (``zero``, which callers leave out of
+    ``usable``) is judged by its absolute bound alone."""
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         size = np.abs(scale)
         keep = usable & (size > 0) & (size < np.inf) & (np.abs(allowed) < np.inf)
@@ -78,6 +79,16 @@ def resolution(scale: np.ndarray, allowed: np.ndarray, tolerated: np.ndarray, us
         tolerance = float(np.min(np.divide(tolerated, size, where=keep, out=np.full(size.shape, np.inf)),
                                  initial=np.inf))
     return resolved, tolerance
+
+
+def zero(analytical, numerical, allowed, atol: float, rtol: float) -> np.ndarray:
+    """Where a gradient is zero within the numerics: the analytical value within atol of 0 and the numerical one
+    within its own error of 0 (what ``allowed`` allows beyond the tolerances ``allowance(numerical, atol, rtol)``).
+    No relative error of such a value means anything, so ``resolution`` leaves it out as it does an exact 0: it is
+    judged by its absolute bound, ``allowed``.  A small gradient the numerical side resolves as nonzero is not zero."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        noise = allowed - allowance(numerical, atol, rtol)
+        return (np.abs(analytical) <= atol) & (np.abs(numerical) <= noise)
 
 
 def resolves(analytical, band, usable, rtol: float) -> bool:
