@@ -186,7 +186,7 @@ class PairReport:
         """Where every passing value of this pair is a zero gradient within the numerics (``_compare.zero``, or an
         exact 0): the absolute bound they were judged by, the largest allowance among them; None where some value
         resolves a relative error (and in fast mode)."""
-        return None if self.projected else self.summary()["zero_bound"]
+        return None if self.projected or self.failed_count else self.summary()["zero_bound"]
 
     @property
     def largest_gradient(self) -> float:
@@ -226,7 +226,7 @@ class PairReport:
         # A probe's non-finite value shows in its ratio (inf): its largest error is over the others.
         largest_of = np.fmax.reduce if projected else np.max
         largest, relative, squares, candidates, scores = [], [], np.zeros(3), [], []
-        resolved, tolerance, bound, largest_gradient = np.inf, np.inf, 0.0, 0.0
+        resolved, tolerance, bound, largest_gradient, passed = np.inf, np.inf, 0.0, 0.0, False
         for chunk in self.storage.chunks():
             status, a, n, band = chunk.status, chunk.analytical, chunk.numerical, chunk.band
             assert band is not None
@@ -236,7 +236,7 @@ class PairReport:
                 passing = status == OK
                 part = resolution(a, band, allowance(n, self.atol, self.rtol),
                                   passing & ~zero(a, n, band, self.atol, self.rtol))
-                bound = max(bound, float(np.max(band, where=passing, initial=0.0)))
+                bound, passed = max(bound, float(np.max(band, where=passing, initial=0.0))), passed or passing.any()
                 largest_gradient = max(largest_gradient, float(np.max(np.abs(a), where=np.isfinite(a), initial=0.0)))
                 error = np.where(status == NONDIFFERENTIABLE, 0.0, np.abs(a - n))  # kinks: a is a one-sided value
             resolved, tolerance = min(resolved, part[0]), min(tolerance, part[1])
@@ -272,7 +272,7 @@ class PairReport:
                 "max_rel_error": float(np.max(relative)) if relative else 0.0,
                 "relative_norm_error": float(difference / (numerical + analytical + 1e-8)),
                 "worst": worst, "resolutions": (float(resolved), float(tolerance)),
-                "zero_bound": bound if resolved == np.inf else None, "largest_gradient": largest_gradient}
+                "zero_bound": bound if resolved == np.inf and passed else None, "largest_gradient": largest_gradient}
 
     @property
     def max_abs_error(self) -> float:
