@@ -47,7 +47,8 @@ STATUS_NAMES = {
     FLAT: "f does not move here",
 }
 # Statuses that make a check fail.  A kink whose analytical value is one of the one-sided derivatives (or between
-# them) is reported but is not a wrong gradient.  Outside them it is undecidable (UNRESOLVED_KINK), not wrong: every
+# them) is reported but is not a wrong gradient.  Outside sides that settled (f one-sidedly linear at every step) it
+# is a MISMATCH: no subgradient.  Outside sides that did not, undecidable (UNRESOLVED_KINK), not wrong: every
 # step crossed the kink, and several kinks closer together than any step (ReLUs whose inputs all lie within 1e-11
 # of 0, as in a freshly initialised deep network) look like one, with a derivative at the point that need not lie
 # between the sides.  FLAT: a mismatch whose quotient is f's output not moving beyond a few of its roundings

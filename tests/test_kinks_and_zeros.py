@@ -66,6 +66,15 @@ def test_a_value_outside_a_kinks_settled_sides_fails_and_one_between_them_passes
             assert "outside its settled one-sided derivatives" in str(report), str(report)
 
 
+@pytest.mark.parametrize("mode", ["full", "coloured", "fast"])
+@pytest.mark.parametrize("kink, value, verdict", [("leaky_relu", 5.0, "fail"), ("leaky_relu", 0.5, "pass"),
+                                                  ("relu", 2.0, "fail"), ("abs", 1.0, "pass")])
+def test_every_mode_gives_a_kinks_verdict(kink, value, verdict, mode):
+    x = tf.constant([0.0, 1.0, -1.0, 2.0, 0.0], tf.float32)
+    report = fastcheck.check_gradients(_with_gradient_at_zero(kink, value), x, mode=mode)
+    assert report.verdict == verdict, str(report)
+
+
 def test_kinks_closer_than_any_step_stay_undecidable_for_the_chain_rules_value_outside_their_sides():
     # f(w) = 1 + 2 relu(w - e) - relu(w + e): from outside a kink with sides 0 and 1, while the derivative at 0 (and
     # the tape's) is -1.  The kinks' offsets move the one-sided quotients by e/h at every step: no settled sides.
