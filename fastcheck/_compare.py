@@ -47,7 +47,8 @@ STATUS_NAMES = {
     FLAT: "f does not move here",
 }
 # Statuses that make a check fail.  A kink whose analytical value is one of the one-sided derivatives (or between
-# them) is reported but is not a wrong gradient.  Outside them it is undecidable (UNRESOLVED_KINK), not wrong: every
+# them) is reported but is not a wrong gradient.  Outside sides that settled (f one-sidedly linear at every step) it
+# is a MISMATCH: no subgradient.  Outside sides that did not, undecidable (UNRESOLVED_KINK), not wrong: every
 # step crossed the kink, and several kinks closer together than any step (ReLUs whose inputs all lie within 1e-11
 # of 0, as in a freshly initialised deep network) look like one, with a derivative at the point that need not lie
 # between the sides.  FLAT: a mismatch whose quotient is f's output not moving beyond a few of its roundings
@@ -70,7 +71,8 @@ def flat(numerical: np.ndarray, spans: np.ndarray, level: np.ndarray) -> np.ndar
 
 def resolution(scale: np.ndarray, allowed: np.ndarray, tolerated: np.ndarray, usable: np.ndarray) -> tuple[float, float]:
     """(resolution, the tolerance's own) over the ``usable`` entries with a nonzero ``scale``
-    (the analytical value); (inf, inf) where there is none: a zero gradient is judged by atol alone."""
+    (the analytical value); (inf, inf) where there is none: a zero gradient (``zero``, which callers leave out of
+    ``usable``) is judged by its absolute bound alone."""
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         size = np.abs(scale)
         keep = usable & (size > 0) & (size < np.inf) & (np.abs(allowed) < np.inf)
@@ -78,6 +80,16 @@ def resolution(scale: np.ndarray, allowed: np.ndarray, tolerated: np.ndarray, us
         tolerance = float(np.min(np.divide(tolerated, size, where=keep, out=np.full(size.shape, np.inf)),
                                  initial=np.inf))
     return resolved, tolerance
+
+
+def zero(analytical, numerical, allowed, atol: float, rtol: float) -> np.ndarray:
+    """Where a gradient is zero within the numerics: the analytical value within atol of 0 and the numerical one
+    within its own error of 0 (what ``allowed`` allows beyond the tolerances ``allowance(numerical, atol, rtol)``).
+    No relative error of such a value means anything, so ``resolution`` leaves it out as it does an exact 0: it is
+    judged by its absolute bound, ``allowed``.  A small gradient the numerical side resolves as nonzero is not zero."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        noise = allowed - allowance(numerical, atol, rtol)
+        return (np.abs(analytical) <= atol) & (np.abs(numerical) <= noise)
 
 
 def resolves(analytical, band, usable, rtol: float) -> bool:
@@ -210,7 +222,8 @@ def second_step(analytical, first, first_noise, second, second_noise, atol: floa
 class Refined(NamedTuple):
     """What ``refine`` found, per element [m, k]: the estimate and its error; whether a pair in the h^2
     regime settled it; kinks crossed, with the one-sided derivatives of the steadiest pair (NaN where none
-    was steady) and their error; jumps of f; the pair chosen (-1: none)."""
+    was steady) and their error; jumps of f; the pair chosen (-1: none); whether the one-sided derivatives settled
+    (``_kinks``)."""
 
     estimate: np.ndarray
     error: np.ndarray
@@ -221,6 +234,7 @@ class Refined(NamedTuple):
     jump: np.ndarray
     chosen: np.ndarray
     sides_error: np.ndarray
+    sides_settled: np.ndarray
 
     def at(self, index) -> Refined:
         """The same fields at ``index`` (any numpy index into [m, k])."""
@@ -234,8 +248,9 @@ def classify(analytical: np.ndarray, refined: Refined, atol: float, rtol: float,
 
     A jump of f: DISCONTINUOUS.  A settled (and confirmed) estimate: MISMATCH, a wrong gradient.  Kinks that no finer
     step resolved: NONDIFFERENTIABLE when the analytical value is one of the one-sided derivatives or between them
-    (``between_sides``), else UNRESOLVED_KINK (see ``FAILING``; no steady pair: kinks at several distances within
-    every step).  Nothing settled: UNRESOLVED.  Every mode's refinement ends here.  ``allowed``: the tolerance beside
+    (``between_sides``); outside them MISMATCH where the one-sided derivatives settled (``_kinks``: f is one-sidedly
+    linear at every step, so no value outside them is a subgradient), else UNRESOLVED_KINK (see ``FAILING``: kinks
+    at several distances within every step).  Nothing settled: UNRESOLVED.  Every mode's refinement ends here.  ``allowed``: the tolerance beside
     a kink's sides where it is not the element rule's ``atol + rtol |analytical|`` (fast mode's probe band).
     """
     low, high = np.fmin(refined.left, refined.right), np.fmax(refined.left, refined.right)
@@ -243,8 +258,8 @@ def classify(analytical: np.ndarray, refined: Refined, atol: float, rtol: float,
         sides = np.isfinite(refined.left) & np.isfinite(refined.right)
         inside = sides & between_sides(analytical, low, high, refined.sides_error, atol, rtol, allowed)
     kink, settled, jump = refined.kink, refined.settled, refined.jump
-    status = np.select([jump, settled, kink & inside, kink], [DISCONTINUOUS, MISMATCH, NONDIFFERENTIABLE,
-                                                             UNRESOLVED_KINK], UNRESOLVED)
+    status = np.select([jump, settled, kink & inside, kink & sides & refined.sides_settled, kink],
+                       [DISCONTINUOUS, MISMATCH, NONDIFFERENTIABLE, MISMATCH, UNRESOLVED_KINK], UNRESOLVED)
     return status.astype(np.int8), kink & ~jump & ~settled & sides
 
 
@@ -286,7 +301,7 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
     settled_best = np.zeros(best.shape, bool)
     chosen = np.full(best.shape, -1)
     factor = ratio**2
-    kink, right, left, sides_error, usable, resolved, resolved_error = _kinks(levels, y0)
+    kink, right, left, sides_error, sides_settled, usable, resolved, resolved_error = _kinks(levels, y0)
     with np.errstate(invalid="ignore", over="ignore"):
         gaps = [np.abs(a[0] - b[0]) for a, b in zip(levels, levels[1:])]
         # Second differences |f(x+h) + f(x-h) - 2 f(x)| and their noise, per level with evaluations (the first
@@ -356,7 +371,7 @@ def refine(levels: list, y0: np.ndarray, ratio: float, sigma: np.ndarray | None 
         # A jump of f itself: one-sided quotients grow like 1/h (4x per level), never settle.
         jump = visible & (gap_fine > 2 * gap_coarse)
     kink &= ~jump
-    return Refined(best, error, settled_best, kink, right, left, jump, chosen, sides_error)
+    return Refined(best, error, settled_best, kink, right, left, jump, chosen, sides_error, sides_settled & kink)
 
 
 def between_sides(analytical, left, right, sides_error, atol: float, rtol: float, allowed=None):
@@ -378,7 +393,7 @@ def _one_sided(level, y0: np.ndarray):
 
 
 def _kinks(levels: list, y0: np.ndarray):
-    """(kink, right, left, their error, usable per level, resolved estimate, its error).
+    """(kink, right, left, their error, whether they settled, usable per level, resolved estimate, its error).
 
     A smooth f's one-sided quotients differ by h |f''|, a gap that shrinks 4x per level.  A level whose gap is far
     above its noise and did not shrink (at most halved since the coarser level) crosses kinks: *steadily* when its
@@ -390,12 +405,19 @@ def _kinks(levels: list, y0: np.ndarray):
     between the steps).  Levels in between (a step about as long as the distance to a kink, or swamped by rounding)
     agree or disagree by chance, and are never trusted.  The most certain single resolving level gives an estimate
     of the derivative at the point.
+
+    The one-sided derivatives *settled* where the steadiest pair's sides agree within their rounding (not merely
+    within a quarter of the gap) and no finer level's sides depart from them beyond their rounding: f is then
+    one-sidedly linear from the finest step up, a kink within rounding of the point.  Kinks at several distances
+    below the steps move the sides by their offsets over the step (4x per level), and a finer step that resolves
+    them departs, so neither settles.
     """
     shape = levels[0][0].shape
     evaluated = [j for j, level in enumerate(levels) if level[2] is not None]
     finest = np.full(shape, -1)
     right, left, gap = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape)
-    uncertainty = np.full(shape, np.inf)
+    uncertainty, agreed, rounding = np.full(shape, np.inf), np.zeros(shape, bool), np.zeros(shape)
+    chosen = np.full(shape, -1)
     sides = {j: _one_sided(levels[j], y0) for j in evaluated}
     with np.errstate(invalid="ignore"):
         for a, b in zip(evaluated, evaluated[1:]):
@@ -413,6 +435,12 @@ def _kinks(levels: list, y0: np.ndarray):
             better = steady & (certain < uncertainty)
             right, left = np.where(better, right_b, right), np.where(better, left_b, left)
             uncertainty = np.where(better, certain, uncertainty)
+            agreed = np.where(better, moved <= 2 * (noise_a + noise_b), agreed)
+            rounding, chosen = np.where(better, noise_b, rounding), np.where(better, b, chosen)
+        for c in evaluated:
+            right_c, left_c, noise_c = sides[c]
+            departs = np.maximum(np.abs(right_c - right), np.abs(left_c - left)) > 2 * (rounding + noise_c)
+            agreed &= ~((c > chosen) & departs & np.isfinite(right_c) & np.isfinite(left_c))
         kink = finest >= 0
         usable = [~kink for _ in levels]
         # The most certain single resolving level: its central difference, with its rounding and the sides'
@@ -427,7 +455,7 @@ def _kinks(levels: list, y0: np.ndarray):
             level_error = disagree / 2 + 2 * noise_b
             better = resolving & (level_error < resolved_error)
             resolved, resolved_error = np.where(better, levels[b][0], resolved), np.where(better, level_error, resolved_error)
-    return kink, right, left, uncertainty, usable, resolved, resolved_error
+    return kink, right, left, uncertainty, agreed, usable, resolved, resolved_error
 
 
 def grid(y0: np.ndarray, terms: np.ndarray, eps: float, sigma: np.ndarray | None) -> np.ndarray:

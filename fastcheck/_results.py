@@ -25,6 +25,7 @@ from fastcheck._compare import (
     allowance,
     coarse,
     resolution,
+    zero,
 )
 from fastcheck._compare import diagnose as _diagnose
 from fastcheck._events import Hint
@@ -181,6 +182,18 @@ class PairReport:
         return float(self.resolutions[0])
 
     @property
+    def zero_bound(self) -> float | None:
+        """Where every passing value of this pair is a zero gradient within the numerics (``_compare.zero``, or an
+        exact 0): the absolute bound they were judged by, the largest allowance among them; None where some value
+        resolves a relative error (and in fast mode)."""
+        return None if self.projected or self.failed_count else self.summary()["zero_bound"]
+
+    @property
+    def largest_gradient(self) -> float:
+        """max |analytical| over the finite values (fast mode: over its probes' values)."""
+        return self.summary()["largest_gradient"]
+
+    @property
     def label(self) -> str:
         if self.ok:
             return "ok"
@@ -213,14 +226,18 @@ class PairReport:
         # A probe's non-finite value shows in its ratio (inf): its largest error is over the others.
         largest_of = np.fmax.reduce if projected else np.max
         largest, relative, squares, candidates, scores = [], [], np.zeros(3), [], []
-        resolved, tolerance = np.inf, np.inf
+        resolved, tolerance, bound, largest_gradient, passed = np.inf, np.inf, 0.0, 0.0, False
         for chunk in self.storage.chunks():
             status, a, n, band = chunk.status, chunk.analytical, chunk.numerical, chunk.band
             assert band is not None
             if not len(status):
                 continue
             with np.errstate(invalid="ignore"):
-                part = resolution(a, band, allowance(n, self.atol, self.rtol), status == OK)
+                passing = status == OK
+                part = resolution(a, band, allowance(n, self.atol, self.rtol),
+                                  passing & ~zero(a, n, band, self.atol, self.rtol))
+                bound, passed = max(bound, float(np.max(band, where=passing, initial=0.0))), passed or passing.any()
+                largest_gradient = max(largest_gradient, float(np.max(np.abs(a), where=np.isfinite(a), initial=0.0)))
                 error = np.where(status == NONDIFFERENTIABLE, 0.0, np.abs(a - n))  # kinks: a is a one-sided value
             resolved, tolerance = min(resolved, part[0]), min(tolerance, part[1])
             largest.append(largest_of(error))
@@ -256,7 +273,8 @@ class PairReport:
         return {"max_abs_error": float(largest_of(largest)) if largest else 0.0,
                 "max_rel_error": float(np.max(relative)) if relative else 0.0,
                 "relative_norm_error": float(difference / (numerical + analytical + 1e-8)),
-                "worst": worst, "resolutions": (float(resolved), float(tolerance))}
+                "worst": worst, "resolutions": (float(resolved), float(tolerance)),
+                "zero_bound": bound if resolved == np.inf and passed else None, "largest_gradient": largest_gradient}
 
     @property
     def max_abs_error(self) -> float:
@@ -358,6 +376,7 @@ class PairReport:
             **{key: self.count(status) for key, status in COUNT_KEYS},
             "resolution": json_number(self.resolution),
             "coarse": self.coarse,
+            "zero_bound": json_number(self.zero_bound) if self.zero_bound is not None else None,
             "float64_gradient": self.float64_gradient,
             "atol": self.atol,
             "rtol": self.rtol,
@@ -516,4 +535,10 @@ class GradientReport:
         """Passing pairs that could not see a 1% error of their gradient because the tolerances themselves
         are that coarse there (atol against small gradients): decisive by the rule, and said so."""
         return [p for p in self.pairs if p.ok and not p.sparse and not p.storage.decisive(p.rtol)
-                and p.resolution > RESOLUTION_RTOLS * p.rtol]
+                and RESOLUTION_RTOLS * p.rtol < p.resolution < np.inf]
+
+    @property
+    def zero_gradients(self) -> list:
+        """Passing pairs whose gradient is zero within the numerics (``PairReport.zero_bound``): no relative error
+        means anything there, and each passes by its absolute bound, which the text states."""
+        return [p for p in self.pairs if p.ok and p.zero_bound is not None]

@@ -216,9 +216,10 @@ def _failing_lines(pair) -> list[str]:
         e = pair._element(k)
         if e.status == "ok":
             break
-        sides = ""
-        if e.status == STATUS_NAMES[UNRESOLVED_KINK]:
-            found = pair.one_sided.get(pair._key(k))
+        sides, found = "", pair.one_sided.get(pair._key(k))
+        if e.status == STATUS_NAMES[MISMATCH] and found is not None:  # at a kink: outside its settled sides
+            sides = f" at a kink, outside its settled one-sided derivatives {found[0]:.8g} and {found[1]:.8g}"
+        elif e.status == STATUS_NAMES[UNRESOLVED_KINK]:
             sides = (f", one-sided derivatives {found[0]:.8g} and {found[1]:.8g}" if found is not None
                      else ", the one-sided quotients never settle")
         lines.append(
@@ -361,8 +362,26 @@ def report_text(report) -> str:
                      f"below {span}: their gradients are small against atol, so a defect below atol passes by the "
                      f"tolerances themselves (not the numerics); pass a smaller atol to judge them relatively"
                      f"{_layer_groups(tolerance_bound)}")
+    lines += zero_lines(report)
     lines.append(f"  rule: {FAST_RULE if report.mode == 'fast' else RULE}")
     return "\n".join(lines)
+
+
+def zero_lines(report) -> list[str]:
+    """The note on passing pairs whose gradient is zero within the numerics: each one's absolute bound, and what
+    share that is of the largest derivative of the same output (where another pair has one)."""
+    zeros = report.zero_gradients
+    if not zeros:
+        return []
+    bounds = []
+    for p in zeros[:UNDECIDED_DETAILS]:
+        largest = max((q.largest_gradient for q in report.pairs if q.output_name == p.output_name), default=0.0)
+        share = f" ({p.zero_bound / largest:.3g} of the largest, {largest:.3g})" if largest > p.zero_bound else ""
+        bounds.append(f"|d {p.output_name} / d {p.input_name}| <= {p.zero_bound:.3g}{share}")
+    more = f", and {len(zeros) - UNDECIDED_DETAILS} more" if len(zeros) > UNDECIDED_DETAILS else ""
+    return [f"  note: {len(zeros)} passing pair(s) have a zero gradient within the numerical side's resolution "
+            f"(analytical within atol of 0, numerical within its own error of 0), so no relative error of theirs means "
+            f"anything; each passes by its absolute bound: {'; '.join(bounds)}{more}"]
 
 
 TWIN_RULE = ("the same gradient code run at the float64 point (on the model's float64 copy, or f given float64 "
