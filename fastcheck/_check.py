@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -18,6 +17,7 @@ from fastcheck._executor import Executor, timed
 from fastcheck._fast import check_fast
 from fastcheck._full import analytical_blocks, check_full, numerical_blocks
 from fastcheck._kernels import kernel_held
+from fastcheck._observers import OBSERVERS
 from fastcheck._paths import EAGER, Route, choose_route, predict
 from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
 from fastcheck._problem import Problem, preserved_variables
@@ -42,9 +42,6 @@ from fastcheck._text import forward_not_checked, native_reason, vacuous_warnings
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
 
-# Called with every report ``run_check`` returns: the pytest plugin records a session's checks through it,
-# whichever entry point (gradcheck, GradientTestCase, the plain API) made them.
-OBSERVERS: list[Callable[[GradientReport], None]] = []
 
 
 @passes_own  # the user's own exception, raised by f after planning, leaves as itself

@@ -105,7 +105,7 @@ CALM_SPREAD = 2.0
 # A jump of a piecewise-constant f (a straight-through quantizer's staircase) crossed by the line is not noise: an
 # interval whose difference leaves the median one by JUMP_RATIO times the others' median deviation (and the table's
 # rounding) is a jump while at most JUMP_MAX of a side's intervals are (round(4x)/4: 1-2 of 7-8; Gaussian noise's 7
-# deviations reach 32 medians ~never); those tables are read without their jumps (issue #27).
+# deviations reach 32 medians ~never); those tables are read without their jumps.
 JUMP_RATIO = 32.0
 JUMP_MAX = 2
 JUMP_RELATIVE = 2.0 ** -7  # and beyond bfloat16's epsilon of |f|: no rounding of f's value to a float dtype jumps so far

@@ -56,7 +56,7 @@ CALL: contextvars.ContextVar[str] = contextvars.ContextVar("fastcheck_call", def
 
 RUN = pytest.StashKey[Run]()
 FAILED_TEXTS = pytest.StashKey[list]()  # per test item: str() of the failing reports gradcheck made (not the
-# reports themselves: their Jacobians would stay in memory until the session ends)
+# reports themselves: their Jacobians would stay in memory until the test run ends)
 
 
 def pytest_addoption(parser):
@@ -114,12 +114,13 @@ def _recorded(method, name: str, item, run: Run):
 
 
 def _observe(run: Run) -> None:
-    """Record every check fastcheck makes from now on (once fastcheck, and so TensorFlow, is loaded)."""
-    if run.observing or "fastcheck._check" not in sys.modules:
+    """Record every check fastcheck makes from now on (``_observers`` loads no TensorFlow: a run's first test's
+    plain calls are recorded too)."""
+    if run.observing:
         return
-    from fastcheck import _check
+    from fastcheck._observers import OBSERVERS
 
-    _check.OBSERVERS.append(lambda report: _record(run, run.item, CALL.get(), report))
+    OBSERVERS.append(lambda report: _record(run, run.item, CALL.get(), report))
     run.observing = True
 
 

@@ -175,3 +175,14 @@ def test_report_json_holds_numbers_and_null_for_nan(mode):
     assert document["max_abs_error"] is None or isinstance(document["max_abs_error"], float)
     if mode == "full":
         assert document["max_abs_error"] is None and document["pairs"][0]["max_abs_error"] is None
+
+
+def test_plain_calls_of_a_runs_first_test_are_recorded(pytester, monkeypatch):
+    # No test before them loaded fastcheck: the first test's plain calls are recorded as the second's.
+    pytester.makepyfile(test_first=(
+        "import tensorflow as tf\nimport fastcheck\n\n"
+        "def test_first():\n    assert fastcheck.check_gradients(tf.sin, tf.constant([0.5], tf.float64))\n\n"
+        "def test_second():\n    assert fastcheck.check_gradients(tf.cos, tf.constant([0.5], tf.float64))\n"))
+    run_pytest(pytester, monkeypatch, "--fastcheck-report", "plain.json").assert_outcomes(passed=2)
+    document = json.loads((pytester.path / "plain.json").read_text())
+    assert sorted(check["test"].split("::")[-1] for check in document["checks"]) == ["test_first", "test_second"]
