@@ -70,16 +70,20 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
             _require_memory(plan, config)  # before routing: a refused check traces nothing
         # Routing first (it only routes): the time a full check would take depends on its path.
         executor = _executor(plan, config, timings)
-        facts = Facts(executor, timings)
+
+        def sparse() -> dict:  # coloured mode's prospect, probed only when asked (memoised on the executor)
+            with timed(timings, "sparsity"):
+                return prospect(executor, executor.plan)
+
         if config.mode == "coloured":
-            _require_coloured_memory(facts.sparse, config)
+            _require_coloured_memory(sparse, config)
         done: list[tuple[str, tuple, Outcome]] = []
-        decision = decide(plan, config, executor, facts, ())
+        decision = decide(plan, config, executor, sparse, ())
         while decision is not None:
             mode, why = decision
             done.append((mode, why, STRATEGIES[mode](executor, executor.plan, timings, problem.supplied,
                                                      problem.output_name, problem.twin)))
-            decision = decide(plan, config, executor, facts, tuple(done))
+            decision = decide(plan, config, executor, sparse, tuple(done))
         mode, why, outcome = done[-1]
         rerun = len(done) > 1
         if rerun:  # the escalated check's notes begin with what coloured mode found
@@ -97,21 +101,7 @@ def _run_check(problem: Problem, config: CheckConfig) -> GradientReport:
                               tuple(found), problems, problem.title, timings, warnings)
 
 
-@dataclasses.dataclass
-class Facts:
-    """What deciding a check's strategy reads of f beyond its plan, probed once and only when first asked (it
-    costs calls of f): coloured mode's prospect (``_coloured.prospect``, memoised on the executor; an f without a
-    pattern raises its ValueError each time it is asked)."""
-
-    executor: Executor
-    timings: dict
-
-    def sparse(self) -> dict:
-        with timed(self.timings, "sparsity"):
-            return prospect(self.executor, self.executor.plan)
-
-
-def decide(plan: Plan, config: CheckConfig, executor: Executor, facts: Facts, done: tuple) -> tuple[str, tuple] | None:
+def decide(plan: Plan, config: CheckConfig, executor: Executor, sparse, done: tuple) -> tuple[str, tuple] | None:
     """The one decision of a check: the next strategy to run and why (``events``), or None where the last one's
     outcome is the check's.  ``done``: the (mode, why, outcome) of the strategies run so far.
 
@@ -121,7 +111,7 @@ def decide(plan: Plan, config: CheckConfig, executor: Executor, facts: Facts, do
     fit -- at most ``FULL_RERUN_MAX_ENTRIES`` entries, within the memory limit, and predicted within ``FULL_SECONDS``.
     """
     if not done:
-        return choose_mode(plan, config, executor.route, facts.sparse)
+        return choose_mode(plan, config, executor.route, sparse)
     _, why, outcome = done[-1]
     if len(done) > 1 or not outcome.inconsistent or plan.m * plan.n > FULL_RERUN_MAX_ENTRIES:
         return None

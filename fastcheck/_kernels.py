@@ -183,10 +183,6 @@ def _put(key: tuple, value) -> None:
         _cache.popitem(last=False)
 
 
-def is_cached(key: tuple) -> bool:
-    return key in _cache
-
-
 def pad(values: np.ndarray, size: int) -> np.ndarray:
     """Pad a chunk to the kernel's static size by repeating its last entry."""
     if len(values) == size:

@@ -88,7 +88,6 @@ class Route:
     joint_chunk: int = 0
     own_shares: tuple = ()
     trace_seconds: float = 0.0
-    traceable: bool = True  # False: tracing f failed (it runs only eagerly), so no graph of it is built
     loops: tuple = ()  # (calls of f, VJPs) of the eager loops by f's pattern, where routing priced them so
 
     @property
@@ -123,7 +122,7 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         # it there as well, and then it leaves the check as itself.
         cause: BaseException = error.error if isinstance(error, Raised) else error
         reason = RouteReason("untraceable", error=f"{type(cause).__name__}: {_why(cause)}")
-        return Route(EAGER, reason, {s.position: s.size for s in plan.checked}, m, 0, traceable=False)
+        return Route(EAGER, reason, {s.position: s.size for s in plan.checked}, m, 0)
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     if config.jit_compile == "auto" and m > 1:
         # The eager loops by f's pattern (``_eager_colours``, read from the probe's graph) may beat tracing after all.

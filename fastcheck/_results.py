@@ -352,10 +352,6 @@ class PairReport:
 
     # -- JSON ----------------------------------------------------------------------------------
 
-    def detail_lines(self) -> list[str]:
-        """Kinks (or probes along kinks) found, and for a failing pair what fails, where, and the hint."""
-        return _text.pair_details(self)
-
     def to_dict(self, arrays: bool = False) -> dict:
         """JSON-serialisable summary; ``arrays=True`` adds the values (coloured mode's large pairs: with
         their ``rows`` and ``cols``)."""
