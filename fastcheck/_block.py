@@ -569,7 +569,7 @@ def pairs(plan: Plan, blocks: Sequence[_Block], atol, rtol, output_name, side: s
             lo, hi = block.span_of(output)
             # Per-element facts (a kink's one-sided derivatives, the distance to a jump, a mismatch matching f's wide
             # secant), keyed as the storage is.
-            facts = [{(k - lo,): v for (k,), v in found.items() if lo <= k < hi}
+            facts: list[dict] = [{(k - lo,): v for (k,), v in found.items() if lo <= k < hi}
                      for found in (block.one_sided, block.jumps, block.secants)]
             storage: Dense | Nonzeros
             shape = (output.size, spec.size)
