@@ -40,6 +40,8 @@ from fastcheck._tables import (
     REFINE_RATIO,
     RESOLUTION_RTOLS,
     RESOLVE_COLUMNS,
+    SECANT_APART,
+    SECANT_SAMPLE,
     SECOND_STEP,
     VERDICT_CHUNK,
 )
@@ -89,6 +91,8 @@ class _Block:
     # are not OK, so those not OK now are among them (10^7 statuses: no pass over them all to find 5321).
     flagged: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     one_sided: dict = dataclasses.field(default_factory=dict)
+    jumps: dict = dataclasses.field(default_factory=dict)  # (nonzero,) -> distance to the nearest jump of f found
+    secants: dict = dataclasses.field(default_factory=dict)  # (nonzero,) -> a mismatch matches f's wide secant
     cleared: int = 0  # nonzeros the last judgement's device screen passed (``_screen``)
     wrong_pattern: bool = False
     inconsistent: bool = False  # the reverse-mode gradient failed the dense cotangent probe
@@ -162,7 +166,7 @@ class _Block:
 
     def reset(self) -> None:
         """Back to the first sweep's values (before a new judgement under measured noise)."""
-        self.override, self.one_sided = None, {}
+        self.override, self.one_sided, self.jumps, self.secants = None, {}, {}, {}
 
     def judge(self, plan: Plan, atol: float, rtol: float, among: np.ndarray | None = None) -> None:
         """The status of every nonzero under the rounding (or measured) noise, block by block.  ``among``: the
@@ -194,18 +198,21 @@ class _Block:
 
     def refine(self, plan: Plan, atol: float, rtol: float, flat: bool = True) -> None:
         """Under a noisy f's measured noise, the nonzeros it swamps at wide steps first (``coarsen``); failing
-        nonzeros through the triage at h/4 and the ladder (``_settle``), re-evaluating only their colours; last,
-        mismatches where f does not move (``_flat``).  Full mode's stages, in its order."""
-        noisy = plan.noise is not None and plan.noise_epsilon > MACHINE_EPSILON[plan.eval_dtype]
+        nonzeros through the triage at h/4 and the ladder (``_settle``), re-evaluating only their colours; those where
+        f jumps (``_jumps``); last, mismatches where f does not move (``_flat``) and whether they match f's secant
+        over wide steps (``_secants``, the report's: ``flat`` False, a twin's refinement, skips both).  Full mode's
+        stages, in its order."""
+        noisy = _noisy(plan)
         coarsened = self.coarsen(plan, atol, rtol) if noisy else np.zeros(0, np.int64)
         failing = having(self.status, _compare.MISMATCH, _compare.NUMERICAL_NONFINITE, among=self.flagged)
         failing = np.setdiff1d(failing, coarsened) if len(coarsened) else failing
         if len(failing):
             self._settle(plan, failing, atol, rtol)
         if noisy:  # jumps of f beyond its rounding show in its measured noise first
-            self._jumps(plan)
+            self._jumps(plan, having(self.status, _compare.MISMATCH, among=self.flagged))
         if flat:
             self._flat(plan)
+            self._secants(plan, atol, rtol)
 
     def failing(self) -> np.ndarray:
         """The nonzeros not OK now (ascending)."""
@@ -252,20 +259,51 @@ class _Block:
         self.adopt(failing, estimate[0], band[0])
         self.status[failing] = status[0]
 
-    def _jumps(self, plan: Plan) -> None:
-        """Mismatches, whatever step settled them (the wide fit's, the ladder's), where f jumps within the steps
-        (``_refine.jumps_near``): DISCONTINUOUS, undecidable.  Run
-        where f's measured noise exceeds its rounding: dense jumps are what a measurement along lines through x
-        reads as noise, and f measured as smooth as its rounding has none to find."""
-        index = having(self.status, _compare.MISMATCH, among=self.flagged)
+    def _jumps(self, plan: Plan, index: np.ndarray) -> None:
+        """The nonzeros ``index`` (ascending: mismatches, whatever step settled them, the wide fit's or the ladder's;
+        a coarse pass no larger step sharpened) where f jumps within the steps (``_refine.jumps_near``):
+        DISCONTINUOUS, undecidable; the distance to the nearest jump found is kept (the report names it).  Run where
+        f's measured noise exceeds its rounding: dense jumps are what a measurement along lines through x reads as
+        noise, and f measured as smooth as its rounding has none to find."""
         if not len(index):
             return
         rows, cols = self.pattern.at(index)
         eps = np.maximum(plan.row_epsilon_at(rows), PRECISION_EPSILON.get(plan.precision, 0.0))
         rounding = _compare.rounding_level(np.maximum(np.abs(plan.eval_output[rows]), self.row_terms(rows)), eps, None,
                                            1.0)
-        jumps, _ = jumps_near(self.ladder(plan, rows, cols), len(index), np.broadcast_to(rounding, index.shape))
+        jumps, distance = jumps_near(self.ladder(plan, rows, cols), len(index), np.broadcast_to(rounding, index.shape))
         self.status[index[jumps]] = _compare.DISCONTINUOUS
+        self.flagged = np.union1d(self.flagged, index[jumps])  # a coarse pass's were OK
+        self.jumps.update({(int(k),): float(d) for k, d in zip(index[jumps], distance[jumps])})
+
+    def _secants(self, plan: Plan, atol: float, rtol: float) -> None:
+        """Whether the first ``SECANT_SAMPLE`` mismatches' analytical values match f's secant over the ladder's widest
+        steps (h * 4**RESOLVE_UP) but not its slope at the fine steps that judged them: an expected gradient, a
+        surrogate's or an implicit reparameterisation's, of an f whose fine structure (a fast oscillation, dense
+        jumps) the wide steps average out.  A fact for the report's hint; no status changes.  The first mismatch is
+        looked at alone: where it does not match (a planted defect), the hint cannot hold and no more are."""
+        index = having(self.status, _compare.MISMATCH, among=self.flagged)[:SECANT_SAMPLE]
+        for part in (index[:1], index[1:]):
+            if not len(part):
+                return
+            matches = self._secant(plan, part, atol, rtol)
+            self.secants.update({(int(k),): bool(m) for k, m in zip(part, matches)})
+            if not matches.all():
+                return
+
+    def _secant(self, plan: Plan, index: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+        """``_secants``' test of the nonzeros ``index``: the analytical value within the rule's band of the widest
+        step's quotient, f's fine-step estimate ``SECANT_APART`` bands or more away."""
+        rows, cols, a, numerical = self.values(index)
+        levels = self.ladder(plan, rows, cols)(np.arange(len(index)), LADDER.larger[:3]).levels
+        quotients = np.array([level[0][0] for level in levels])  # widest first
+        wide, noise = quotients[0], levels[0][1][0]
+        with np.errstate(invalid="ignore"):
+            # The wide secant's error: how far each next finer one lies, scaled down 4x a level (fine structure
+            # averaged over a span shrinks like 1 / span; a smooth f's truncation grows 16x a level instead).
+            spread = np.max(np.abs(np.diff(quotients, axis=0)) / 4.0 ** np.arange(len(levels) - 1)[:, None], axis=0)
+            band = _compare.allowance(wide, atol, rtol, spread + noise)
+            return (np.abs(a - wide) <= band) & (np.abs(numerical - wide) > SECANT_APART * band)
 
     def _flat(self, plan: Plan) -> None:
         """Mismatches whose quotient, at the first step or refined, is f not moving: larger steps along their
@@ -370,8 +408,9 @@ class _Block:
         the ladder (``ladder``) at h * 4**RESOLVE_UP ... h, where f's rounding is 4**RESOLVE_UP times smaller: one
         whose settled estimate there passes with a smaller allowance keeps that estimate and allowance.  None is
         failed by it (a larger step's truncation is what the ladder judges, not a confirmed mismatch), so a block the
-        larger steps do not resolve stays undecidable.  The block is read a part at a time (coloured mode's 10^7
-        nonzeros: no whole arrays), and no further than a passing nonzero that resolves ``RESOLUTION_RTOLS`` rtols
+        larger steps do not resolve stays undecidable; where f is noisy, those of its nonzeros where f jumps within
+        the steps are undecidable for that (``_jumps``: its noise is dense jumps, which no step resolves).  The block
+        is read a part at a time (coloured mode's 10^7 nonzeros: no whole arrays), and no further than a passing nonzero that resolves ``RESOLUTION_RTOLS`` rtols
         (the block's resolution, a minimum over its nonzeros, then does too: nothing to sharpen)."""
         if not self.nnz or _compare.IS_FAILING[self.status[self.flagged]].any():  # every not-OK one is flagged
             return
@@ -398,6 +437,8 @@ class _Block:
             better = (found.settled[0] & (np.abs(a - found.estimate[0]) <= allowed) & (allowed < band)
                       & (self.status[index] == _compare.OK))
         self.adopt(index[better], found.estimate[0][better], allowed[better])
+        if _noisy(plan) and not better.any():  # no larger step resolves: f's noise may be jumps denser than steps
+            self._jumps(plan, index)
 
     def adopt(self, index: np.ndarray, numerical: np.ndarray, band: np.ndarray) -> None:
         """Nonzeros ``index`` (ascending) take these values and bands, over any earlier stage's."""
@@ -508,6 +549,11 @@ def stages(judged: Sequence[_Block], plan: Plan, measure: Callable[[Plan, dict],
     return plan, atol, rtol
 
 
+def _noisy(plan: Plan) -> bool:
+    """Whether f's measured noise exceeds its rounding (wide steps, jumps of f: what only a noisy f needs)."""
+    return plan.noise is not None and plan.noise_epsilon > MACHINE_EPSILON[plan.eval_dtype]
+
+
 def pairs(plan: Plan, blocks: Sequence[_Block], atol, rtol, output_name, side: str, dense_entries: float,
           twinned: Sequence[np.ndarray | None] = ()) -> list[PairReport]:
     """One ``PairReport`` per (output, input) of every element-wise mode: over ``Dense`` arrays up to
@@ -521,14 +567,17 @@ def pairs(plan: Plan, blocks: Sequence[_Block], atol, rtol, output_name, side: s
         for output in plan.outputs:
             output_shape = tuple(output.shape) + ((2,) if output.dtype.is_complex else ())
             lo, hi = block.span_of(output)
-            one_sided: dict = {(k - lo,): v for (k,), v in block.one_sided.items() if lo <= k < hi}
+            # Per-element facts (a kink's one-sided derivatives, the distance to a jump, a mismatch matching f's wide
+            # secant), keyed as the storage is.
+            facts: list[dict] = [{(k - lo,): v for (k,), v in found.items() if lo <= k < hi}
+                     for found in (block.one_sided, block.jumps, block.secants)]
             storage: Dense | Nonzeros
             shape = (output.size, spec.size)
             if pattern.every:  # nonzero k is element k: the values are the block's rows, reshaped
                 _, _, analytical, numerical, band = block.values(slice(lo, hi), bands=True)
                 storage = Dense(numerical.reshape(shape), analytical.reshape(shape),
                                 block.status[lo:hi].reshape(shape), band.reshape(shape))
-                one_sided = {divmod(k, spec.size): v for (k,), v in one_sided.items()}
+                facts = [{divmod(k, spec.size): v for (k,), v in found.items()} for found in facts]
             elif output.size * spec.size <= dense_entries:
                 rows, cols, analytical, numerical, band = block.materialise(lo, hi)
                 rows = rows - output.offset
@@ -539,12 +588,13 @@ def pairs(plan: Plan, blocks: Sequence[_Block], atol, rtol, output_name, side: s
                     array[rows, cols] = x
                     dense.append(array)
                 storage = Dense(*dense)
-                one_sided = {(int(rows[k]), int(cols[k])): v for (k,), v in one_sided.items()}
+                facts = [{(int(rows[k]), int(cols[k])): v for (k,), v in found.items()} for found in facts]
             else:
                 storage = Nonzeros(block, lo, hi, output.offset, shape)
             used = twin is not None and bool(twin[output.offset : output.offset + output.size].any())
             pair = PairReport(output_name or output.name, spec.name, output_shape, input_shape, storage, atol, rtol,
-                              one_sided=one_sided, side=side, inconsistent=block.inconsistent, float64_gradient=used)
+                              one_sided=facts[0], jumps=facts[1], secants=facts[2], side=side,
+                              inconsistent=block.inconsistent, float64_gradient=used)
             pair.cause = (Hint("wrong pattern") if block.wrong_pattern else Hint("inconsistent") if block.inconsistent
                           else _undecided_at_nonfinite_inputs(pair, block.columns.x, plan.eval_output[output.offset : output.offset + output.size]) or pair.diagnose())
             reports.append(pair)

@@ -494,20 +494,28 @@ def _below_quantum(levels: list, y0: np.ndarray, sigma: np.ndarray) -> list:
     return result
 
 
-def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, size: int | None = None) -> Hint | None:
+def diagnose(analytical: np.ndarray, numerical: np.ndarray, status: np.ndarray, size: int | None = None,
+             jump: float | None = None, secant: bool = False) -> Hint | None:
     """A guess at the kind of defect, from the pattern of failing elements (its text: ``_text.HINTS``).
 
     ``size``: how many elements the arrays stand for, when they are a sample of the pair's (every failing element
-    and a few others: coloured mode's large pairs); default, their own size.
+    and a few others: coloured mode's large pairs); default, their own size.  ``jump``: the distance from x to the
+    nearest jump of f found within the steps (``_refine.jumps_near``), None where none was looked for or found;
+    ``secant``: every mismatch looked at matches f's secant over wide steps but not its fine slope
+    (``_Block._secants``).
     """
     bad = status == MISMATCH
     if np.any(status == ANALYTICAL_NONFINITE):
         return Hint("analytical not finite")
     for code in (NUMERICAL_NONFINITE, DISCONTINUOUS, UNRESOLVED_KINK, FLAT, UNRESOLVED):
         if np.any(status == code) and not bad.any():
+            if code == DISCONTINUOUS and jump is not None:
+                return Hint("jumps near the point", distance=jump)
             return Hint(STATUS_NAMES[code])
     if not bad.any():
         return None
+    if secant:
+        return Hint("secant")
     a, n = analytical[bad], numerical[bad]
     total = int(bad.sum())
     if np.all(np.abs(a) <= 1e-12 * np.maximum(np.abs(n), 1e-300)) or np.all(a == 0):

@@ -547,7 +547,7 @@ class EagerUnsplit:
 class Hint:
     """What explains a pair's verdict, for its hint line (``_text.HINTS`` by ``kind``): the kind of defect, or of
     undecidability, its strategy found, with its numbers; ``spread``: fast mode's defect showed in no single block
-    of the region it reports."""
+    of the region it reports; ``distance``: how far from x the nearest jump of f found lies."""
 
     kind: str
     count: int = 0
@@ -555,3 +555,4 @@ class Hint:
     factor: float = 0.0
     first: tuple = ()
     spread: bool = False
+    distance: float = 0.0

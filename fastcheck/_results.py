@@ -77,6 +77,10 @@ class PairReport:
     cause: Hint | None = None  # what explains the verdict; ``hint`` is its text
     # (row, column) -> (left, right) one-sided derivatives, for elements at a kink
     one_sided: dict = dataclasses.field(default_factory=dict)
+    # (row, column) -> distance from x to the nearest jump of f found, for elements where f jumps within the steps
+    jumps: dict = dataclasses.field(default_factory=dict)
+    # (row, column) -> whether a mismatch's analytical value matches f's secant over wide steps but not its fine slope
+    secants: dict = dataclasses.field(default_factory=dict)
     # Which autodiff side ``analytical`` holds: "reverse" (VJPs, what training uses),
     # "forward" (JVPs), or "supplied" (the user's gradients).
     side: str = "reverse"
@@ -348,7 +352,9 @@ class PairReport:
         """``_compare.diagnose`` on what the storage samples of its values (fast mode: none, its hint
         comes from the localisation), the share of failing elements taken over all of them."""
         found = self.storage.sample()
-        return None if found is None else _diagnose(*found, size=int(self.status.size))
+        return None if found is None else _diagnose(*found, size=int(self.status.size),
+                                                    jump=min(self.jumps.values(), default=None),
+                                                    secant=bool(self.secants) and all(self.secants.values()))
 
     # -- JSON ----------------------------------------------------------------------------------
 

@@ -83,6 +83,12 @@ RESOLUTION_RTOLS = 100.0
 RESOLUTION_NOISE_SHARE = 2.0
 RESOLVE_COLUMNS = 8  # a coarse pass (full and coloured mode) re-estimates this many of its most resolving columns ...
 RESOLVE_UP = 4  # ... on the ladder h * 4**RESOLVE_UP ... h (float32 sum(x**2) over 2000 elements: 2.3% -> decisive)
+# A mismatch matches f's secant over wide steps (h * 4**RESOLVE_UP: the ladder's widest) where the analytical value is
+# within the rule's band of that quotient (its error: how far the next finer one lies) and f's slope at the fine steps
+# lies SECANT_APART bands or more away (a smooth f's truncation moves the two widest alike: a planted defect's slope
+# stays within them); looked at for the first SECANT_SAMPLE mismatches of a block.
+SECANT_APART = 2.0
+SECANT_SAMPLE = 8
 
 # -- noise-limited directions: least-squares cubics (``_wide``) ------------------------------------------------
 COARSE_MAX_STEP = 0.25  # 4 H at most this relative step: past it the cubic's truncation, not the noise, rules

@@ -109,6 +109,12 @@ HINTS = {
                              "numerically; move the point inside f's domain."),
     "f jumps here": ("f jumps at the point (its difference quotients grow like 1/step): it has no derivative there to "
                      "check; check at a point away from the jump."),
+    "jumps near the point": (
+        "f jumps within {distance:.2g} of the point, closer than any step rounding lets resolve (its second "
+        "differences stop shrinking with the step): dense jumps (a mean over many fixed random draws, each switching "
+        "branch at its own point; a floor or a sum of step functions) make f a staircase whose every step measures "
+        "the jumps' trend, not the slope between them, so these elements are undecidable, not wrong; check the "
+        "gradient on a smooth f (fewer or no draws, a smooth relaxation) or at a point away from the jumps."),
     "kinks no step resolves": (
         "every step crossed a kink of f (e.g. ReLU inputs at or within a step of 0) and the analytical value lies "
         "outside the one-sided derivatives: several kinks closer together than any step give that, as does a kink "
@@ -123,6 +129,10 @@ HINTS = {
         "noise or rounding swamps every step (float32 where f' is near 0 and f is not); pass a smaller eps where f "
         "varies below the step, check with a float64 numerical side where its rounding swamps it (f must then "
         "accept float64 inputs: build its constants in the inputs' dtype), or check at a point where f is smoother."),
+    "secant": ("the gradient matches f's secant over wide steps but not its local slope at fine steps: an expected "
+               "gradient, a surrogate or an implicit-reparameterization gradient, not the derivative of f itself "
+               "(f varies on a finer scale than the gradient sees: a fast oscillation, dense jumps); check it against "
+               "the smooth f it stands for, or accept it as not f's derivative."),
     "zero": ("the analytical gradient is zero where the numerical one is not: a missing chain-rule term, a misplaced "
              "tf.stop_gradient, or a variable that does not reach the gradient."),
     "sign": "the analytical gradient has the wrong sign.",
@@ -169,7 +179,8 @@ def hint_text(hint: events.Hint | None) -> str | None:
     """A pair's hint line (without its prefix), from what explains its verdict."""
     if hint is None:
         return None
-    text = HINTS[hint.kind].format(count=hint.count, size=hint.size, factor=hint.factor, first=list(hint.first))
+    text = HINTS[hint.kind].format(count=hint.count, size=hint.size, factor=hint.factor, first=list(hint.first),
+                                   distance=hint.distance)
     return text + SPREAD if hint.spread else text
 
 
@@ -219,6 +230,8 @@ def _failing_lines(pair) -> list[str]:
         sides, found = "", pair.one_sided.get(pair._key(k))
         if e.status == STATUS_NAMES[MISMATCH] and found is not None:  # at a kink: outside its settled sides
             sides = f" at a kink, outside its settled one-sided derivatives {found[0]:.8g} and {found[1]:.8g}"
+        elif e.status == STATUS_NAMES[DISCONTINUOUS] and pair.jumps.get(pair._key(k)) is not None:
+            sides = f": a jump within {pair.jumps[pair._key(k)]:.2g} of x"
         elif e.status == STATUS_NAMES[UNRESOLVED_KINK]:
             sides = (f", one-sided derivatives {found[0]:.8g} and {found[1]:.8g}" if found is not None
                      else ", the one-sided quotients never settle")

@@ -119,3 +119,73 @@ def test_one_failing_element_gets_no_factor_hint_and_several_do():
     assert "factor" not in (one.pairs[0].hint or ""), str(one)
     several = fastcheck.check_gradients(f, tf.constant(POINT, tf.float64))
     assert "constant factor of 1.5" in several.pairs[0].hint, str(several)
+
+
+def test_the_issue_staircase_says_f_jumps_near_x_and_how_near():
+    # Its noise (8% of f) swamps every step; no larger step resolves the pass: the jumps are what the report names,
+    # with the distance to the nearest one found, not a pass too coarse for 1%.
+    rng = np.random.default_rng(0)
+    u = tf.constant(rng.uniform(size=200000), tf.float32)
+    a = tf.constant(rng.normal(size=200000), tf.float32)
+    report = fastcheck.check_gradients(lambda s: tf.reduce_mean(a * tf.where(u < 1 / (1 + s**2), 1 / s, s)),
+                                       tf.constant([0.7], tf.float32))
+    pair = report.pairs[0]
+    assert report.verdict == "undecidable", str(report)
+    assert pair.count("f jumps here") == 1 and not pair.coarse, str(report)
+    (distance,) = pair.jumps.values()
+    assert 0 < distance < 1e-3, str(report)
+    assert f"(f jumps here: a jump within {distance:.2g} of x)" in str(report), str(report)
+    assert pair.hint.startswith(f"f jumps within {distance:.2g} of the point"), str(report)
+    assert "jumps at the point" not in pair.hint, str(report)
+
+
+def test_dense_jumps_name_the_nearest_jump_on_every_element():
+    report = fastcheck.check_gradients(_floors(100000, tf.float32), tf.constant(POINT, tf.float32))
+    pair = report.pairs[0]
+    assert len(pair.jumps) == len(POINT), str(report)
+    assert all(0 < d < 1e-2 for d in pair.jumps.values()), str(report)
+    assert str(report).count("(f jumps here: a jump within") == len(POINT), str(report)
+    assert pair.hint.startswith(f"f jumps within {min(pair.jumps.values()):.2g} of the point"), str(report)
+
+
+def _expected(f, slope):
+    """f with the gradient ``slope(s)``: the slope of f's trend, not f's own."""
+    @tf.custom_gradient
+    def g(s):
+        return f(s), lambda dy: dy * slope(s)
+
+    return g
+
+
+SECANT = "the gradient matches f's secant over wide steps but not its local slope"
+# A gradient of the trend of an f with fine structure the wide steps average out: not f's derivative, and the hint
+# says what it is instead of a factor.
+TREND_GRADIENTS = {
+    "fast oscillation": (lambda: lambda s: s + 1e-3 * tf.sin(1e4 * s), lambda s: tf.ones_like(s)),
+    "floor staircase": (lambda: _floors(100000, tf.float64), lambda s: tf.cos(s) + 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TREND_GRADIENTS))
+def test_a_gradient_of_f_s_trend_is_named_so_and_does_not_pass(name):
+    make, slope = TREND_GRADIENTS[name]
+    report = fastcheck.check_gradients(_expected(make(), slope), tf.constant(POINT, tf.float64))
+    assert report.verdict == "fail", str(report)
+    assert report.pairs[0].hint.startswith(SECANT), str(report)
+    assert "factor" not in report.pairs[0].hint, str(report)
+
+
+# Planted defects of smooth f keep the hints their evidence gives; a wide step's truncation is no secant evidence.
+PLANTED = {
+    "factor": (1.5, "constant factor of 1.5"),
+    "sign": (-1.0, "wrong sign"),
+}
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_planted_defects_keep_their_hints(name, dtype):
+    factor, hint = PLANTED[name]
+    report = fastcheck.check_gradients(_scaled(lambda s: tf.sin(s) * s, factor), tf.constant(POINT, dtype))
+    assert report.verdict == "fail", str(report)
+    assert hint in report.pairs[0].hint and SECANT not in report.pairs[0].hint, str(report)
