@@ -54,7 +54,7 @@ from fastcheck._executor import Executor, measured, timed, view
 from fastcheck._paths import EAGER, GRAPH, XLA
 from fastcheck._plan import Plan, first_line, with_noise
 from fastcheck._precision import measure_noise
-from fastcheck._results import GradientCheckError, Outcome
+from fastcheck._results import Outcome
 from fastcheck._tables import (
     BYTES_PER_NONZERO,
     NOISE_SAMPLE,
@@ -95,9 +95,8 @@ def check_coloured(executor: Executor, plan: Plan, timings: dict, supplied=None,
     """Element-wise verdicts on every structural nonzero (see the module docstring)."""
     try:
         return _check(executor, plan, timings, supplied, output_name, twin)
-    except (TypeError, ValueError, GradientCheckError, MemoryError):
-        raise
-    except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
+    except tf.errors.OpError as error:  # f failed inside TensorFlow where the check evaluated it: say so, keep the
+        # cause (anything else -- f's own exception, a fault of fastcheck's -- leaves as itself)
         raise kernel_failure(error, executor.path, executor.config.jit_compile) from error
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import tensorflow as tf
 
 from fastcheck import _compare
 from fastcheck._autodiff import AutodiffJacobian, forward_probe
@@ -25,7 +26,7 @@ from fastcheck._full_steps import _DenseColumns, _Jacobians
 from fastcheck._paths import EAGER
 from fastcheck._pattern import Pattern
 from fastcheck._plan import Plan, first_line
-from fastcheck._results import GradientCheckError, Outcome, PairReport
+from fastcheck._results import Outcome, PairReport
 from fastcheck._tables import (
     FORWARD_MIN_EVALUATIONS,
     FORWARD_PROBES,
@@ -102,9 +103,8 @@ def check_full(executor: Executor, plan: Plan, timings: dict, supplied=None, out
     jac = _Jacobians(executor, plan, timings)
     try:
         blocks, twin_rows, (atol, rtol) = _compute(jac, supplied, twin=twin)
-    except (TypeError, ValueError, GradientCheckError):
-        raise
-    except Exception as error:  # f failed inside a batched kernel: say so, keep the cause
+    except tf.errors.OpError as error:  # f failed inside TensorFlow where the check evaluated it: say so, keep the
+        # cause (anything else -- f's own exception, a fault of fastcheck's -- leaves as itself)
         raise kernel_failure(error, executor.path, executor.config.jit_compile) from error
     plan = jac.plan  # with f's measured noise and precision, when they were needed
     side = "forward" if jac.config.autodiff == "forward" else "reverse"
