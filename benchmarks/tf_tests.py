@@ -1042,7 +1042,7 @@ def eager_floor(rounds: int = 5) -> dict:
     of ``rounds`` rounds of 20 checks): fastcheck, compute_gradient, and the eager calls a full check of them
     makes and nothing else -- f three times at x and once in float64 (planning), 2n float64 calls (the
     differences), one taped call and m VJPs (reverse mode).  These unary ops are element-wise: since
-    ``_diagonal`` reads that from the ops they run, fastcheck makes 2 calls a side and 2 VJPs instead of the loops,
+    ``diagonal`` reads that from the ops they run, fastcheck makes 2 calls a side and 2 VJPs instead of the loops,
     so its time can fall below this floor."""
     import tensorflow as tf
 

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "GradientCheckError": "fastcheck._results",
+    "GradientCheckError": "fastcheck.report.results",
     "GradientChecker": "fastcheck._api",
-    "GradientReport": "fastcheck._results",
+    "GradientReport": "fastcheck.report.results",
     "assert_gradients_close": "fastcheck._api",
     "autodiff_jacobian": "fastcheck._api",
     "check_gradients": "fastcheck._api",
     "check_model": "fastcheck._api",
-    "compute_gradient": "fastcheck._compat",
-    "max_error": "fastcheck._compat",
+    "compute_gradient": "fastcheck.integrations.compat",
+    "max_error": "fastcheck.integrations.compat",
     "verify_gradients": "fastcheck._api",
     "numerical_jacobian": "fastcheck._api",
 }
@@ -35,10 +35,10 @@ if TYPE_CHECKING:
     from fastcheck._api import check_model as check_model
     from fastcheck._api import numerical_jacobian as numerical_jacobian
     from fastcheck._api import verify_gradients as verify_gradients
-    from fastcheck._compat import compute_gradient as compute_gradient
-    from fastcheck._compat import max_error as max_error
-    from fastcheck._results import GradientCheckError as GradientCheckError
-    from fastcheck._results import GradientReport as GradientReport
+    from fastcheck.integrations.compat import compute_gradient as compute_gradient
+    from fastcheck.integrations.compat import max_error as max_error
+    from fastcheck.report.results import GradientCheckError as GradientCheckError
+    from fastcheck.report.results import GradientReport as GradientReport
 
 
 def __getattr__(name: str):

@@ -1,4 +1,4 @@
-"""Public entry points: each builds a problem (``_problem``) and runs it (``_check.run_check``)."""
+"""Public entry points: each builds a problem (``problem``) and runs it (``_check.run_check``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Callable
 import numpy as np
 
 from fastcheck._check import jacobians, run_check
-from fastcheck._config import INTERNAL_FIELDS, REMOVED_OPTIONS, CheckConfig
-from fastcheck._problem import function_problem, model_problem, supplied_problem
-from fastcheck._results import GradientCheckError, GradientReport
+from fastcheck.engine.config import INTERNAL_FIELDS, REMOVED_OPTIONS, CheckConfig
+from fastcheck.problem.problem import function_problem, model_problem, supplied_problem
+from fastcheck.report.results import GradientCheckError, GradientReport
 
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
@@ -32,7 +32,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         number; Python floats become float64) or a list/tuple of them.
       eps: relative step; element ``j`` is perturbed by ``eps * max(1, |x_j|)`` (by ``eps`` where x_j is infinite).
         Default ``machine_epsilon ** (1/3)`` of the evaluation dtype.
-      atol, rtol: tolerances; default from the table in ``_config.py`` by the
+      atol, rtol: tolerances; default from the table in ``config.py`` by the
         analytical dtype (float64: 1e-8, 1e-6; float32: 1e-5, 1e-4).
       jit_compile: "auto" (XLA when the batched work pays for compilation and f
         compiles), True or False.

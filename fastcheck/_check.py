@@ -9,22 +9,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from fastcheck import _events as events
-from fastcheck._coloured import check_coloured, prospect
-from fastcheck._config import MACHINE_EPSILON, CheckConfig, memory_limit
-from fastcheck._diagnosis import describe_nonfinite
-from fastcheck._executor import Executor, timed
-from fastcheck._fast import check_fast
-from fastcheck._full import analytical_blocks, check_full, numerical_blocks
-from fastcheck._kernels import kernel_held
-from fastcheck._observers import OBSERVERS
-from fastcheck._paths import EAGER, Route, choose_route, predict
-from fastcheck._plan import Float64Refused, Plan, build_plan, first_line
-from fastcheck._problem import Problem, preserved_variables
-from fastcheck._raised import passes_own
-from fastcheck._results import GradientReport, Outcome, PairReport
-from fastcheck._storage import Dense
-from fastcheck._tables import (
+from fastcheck.engine.config import MACHINE_EPSILON, CheckConfig, memory_limit
+from fastcheck.engine.executor import Executor, timed
+from fastcheck.engine.kernels import kernel_held
+from fastcheck.engine.paths import EAGER, Route, choose_route, predict
+from fastcheck.engine.plan import Float64Refused, Plan, build_plan, first_line
+from fastcheck.engine.raised import passes_own
+from fastcheck.engine.tables import (
     BATCHED_ELEMENTS,
     BATCHED_FLOPS,
     BATCHED_PER_CALL,
@@ -37,7 +28,16 @@ from fastcheck._tables import (
     TIME_RULE_MIN_INPUTS,
     VJP_CALLS,
 )
-from fastcheck._text import forward_not_checked, native_reason, vacuous_warnings
+from fastcheck.integrations.observers import OBSERVERS
+from fastcheck.modes.coloured import check_coloured, prospect
+from fastcheck.modes.fast import check_fast
+from fastcheck.modes.full import analytical_blocks, check_full, numerical_blocks
+from fastcheck.problem.problem import Problem, preserved_variables
+from fastcheck.report import events
+from fastcheck.report.diagnosis import describe_nonfinite
+from fastcheck.report.results import GradientReport, Outcome, PairReport
+from fastcheck.report.storage import Dense
+from fastcheck.report.text import forward_not_checked, native_reason, vacuous_warnings
 
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
@@ -226,12 +226,12 @@ def _batched_seconds(plan: Plan, route: Route) -> float:
 
 
 def choose_mode(plan: Plan, config: CheckConfig, route: Route, sparse=None) -> tuple[str, tuple]:
-    """("full" | "coloured" | "fast", why: its reasons, ``fastcheck._events``) for ``config.mode``.
+    """("full" | "coloured" | "fast", why: its reasons, ``fastcheck.report.events``) for ``config.mode``.
 
     ``mode="auto"``: full Jacobians when they fit memory_budget, every input has at most ``FULL_MAX_INPUT``
     elements, and the full check is predicted to take at most ``FULL_SECONDS`` (``predict_full_seconds``);
     beyond that, coloured mode when f's Jacobian is sparse enough to pay (``_beyond_full``), random projections
-    otherwise.  ``sparse()`` gives coloured mode's prospect (``_coloured.prospect``).
+    otherwise.  ``sparse()`` gives coloured mode's prospect (``coloured.prospect``).
     """
     if config.mode != "auto":
         return config.mode, (events.Requested(),)
@@ -262,7 +262,7 @@ def _beyond_full(why, plan: Plan, config: CheckConfig, route: Route, sparse) -> 
         return "fast", (why,)
     try:
         found = sparse()
-    except ValueError as error:  # _pattern.UnknownSparsity: an op without a rule, or f cannot be traced
+    except ValueError as error:  # pattern.UnknownSparsity: an op without a rule, or f cannot be traced
         return "fast", (why, events.NoPattern(first_line(error, 120)))
     colours, nonzeros = found["colours"], found["nonzeros"]
     limit, _ = memory_limit(config)

@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-# The values GradientChecker accepts (fastcheck._config), checked here so that a typo stops the
+# The values GradientChecker accepts (fastcheck.engine.config), checked here so that a typo stops the
 # run before any test, and TensorFlow, starts. None: any value (a device is checked by the check).
 CHOICES = {"device": None, "precision": ("auto", "native", "float64"), "mode": ("auto", "full", "fast", "coloured")}
 HELP = {
@@ -114,11 +114,11 @@ def _recorded(method, name: str, item, run: Run):
 
 
 def _observe(run: Run) -> None:
-    """Record every check fastcheck makes from now on (``_observers`` loads no TensorFlow: a run's first test's
+    """Record every check fastcheck makes from now on (``observers`` loads no TensorFlow: a run's first test's
     plain calls are recorded too)."""
     if run.observing:
         return
-    from fastcheck._observers import OBSERVERS
+    from fastcheck.integrations.observers import OBSERVERS
 
     OBSERVERS.append(lambda report: _record(run, run.item, CALL.get(), report))
     run.observing = True
@@ -162,7 +162,7 @@ def pytest_runtest_makereport(item, call):
 def _failing_reports(item, excinfo) -> list[str]:
     """The text of failing reports the test made with gradcheck or holds where it failed."""
     texts = item.stash.get(FAILED_TEXTS, [])
-    if "fastcheck._results" in sys.modules:  # else no report exists (and importing one would import TensorFlow)
+    if "fastcheck.report.results" in sys.modules:  # else no report exists (and importing one would import TensorFlow)
         from fastcheck import GradientReport
 
         tb = excinfo.tb

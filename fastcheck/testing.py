@@ -15,7 +15,7 @@ of f over more than N items raises TensorFlow's ``ResourceExhaustedError`` befor
 chunks and retries (``OutOfMemory`` events in its report) to the same result.
 
 A branch that only large checks reach is reached on a small one with ``tunables(NAME=value)``: within the block every
-check reads those tunables of ``fastcheck/_tables.py`` (the names in its ``CONFIGURABLE``) instead of the table's,
+check reads those tunables of ``fastcheck/tables.py`` (the names in its ``CONFIGURABLE``) instead of the table's,
 e.g. ``tunables(DENSE_REPORT_ENTRIES=0)`` reports a coloured check's pairs sparse.
 """
 
@@ -28,8 +28,8 @@ from typing import NoReturn
 import tensorflow as tf
 
 import fastcheck
-from fastcheck._config import tunables
-from fastcheck._executor import out_of_memory
+from fastcheck.engine.config import tunables
+from fastcheck.engine.executor import out_of_memory
 
 __all__ = ["GradientTestCase", "out_of_memory", "tunables"]
 

@@ -22,13 +22,13 @@ import tensorflow as tf
 
 from fastcheck._api import checked_config, numerical_jacobian
 from fastcheck._check import run_check
-from fastcheck._compare import allowance
-from fastcheck._config import MACHINE_EPSILON, precision_name
-from fastcheck._events import IdentitiesJudged, LogDetConvention, SampleNotChecked, SampleSeeded
-from fastcheck._plan import normalize_inputs
-from fastcheck._problem import function_problem
-from fastcheck._results import GradientReport, event_dict
-from fastcheck._text import VERDICT_LABELS, compose
+from fastcheck.engine.config import MACHINE_EPSILON, precision_name
+from fastcheck.engine.plan import normalize_inputs
+from fastcheck.judge.compare import allowance
+from fastcheck.problem.problem import function_problem
+from fastcheck.report.events import IdentitiesJudged, LogDetConvention, SampleNotChecked, SampleSeeded
+from fastcheck.report.results import GradientReport, event_dict
+from fastcheck.report.text import VERDICT_LABELS, compose
 
 __all__ = ["BijectorReport", "IdentityCheck", "check_bijector", "check_distribution"]
 
@@ -103,14 +103,14 @@ class BijectorReport:
     forward: GradientReport
     log_det_gradient: GradientReport
     identities: list[IdentityCheck]
-    events: tuple = ()  # what the check found (``fastcheck._events``: IdentitiesJudged, LogDetConvention)
+    events: tuple = ()  # what the check found (``fastcheck.report.events``: IdentitiesJudged, LogDetConvention)
     convention: str = "square"
     chart: str = ""  # the coordinates, when convention == "chart"
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def notes(self) -> list[str]:
-        """The events as the report's notes (composed by ``_text``, as a GradientReport's are)."""
+        """The events as the report's notes (composed by ``text``, as a GradientReport's are)."""
         return [compose(event) for event in self.events]
 
     @property

@@ -34,7 +34,7 @@ def rng():
 
 
 def events_of(report, kind: str) -> list:
-    """The report's events of one kind (``to_dict``'s "kind": the event's type name, ``fastcheck._events``)."""
+    """The report's events of one kind (``to_dict``'s "kind": the event's type name, ``fastcheck.report.events``)."""
     return [event for event in report.events if type(event).__name__ == kind]
 
 

@@ -134,7 +134,7 @@ def test_fast_mode_problems_record_reference_ratio_and_region(tmp_path, capsys):
 
 
 def test_verdict_table_on_a_few_cases_writes_markdown_and_json(tmp_path, capsys):
-    from fastcheck._cli import main as cli_main  # `fastcheck bench verdicts` passes its arguments on
+    from fastcheck.integrations.cli import main as cli_main  # `fastcheck bench verdicts` passes its arguments on
 
     cases = ["sign_sin", "erf", "tfp_dawsn"]
     code = cli_main(["bench", "verdicts", "--cases", ",".join(cases), "--out", str(tmp_path)])

@@ -8,7 +8,7 @@ import pytest
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "fastcheck._cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "fastcheck", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -39,6 +39,6 @@ def test_help_texts():
 
 def test_bench_outside_a_checkout_says_where_to_run_it(tmp_path):
     # benchmarks/ is not installed with the package: it runs from a source checkout.
-    result = subprocess.run([sys.executable, "-m", "fastcheck._cli", "bench", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "fastcheck", "bench", "--help"], capture_output=True, text=True,
                             timeout=300, cwd=tmp_path)
     assert result.returncode == 2 and "source checkout" in result.stderr

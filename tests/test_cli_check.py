@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from fastcheck._cli import main
+from fastcheck.integrations.cli import main
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -88,7 +88,7 @@ def test_usage_errors_are_one_line_with_status_2(user_ops, capsys, args, message
 
 def test_a_new_process_has_a_clean_stderr(user_ops):
     # TensorFlow's start-up lines (absl, oneDNN, CUDA) are kept off stderr.
-    result = subprocess.run([sys.executable, "-m", "fastcheck._cli", "check", "user_ops:layer", "--shape", "2,3",
+    result = subprocess.run([sys.executable, "-m", "fastcheck", "check", "user_ops:layer", "--shape", "2,3",
                              "--shape", "3,2"], capture_output=True, text=True, timeout=300, cwd=user_ops.parent,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stdout + result.stderr

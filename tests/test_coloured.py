@@ -8,7 +8,9 @@ import tensorflow as tf
 from conftest import checked, events_of
 
 import fastcheck
-from fastcheck import _colouring, _pattern, _sparsity
+from fastcheck.sparsity import colouring as _colouring
+from fastcheck.sparsity import pattern as _pattern
+from fastcheck.sparsity import trace as _sparsity
 
 RNG = np.random.default_rng(0)
 KERNEL = RNG.normal(size=(3, 3, 2, 3))
@@ -918,8 +920,8 @@ def test_a_given_diagonal_pattern_is_probed_and_a_traced_one_trusted():
 
 
 # Corpus cases at kinks, at large arguments, at domain edges and with f's noise, correct and wrong: one ladder,
-# one confirmation (``_refine.confirmation``) and one classification in both modes, element by element; a low
-# precision inside f judged at wide steps (``_wide``) and where f does not move (``_flat``) in both (coloured mode
+# one confirmation (``refine.confirmation``) and one classification in both modes, element by element; a low
+# precision inside f judged at wide steps (``wide``) and where f does not move (``flat``) in both (coloured mode
 # once left every such case undecidable, its defects included); maximum(x, y) at near-ties, whose traced pattern is
 # the identity in each input and is trusted as a one-input one (its random probe crossed the ties and called the
 # pattern wrong).
@@ -960,7 +962,7 @@ def test_full_and_coloured_mode_give_the_same_status_per_element(name, dtype):
 def test_both_modes_follow_a_domain_edge_down_the_same_ladder(point):
     # log at x ~ 1e-12: the first steps leave log's domain, and only the edge's powers (below h / 4**12) stay inside.
     # Coloured mode once stopped at the deeper ladder and left the element undecidable where full mode passed it:
-    # both run ``_refine.settle`` now.
+    # both run ``refine.settle`` now.
     x = tf.constant(point, tf.float64)
     full, coloured = (fastcheck.check_gradients(tf.math.log, x, mode=mode) for mode in ("full", "coloured"))
     assert full.verdict == coloured.verdict == "pass", (str(full), str(coloured))
@@ -970,7 +972,7 @@ def test_both_modes_follow_a_domain_edge_down_the_same_ladder(point):
 @pytest.mark.parametrize("factor", [1.0, 1.5])
 def test_a_large_f_computing_in_bfloat16_inside_is_judged_at_wide_steps(factor):
     # 10^5 elements: auto mode checks them coloured. bfloat16's rounding inside f swamps every quotient at the
-    # default step; only wide steps (``_wide``) and the flat test (``_flat``) decide, so a 50% defect FAILs
+    # default step; only wide steps (``wide``) and the flat test (``flat``) decide, so a 50% defect FAILs
     # (coloured mode said undecidable) and the correct gradient raises no false alarm.
     x = tf.constant(RNG.uniform(0.5, 1.5, size=(100, 1000)), tf.float32)
 

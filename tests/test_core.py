@@ -445,7 +445,9 @@ def test_public_api_matches_readme():
 
 
 def test_probe_counts_flops_of_products_and_convolutions():
-    from fastcheck import _config, _paths, _plan
+    from fastcheck.engine import config as _config
+    from fastcheck.engine import paths as _paths
+    from fastcheck.engine import plan as _plan
 
     w = tf.constant(RNG.normal(size=(64, 300)))
     kernel = tf.constant(RNG.normal(size=(3, 3, 2, 5)))
@@ -492,7 +494,7 @@ def _os_cache_bytes() -> int | None:
 
 def test_sysfs_cache_sizes_are_read_with_their_suffix():
     # Kept on the private parser: this machine's sysfs shows one format; others write "1M" or a plain number.
-    from fastcheck import _paths
+    from fastcheck.engine import paths as _paths
 
     bytes_of = _paths._bytes
     assert bytes_of("32768K") == 32 << 20 and bytes_of("1M") == 1 << 20 and bytes_of("512") == 512
@@ -502,7 +504,7 @@ def test_sysfs_cache_sizes_are_read_with_their_suffix():
 def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib):
     # The cache is read from the OS, not assumed: a 64 MiB constant on a CPU with a 32 MiB L3 put the
     # 20,000-parameter MLP's calls past its cache (15.3 s; 5.9 s at the L3's size).
-    from fastcheck import _paths
+    from fastcheck.engine import paths as _paths
     from fastcheck.testing import tunables
 
     assert _paths.cache_bytes() == (_os_cache_bytes() or _paths.cache_bytes()) > 0
@@ -574,7 +576,7 @@ def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
 
 
 def test_blocked_verdicts_match_the_rule_everywhere():
-    from fastcheck import _compare
+    from fastcheck.judge import compare as _compare
 
     a = RNG.normal(size=(37, 53))
     n = a + RNG.normal(size=a.shape) * np.where(RNG.uniform(size=a.shape) < 0.1, 1e-3, 1e-10)
@@ -622,7 +624,10 @@ def test_scalar_output_beside_an_empty_output(jit_compile):
 
 
 def test_routing_is_a_function_of_the_plan_alone():
-    from fastcheck import _config, _paths, _plan, _tables
+    from fastcheck.engine import config as _config
+    from fastcheck.engine import paths as _paths
+    from fastcheck.engine import plan as _plan
+    from fastcheck.engine import tables as _tables
 
     config = _config.CheckConfig()
     plan = _plan.build_plan(lambda x: tf.reduce_sum(tf.sin(x)), [tf.constant(RNG.normal(size=100))], config)

@@ -1,4 +1,4 @@
-"""Element-wise f on the eager path (``_diagonal``): the same Jacobians, bit for bit, as the loops."""
+"""Element-wise f on the eager path (``diagonal``): the same Jacobians, bit for bit, as the loops."""
 
 import gc
 import weakref
@@ -194,7 +194,7 @@ def test_the_report_says_which_sides_made_the_few_calls():
                          "ElementwiseCalls")
 
 
-# -- the eager loops by colours of f's traced pattern (``_eager_colours``) ---------------------------------------
+# -- the eager loops by colours of f's traced pattern (``eager_colours``) ---------------------------------------
 
 KERNEL_2X2 = tf.constant(np.random.default_rng(4).normal(size=(2, 2, 3, 2)), tf.float32)
 

@@ -156,7 +156,7 @@ def test_progress_bar_when_asked(capsys):
 
 
 def test_localisation_that_finds_no_block_reports_the_region_without_exploding(monkeypatch):
-    from fastcheck import _fast
+    from fastcheck.modes import fast as _fast
 
     original, blocks = _fast._Probes.compare, []
 

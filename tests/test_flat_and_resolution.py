@@ -92,7 +92,7 @@ def _noisy_float32(factor=1.0):
 
 
 def test_a_pass_too_coarse_to_see_a_percent_error_is_sharpened_in_full_and_coloured_mode():
-    # One stage of every element-wise mode (``_block.stages``): coloured mode once left this pass undecidable
+    # One stage of every element-wise mode (``block.stages``): coloured mode once left this pass undecidable
     # (resolution 0.33) where full mode sharpened it.
     f, x = _noisy_float32()
     full, coloured = (fastcheck.check_gradients(f, x, precision="native", mode=mode) for mode in ("full", "coloured"))

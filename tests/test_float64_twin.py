@@ -69,7 +69,7 @@ def _small_sine(factor):
 
 @pytest.mark.parametrize("make,factor", [(_small_sine, 1.0), (_small_sine, 1.005), (_small_softmax_rows, 1.005)])
 def test_full_and_coloured_mode_judge_an_element_wise_f_through_the_twin_alike(make, factor):
-    # One twin stage for both element-wise modes (``_block.twinned``): coloured mode once passed this 0.5% defect
+    # One twin stage for both element-wise modes (``block.twinned``): coloured mode once passed this 0.5% defect
     # at a resolution of 1% (float32's atol against gradients of 1e-3), where full mode failed it through the twin.
     f, x = make(factor)
     full, coloured = (fastcheck.check_gradients(f, x, mode=mode) for mode in ("full", "coloured"))
@@ -182,7 +182,7 @@ def test_a_twin_mismatch_that_does_not_hold_at_larger_steps_is_not_used():
     # stop_gradient): at the step h ~ 6e-6 it moves each quotient by ~1e-7, and the twin's ladder settles below
     # h on the ripple's own slope (~6e-6), far outside float64's allowance -- a false FAIL of a correct gradient
     # (as a float64 MobileNetV2's noise gave one) unless the twin's mismatch must also hold at larger steps, where
-    # the ripple averages out (``_full._twin_holds_above``: without it, this check FAILs). The ripple limits what
+    # the ripple averages out (``full._twin_holds_above``: without it, this check FAILs). The ripple limits what
     # the twin can resolve at every step, so a defect of a few % below float32's atol is not caught here: the
     # pass says so (its resolution).
     def f(x):

@@ -16,7 +16,7 @@ import tensorflow as tf
 from conftest import events_of
 
 import fastcheck
-from fastcheck import _precision
+from fastcheck.engine import precision as _precision
 
 N = 512
 
@@ -281,7 +281,7 @@ def test_fast_mode_never_passes_a_planted_defect_nor_blames_an_innocent_weight(d
 
 
 def _ladder(derivatives, noises, y0=1.0, h=4.9e-3):
-    """``_compare.refine`` levels of one element: central differences with equal sides, steps h/4**k."""
+    """``compare.refine`` levels of one element: central differences with equal sides, steps h/4**k."""
     levels = []
     for k, (d, noise) in enumerate(zip(derivatives, noises)):
         step = h / 4**k
@@ -292,7 +292,7 @@ def _ladder(derivatives, noises, y0=1.0, h=4.9e-3):
 
 @pytest.mark.parametrize("case", ["rounding", "kink"])
 def test_a_settled_pairs_error_is_the_richardson_one_only_where_it_is_confirmed(case):
-    from fastcheck import _compare
+    from fastcheck.judge import compare as _compare
 
     noises = [6.6e-5 * 4**k for k in range(6)]
     if case == "rounding":

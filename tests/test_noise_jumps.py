@@ -16,7 +16,7 @@ import tensorflow as tf
 from conftest import events_of
 
 import fastcheck
-from fastcheck import _precision
+from fastcheck.engine import precision as _precision
 
 C = np.random.default_rng(0).normal(size=64)
 D = np.random.default_rng(1).normal(size=32)

@@ -1,6 +1,6 @@
 """Full mode's differences of many inputs through one kernel (``Route.joint_chunk``): same Jacobians
 and verdicts as a kernel per input, one trace, and a planted defect still names its input -- convolutions
-included, whose batched filters pfor alone would loop over (``_pfor``)."""
+included, whose batched filters pfor alone would loop over (``pfor``)."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,8 @@ import tensorflow as tf
 from conftest import checked, events_of
 
 import fastcheck
-from fastcheck import _paths, _tables
+from fastcheck.engine import paths as _paths
+from fastcheck.engine import tables as _tables
 
 # A machine where tracing is (nearly) free.
 FREE_TRACING = {"TRACE_SECONDS": 1e-9, "TRACE_CALLS": 0}

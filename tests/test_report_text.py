@@ -1,4 +1,4 @@
-"""The text of a report's notes, composed in one place (``_text``) from its typed events.
+"""The text of a report's notes, composed in one place (``text``) from its typed events.
 
 The other tests assert on ``report.events`` and their fields; these check that the text reads right:
 each event's sentence, and the same event about many inputs merged into one line, numbers as ranges.

@@ -19,8 +19,18 @@ def test_mypy_is_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _module(path: pathlib.Path) -> str:
+    """A file's dotted module name within fastcheck ("engine.plan"; "" for the package itself)."""
+    parts = path.relative_to(ROOT / "fastcheck").with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in (ROOT / "fastcheck").rglob("*.py")}
+
+
 def _imported_modules(path: pathlib.Path) -> set[str]:
-    """fastcheck modules a module imports at run time (not under ``if TYPE_CHECKING``)."""
+    """fastcheck modules a module imports at run time (not under ``if TYPE_CHECKING``), function-level ones
+    included, as dotted names within the package."""
     tree = ast.parse(path.read_text())
     typing_only = {id(sub) for node in ast.walk(tree)
                    if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for sub in ast.walk(node)}
@@ -28,17 +38,18 @@ def _imported_modules(path: pathlib.Path) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in typing_only or not isinstance(node, ast.ImportFrom) or not node.module:
             continue
-        if node.module.startswith("fastcheck."):
-            found.add(node.module.split(".")[1])
-        elif node.module == "fastcheck":
-            found.update(alias.name for alias in node.names)
-    return found
+        if node.module == "fastcheck" or node.module.startswith("fastcheck."):
+            base = node.module.removeprefix("fastcheck").lstrip(".")
+            for alias in node.names:
+                name = f"{base}.{alias.name}".lstrip(".")
+                found.add(name if name in MODULES else base)
+    return found - {""}
 
 
 def test_no_import_cycle():
     """No module of fastcheck reaches itself through its imports, function-local ones included."""
-    package = ROOT / "fastcheck"
-    graph = {p.stem: _imported_modules(p) for p in package.glob("*.py") if p.stem != "__init__"}
+    graph = {m: _imported_modules(p) for m, p in MODULES.items() if m}
+    assert len(graph) > 40 and sum(map(len, graph.values())) > 100, "the import graph was not read"
     state: dict[str, int] = {}
 
     def visit(module: str, path: list[str]) -> None:
@@ -58,10 +69,11 @@ def _module_runs() -> list[str]:
     """fastcheck's modules on the stack from the entry point down to here, a run of frames of one module once."""
     modules = []
     frame = sys._getframe(2)
+    package = ROOT / "fastcheck"
     while frame is not None:
         path = pathlib.Path(frame.f_code.co_filename)
-        if path.parent.name == "fastcheck":
-            modules.append(path.stem)
+        if package in path.parents:
+            modules.append(_module(path))
         frame = frame.f_back
     modules.reverse()
     return [m for i, m in enumerate(modules) if i == 0 or modules[i - 1] != m]
@@ -71,10 +83,10 @@ def test_the_rule_evaluates_f_only_through_the_strategys_evaluation():
     """The rule's modules judge what a strategy evaluated and call back into its evaluation (``Evaluate``,
     ``sides``, ``along``) for more: they import only each other, the configuration, the tables and the events --
     no evaluator, strategy or plan (one mechanism, whatever evaluates f)."""
-    package = ROOT / "fastcheck"
-    rule = {"_refine", "_compare", "_wide", "_flat"}
+    rule = {"judge.refine", "judge.compare", "judge.wide", "judge.flat"}
     for module in sorted(rule):
-        assert _imported_modules(package / f"{module}.py") <= rule | {"_config", "_tables", "_events"}, module
+        imported = _imported_modules(MODULES[module])
+        assert imported and imported <= rule | {"engine.config", "engine.tables", "report.events"}, module
 
 
 def test_following_f_visits_each_module_at_most_twice():
@@ -109,6 +121,7 @@ def test_following_f_visits_each_module_at_most_twice():
     fastcheck.compute_gradient(watched(lambda v: tf.tanh(v) ** 2), [x])
     assert worst, "f was never called"
     bouncing = {m: chain for m, (count, chain) in worst.items() if count > 2}
+    assert {"_check", "modes.full", "engine.executor"} <= worst.keys(), sorted(worst)
     assert not bouncing, "\n".join(f"{k}: {v}" for k, v in bouncing.items())
 
 
@@ -124,13 +137,14 @@ def test_every_test_the_design_names_exists():
 
 
 def test_every_hint_is_a_fact_whose_text_is_composed_in_one_place():
-    """Strategies hand a pair's hint over as a fact (``_events.Hint``: its kind and numbers); ``_text.HINTS`` holds
+    """Strategies hand a pair's hint over as a fact (``events.Hint``: its kind and numbers); ``text.HINTS`` holds
     every hint's text: each kind a module names has its text there, and each text there is a kind some module
-    names (``_compare.diagnose`` names the undecidable statuses by their ``STATUS_NAMES``)."""
-    from fastcheck import _compare, _text
+    names (``compare.diagnose`` names the undecidable statuses by their ``STATUS_NAMES``)."""
+    from fastcheck.judge import compare as _compare
+    from fastcheck.report import text as _text
 
     named = set()
-    for path in (ROOT / "fastcheck").glob("*.py"):
+    for path in MODULES.values():
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Hint"
                     and node.args and isinstance(node.args[0], ast.Constant)):

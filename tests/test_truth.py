@@ -640,7 +640,7 @@ def test_a_memory_budget_that_splits_the_noisy_columns_refit_changes_no_result()
 
     x = tf.constant(rng.normal(size=(4, 6)))
     whole = fastcheck.check_gradients(f, x, mode="full")
-    # 3 columns a chunk: 8 float64 tables [12, 9] per column, 3 columns (fastcheck/_tables.py: COARSE_TABLES).
+    # 3 columns a chunk: 8 float64 tables [12, 9] per column, 3 columns (fastcheck/tables.py: COARSE_TABLES).
     chunked = fastcheck.check_gradients(f, x, mode="full", memory_budget=8 * 9 * 8 * 12 * 3)
     assert whole.ok and chunked.ok, str(chunked)
     assert events_of(chunked, "NoiseMeasured"), str(chunked)  # the premise: f's noise limits its columns

@@ -1,0 +1,1 @@
+"""The report: results, typed events, their text, the stored JSON, diagnoses."""
