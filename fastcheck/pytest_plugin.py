@@ -152,6 +152,11 @@ def _plain(value):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
+    if call.when == "call":
+        for check in reversed(item.config.stash[RUN].checks):  # this test's checks are the last ones recorded
+            if check["test"] != item.nodeid or "test_outcome" in check:
+                break
+            check["test_outcome"] = report.outcome
     if call.when == "call" and call.excinfo is not None:
         texts = _failing_reports(item, call.excinfo)
         if texts:
@@ -204,12 +209,20 @@ def _document(run: Run) -> dict:
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    """With ``--fastcheck-report``, the run's verdicts and where they were written; else a line only where failing
+    tests made checks that did not pass (a test asserting a deliberate FAIL passes, and is no one's concern)."""
     run = config.stash[RUN]
-    if not run.checks and run.report_path is None:
-        return
-    summary = _document(run)["summary"]
-    line = (f"fastcheck: {summary['checks']} gradient checks, {summary['pass']} pass, {summary['fail']} fail, "
-            f"{summary['undecidable']} undecidable")
     if run.report_path is not None:
-        line += f"; written to {run.report_path}"
-    terminalreporter.write_line(line)
+        summary = _document(run)["summary"]
+        terminalreporter.write_line(
+            f"fastcheck: {summary['checks']} gradient checks, {summary['pass']} pass, {summary['fail']} fail, "
+            f"{summary['undecidable']} undecidable; written to {run.report_path}")
+        return
+    failing = [c for c in run.checks if c.get("test_outcome") == "failed" and c["verdict"] != "pass"]
+    if failing:
+        verdicts = [c["verdict"] for c in failing]
+        tests = len({c["test"] for c in failing})
+        terminalreporter.write_line(
+            f"fastcheck: {tests} failing test{'s' * (tests != 1)} made {len(failing)} gradient "
+            f"check{'s' * (len(failing) != 1)} that did not pass ({verdicts.count('fail')} fail, {verdicts.count('undecidable')} undecidable); "
+            "--fastcheck-report=PATH writes every check")

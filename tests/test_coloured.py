@@ -10,7 +10,7 @@ from conftest import checked, events_of
 import fastcheck
 from fastcheck.sparsity import colouring as _colouring
 from fastcheck.sparsity import pattern as _pattern
-from fastcheck.sparsity import trace as _sparsity
+from fastcheck.sparsity import trace as tracing
 
 RNG = np.random.default_rng(0)
 KERNEL = RNG.normal(size=(3, 3, 2, 3))
@@ -600,8 +600,8 @@ def test_layer_norm_at_a_million_elements_traces_to_shared_sets():
     # Rows of 64 over 10^6 elements: 6.4e7 nonzeros, once past the dependency-pair budget.
     function = tf.function(lambda v: tf.reshape(_layer_norm(v), [-1]))
     spec = tf.TensorSpec((15625, 64), tf.float32)
-    m, dep = _sparsity.trace(function.get_concrete_function(spec).graph, [(0, 10**6)])
-    (pattern,) = _sparsity.traced_patterns(m, dep, [10**6])
+    m, dep = tracing.trace(function.get_concrete_function(spec).graph, [(0, 10**6)])
+    (pattern,) = tracing.traced_patterns(m, dep, [10**6])
     assert pattern.nnz == 64 * 10**6
     assert len(pattern.gcols) == 10**6 and len(pattern.gptr) - 1 == 15625  # each block's set once
     rows, cols = pattern.entries(64 * 500_000, 64 * 500_000 + 64)  # output row 500000: block 7812

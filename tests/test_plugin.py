@@ -75,6 +75,7 @@ def test_checks_under_xdist_are_recorded_and_failures_show_the_report(pytester, 
     assert re.search(r"GradientCheckError: fastcheck .*: FAIL -- ", output)  # assert_close: the report is the message
     # Every check of the session, the plain API's and GradientTestCase's included, failing ones too.
     assert "fastcheck: 6 gradient checks, 2 pass, 4 fail, 0 undecidable; written to" in output
+    assert "failing tests made" not in output  # the report's line replaces it
 
     document = json.loads((pytester.path / "out" / "checks.json").read_text())
     assert document["options"] == {"device": "/CPU:0", "precision": "float64", "mode": "fast"}
@@ -87,6 +88,17 @@ def test_checks_under_xdist_are_recorded_and_failures_show_the_report(pytester, 
     assert checks["test_pass"]["report"]["mode"] == "fast" and checks["test_override"]["report"]["mode"] != "fast"
     assert checks["test_assert_report"]["max_abs_error"] > 1 and checks["test_assert_report"]["report"]["verdict"] == "fail"
     assert all(c["seconds"] > 0 and c["report"]["pairs"] for c in checks.values())
+
+
+def test_the_summary_line_names_only_failing_tests_checks(pytester, monkeypatch):
+    """Without --fastcheck-report, the run ends with a line only where failing tests made checks that did not pass:
+    a test that asserts a deliberate FAIL is green, and its check is nobody's concern."""
+    pytester.makepyfile(test_user=USER_TESTS)
+    output = run_pytest(pytester, monkeypatch, "-k", "assert_report or pass or override").stdout.str()
+    assert "fastcheck: 1 failing test made 1 gradient check that did not pass (1 fail, 0 undecidable)" in output
+    pytester.makepyfile(test_user=USER_TESTS.replace("    assert report\n", "    assert not report\n"))
+    output = run_pytest(pytester, monkeypatch, "-k", "assert_report or pass or override").stdout.str()
+    assert "3 passed" in output and "fastcheck:" not in output
 
 
 def test_options_from_the_ini_file_and_the_command_line(pytester, monkeypatch):

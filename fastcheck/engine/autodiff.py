@@ -25,7 +25,8 @@ ZERO = tf.UnconnectedGradients.ZERO
 _EAGER = object()  # what a batch's eager fallback returns: the eager loops take over
 
 
-def _densify(gradient):
+def densify(gradient):
+    """A gradient as a dense tensor (an embedding lookup's gradient comes as ``tf.IndexedSlices``)."""
     return tf.convert_to_tensor(gradient) if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
@@ -68,7 +69,7 @@ def reverse_rows_kernel(plan: Plan, path: str, select):
             y = plan.call_flat(values)
             rows = select(y, *args)
         jacobians = tape.jacobian(rows, sources, unconnected_gradients=ZERO, experimental_use_pfor=path != LOOP)
-        return [tf.reshape(_densify(j), [-1, s.size]) for j, s in zip(jacobians, plan.checked)]
+        return [tf.reshape(densify(j), [-1, s.size]) for j, s in zip(jacobians, plan.checked)]
 
     return compile_kernel(kernel, path, plan.autograph)
 
@@ -85,7 +86,7 @@ def vjp_kernel(plan: Plan, path: str, cotangent=None):
             y = plan.call_flat(values)
         weights = None if cotangent is None else cotangent(y, *args)
         grads = tape.gradient(y, sources, output_gradients=weights, unconnected_gradients=ZERO)
-        return [tf.reshape(_densify(g), [1, s.size]) for g, s in zip(grads, plan.checked)]
+        return [tf.reshape(densify(g), [1, s.size]) for g, s in zip(grads, plan.checked)]
 
     return compile_kernel(kernel, path, plan.autograph)
 
@@ -101,7 +102,7 @@ def vjps_kernel(plan: Plan, path: str, cotangents):
             tape.watch(sources)
             y = plan.call_flat(values)
         grads = [tape.gradient(y, sources, output_gradients=u, unconnected_gradients=ZERO) for u in cotangents(y, *args)]
-        return [tf.reshape(_densify(g), [1, s.size]) for found in grads for g, s in zip(found, plan.checked)]
+        return [tf.reshape(densify(g), [1, s.size]) for found in grads for g, s in zip(found, plan.checked)]
 
     return compile_kernel(kernel, path, plan.autograph)
 
@@ -233,7 +234,7 @@ class AutodiffJacobian:
         if plan.m == 1:
             (scalar,) = (leaf for leaf in leaves if leaf.shape.num_elements())  # other leaves, if any, are empty
             grads = eager_vjp(tape, [scalar], sources)
-            return [_densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
+            return [densify(g).numpy().reshape(1, -1).astype(np.float64) for g in grads]
         if len(leaves) == 1 and self.values is self.executor.native and self.executor.elementwise():
             try:
                 block = diagonal.rows(lambda cotangent: eager_vjp(tape, leaves, sources, [cotangent])[0], leaves[0])
@@ -253,7 +254,7 @@ class AutodiffJacobian:
                     cotangents.append(tf.constant(weights[start : start + size].reshape(leaf.shape.as_list())
                                                   .astype(leaf.dtype.as_numpy_dtype)))
                     start += size
-                return [_densify(g).numpy().reshape(-1).astype(np.float64)
+                return [densify(g).numpy().reshape(-1).astype(np.float64)
                         for g in eager_vjp(tape, leaves, sources, cotangents)]
 
             try:
@@ -295,7 +296,7 @@ class AutodiffJacobian:
                     tape, outputs = taped()
                     grads = eager_vjp(tape, [outputs[index]], sources, [cotangent])
                     for row, g in zip(rows, grads):
-                        row.append(_densify(g).numpy().reshape(-1))
+                        row.append(densify(g).numpy().reshape(-1))
         return [np.stack(row).astype(np.float64) for row in rows]
 
 
@@ -327,6 +328,6 @@ def forward_probe(plan: Plan, directions: list[np.ndarray]) -> tuple[np.ndarray 
         if missing:
             return None, (f"TensorFlow returned no JVP for {plan.outputs[missing[0]].name} (an op on its path has no "
                           "forward-mode rule, e.g. ResizeBilinear)")
-        rows.append(_flat_numpy(plan, [_densify(j) for j in jvps]))
+        rows.append(_flat_numpy(plan, [densify(j) for j in jvps]))
     return np.stack(rows), None
 

@@ -36,7 +36,7 @@ from tensorflow.python.framework import op_callbacks
 from fastcheck.engine.config import CheckConfig
 from fastcheck.engine.plan import EAGER_TENSOR, REFUSALS, Plan
 from fastcheck.engine.tables import COTANGENT_ELEMENTS, COTANGENT_SHAPES
-from fastcheck.sparsity.trace import ELEMENTWISE, FLAT_IDENTITY, NO_DEPENDENCE, REDUCTIONS
+from fastcheck.sparsity.ops import ELEMENTWISE, FLAT_IDENTITY, NO_DEPENDENCE, REDUCTIONS
 
 # _sparsity's element-wise ops, and two on the complex values a gradient may pass through.
 PER_ELEMENT = ELEMENTWISE | FLAT_IDENTITY | {"Conj", "Real"}

@@ -37,8 +37,8 @@ from fastcheck.engine.kernels import cached, plan_key
 from fastcheck.engine.plan import REFUSALS, Plan
 from fastcheck.engine.tables import COLOUR_SHARE
 from fastcheck.sparsity import colouring
-from fastcheck.sparsity import trace as _sparsity
 from fastcheck.sparsity.pattern import ranges
+from fastcheck.sparsity.trace import patterns_of
 
 
 class Structure(NamedTuple):
@@ -82,7 +82,7 @@ def _eager_colours_kernel(plan: Plan, config: CheckConfig, native: Sequence, gra
         if graph is None:
             function = tf.function(lambda *vs: plan.call_flat(list(vs)), autograph=False)
             graph = function.get_concrete_function(*[tf.TensorSpec(v.shape, v.dtype) for v in native]).graph
-        patterns = _sparsity.patterns_of(graph, plan)
+        patterns = patterns_of(graph, plan)
         columns, rows = colouring.colourings(patterns, plan, config.seed)
     except Exception:  # noqa: BLE001 -- no pattern (an op without a rule, an untraceable f): the loops run
         return None

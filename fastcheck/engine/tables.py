@@ -147,14 +147,14 @@ NOISE_ALL = 1 << 17  # up to this many outputs the noise is measured on all (the
 
 # -- routing: path choice and its cost model (``paths``, ``autodiff``, ``executor``, ``full``) ------
 # Tracing, pfor conversion and the first run of a batched kernel cost about TRACE_SECONDS + TRACE_CALLS eager calls
-# of f (``plan.CallCost``'s counted seconds); an eager reverse-mode row costs about VJP_CALLS calls of f (tape walk,
+# of f (``cost.CallCost``'s counted seconds); an eager reverse-mode row costs about VJP_CALLS calls of f (tape walk,
 # cotangent).  Constants, not measurements of the running process: the same check routes alike in every process
 # (TRACE_SECONDS: a cold trace of a small f's kernels, 0.1-0.2 s on an Intel Xeon @ 2.80GHz, TF 2.21).
 TRACE_SECONDS = 0.15
 TRACE_CALLS = 40
 VJP_CALLS = 4
 EQUAL_BLOCK = 1 << 18  # bytes per block of ``plan``'s bitwise comparison of two calls: in cache, no output-sized temporary
-# What one eager call of f costs is counted, not timed (``plan.CallCost``): each Python call, eager op, element an
+# What one eager call of f costs is counted, not timed (``cost.CallCost``): each Python call, eager op, element an
 # op writes and multiply-add of a product or convolution at these seconds, least-squares fitted on 11 functions from
 # sin of 10 elements to TFP's Gamma, a Keras MLP, a convolution and a 10^6-element map (Intel Xeon @ 2.80GHz, TF
 # 2.21; within 2.5x of each call's time).  Routing's predictions are made from them alone.

@@ -64,7 +64,7 @@ from fastcheck.report.events import ColouredBlock, ColouredOnGraph, ColouredSumm
 from fastcheck.report.results import Outcome
 from fastcheck.sparsity import colouring
 from fastcheck.sparsity import pattern as _pattern
-from fastcheck.sparsity import trace as _sparsity
+from fastcheck.sparsity.trace import patterns_of
 
 # -- the strategy ---------------------------------------------------------------------------------------
 
@@ -80,7 +80,7 @@ def find_patterns(executor: Executor, plan: Plan) -> tuple[list[_pattern.Pattern
         function = tf.function(lambda *vs: plan.call_flat(list(vs), plan.eval_upcast), autograph=plan.autograph)
     signature = [tf.TensorSpec(v.shape, v.dtype) for v in executor.values]
     try:
-        return _sparsity.patterns_of(function.get_concrete_function(*signature).graph, plan), TRACED
+        return patterns_of(function.get_concrete_function(*signature).graph, plan), TRACED
     except _pattern.UnknownSparsity as error:
         raise _pattern.UnknownSparsity(
             f"mode='coloured' needs the sparsity pattern of f's Jacobian, but {error}. Pass the pattern with "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from fastcheck.engine.autodiff import ZERO, densify
 from fastcheck.engine.config import device_span, device_step_scale
 from fastcheck.engine.executor import Batch, Executor, ShapeChangeError
 from fastcheck.engine.paths import GRAPH, XLA
@@ -22,9 +23,6 @@ from fastcheck.engine.tables import (
 from fastcheck.judge import compare
 from fastcheck.report.events import FastForwardOnly
 
-ZERO = tf.UnconnectedGradients.ZERO
-
-
 F64 = tf.float64
 
 
@@ -32,10 +30,6 @@ def _normal(shape, seed) -> tf.Tensor:
     """Seeded standard normal draws as float64 (drawn in float32: half the cost, and any
     random direction serves; the realised direction is computed exactly)."""
     return tf.cast(tf.random.stateless_normal(shape, seed, dtype=tf.float32), F64)
-
-
-def _densify(gradient):
-    return tf.convert_to_tensor(gradient) if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
 def _concatenated(plan: Plan, values):
@@ -126,7 +120,7 @@ def _reverse_jvp(plan: Plan, values, tangents: tf.Tensor) -> tf.Tensor:
         row = outer.gradient(total, u)
         if row is None:
             raise LookupError("the reverse-mode gradient of f cannot be differentiated once more")
-        rows.append(tf.cast(_densify(row), F64))
+        rows.append(tf.cast(densify(row), F64))
     return tf.stack(rows)
 
 
@@ -149,7 +143,7 @@ def _vjp(plan: Plan, values, u) -> tf.Tensor:
             moved[spec.position] = source
         y = plan.call_flat(moved)
     grads = tape.gradient(y, sources, output_gradients=tf.cast(u, y.dtype), unconnected_gradients=ZERO)
-    return tf.concat([tf.reshape(tf.cast(_densify(g), F64), [-1]) for g in grads], 0)
+    return tf.concat([tf.reshape(tf.cast(densify(g), F64), [-1]) for g in grads], 0)
 
 
 # The executor's chunk of fast mode's directions (``Joint``).
