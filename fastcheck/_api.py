@@ -23,6 +23,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
     passes when ``|analytical - numerical| <= atol + rtol * |numerical| + noise``
     and both are finite, where ``noise`` is the numerical side's own error
     estimate (rounding, and the Richardson estimate for refined columns).
+    Every option, with an example of when to use it: docs/options.md.
 
     Args:
       f: callable taking the inputs positionally and returning a tensor or a
