@@ -1,9 +1,9 @@
 """Checks over several replicas (``python -m benchmarks.distribute``; not part of ``benchmarks``' suite).
 
 The same full checks timed side by side in one run: on one device as always
-(``strategy=None``), through the distribution machinery on one replica
-(``devices=["/CPU:0"]``), and over two replicas on two logical CPU devices
-(``devices=["/CPU:0", "/CPU:1"]``); with GPUs present, also on one GPU
+(``device=None``), through the distribution machinery on one replica
+(``device=["/CPU:0"]``), and over two replicas on two logical CPU devices
+(``device=["/CPU:0", "/CPU:1"]``); with GPUs present, also on one GPU
 (``device="/GPU:0"``) and, with two or more, over two GPUs.  Each configuration
 runs once to trace its kernels, then ``--repeats`` rounds over all configurations in
 turn; the table gives the
@@ -61,14 +61,14 @@ def _problems() -> dict:
 
 
 def _configurations() -> list[tuple[str, dict]]:
-    configurations = [("1 device (strategy=None)", {}),
-                      ("1 replica (devices=[CPU:0])", {"devices": ["/CPU:0"]}),
-                      ("2 replicas (devices=[CPU:0, CPU:1])", {"devices": ["/CPU:0", "/CPU:1"]})]
+    configurations = [("1 device (device=None)", {}),
+                      ("1 replica (device=[CPU:0])", {"device": ["/CPU:0"]}),
+                      ("2 replicas (device=[CPU:0, CPU:1])", {"device": ["/CPU:0", "/CPU:1"]})]
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         configurations.append(("1 GPU (device=/GPU:0)", {"device": "/GPU:0"}))
     if len(gpus) >= 2:
-        configurations.append(("2 GPUs (devices=[GPU:0, GPU:1])", {"devices": ["/GPU:0", "/GPU:1"]}))
+        configurations.append(("2 GPUs (device=[GPU:0, GPU:1])", {"device": ["/GPU:0", "/GPU:1"]}))
     return configurations
 
 

@@ -15,8 +15,7 @@ from fastcheck.report.results import GradientCheckError, GradientReport
 
 def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_compile="auto",
                     memory_budget=None, device=None, precision="auto", mode="auto", probes=4, seed=0,
-                    order=1, progress=None, autodiff="auto", wrt=None, sparsity=None, strategy=None, devices=None,
-                    **removed) -> GradientReport:
+                    order=1, progress=None, autodiff="auto", wrt=None, sparsity=None, **removed) -> GradientReport:
     """Compare autodiff Jacobians of ``f`` with batched central differences.
 
     Every floating or complex input is checked (complex ones as (real, imag)
@@ -24,6 +23,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
     passes when ``|analytical - numerical| <= atol + rtol * |numerical| + noise``
     and both are finite, where ``noise`` is the numerical side's own error
     estimate (rounding, and the Richardson estimate for refined columns).
+    Every option, with an example of when to use it: docs/options.md.
 
     Args:
       f: callable taking the inputs positionally and returning a tensor or a
@@ -37,7 +37,21 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
       jit_compile: "auto" (XLA when the batched work pays for compilation and f
         compiles), True or False.
       memory_budget: bytes the batched evaluations may use (default 1 GiB).
-      device: e.g. "/GPU:0" to pin the check to one device.
+      device: where the check runs (default None: TensorFlow places it).  A
+        device name such as ``"/GPU:0"`` pins the check to that device.  A
+        list of device names such as ``["/GPU:0", "/GPU:1"]`` is shorthand for
+        ``tf.distribute.MirroredStrategy(device)``.  A ``tf.distribute.Strategy``
+        shares the batched evaluations (full mode's sweep and refinement,
+        coloured mode) and the reverse-mode rows among its replicas: each chunk
+        of perturbations is split over the replicas in order, so the verdicts
+        are those of one device; the report notes the work per replica.
+        ``MirroredStrategy`` over local devices, or ``MultiWorkerMirroredStrategy``
+        across hosts: every worker runs the same check, evaluates its replicas'
+        shares and all-gathers the rest, so all print the same report (pin
+        timing-dependent choices with ``mode=`` and ``jit_compile=``).  Each
+        replica gets ``1/replicas`` of a chunk: raise ``memory_budget`` to give
+        devices with their own memory more.  A device this machine lacks is a
+        ``ValueError``.
       precision: "auto" evaluates the numerical side in float64 when f accepts
         float64 inputs, "native" never, "float64" always (error if f cannot).
       mode: "full" (whole Jacobians), "fast" (``probes`` random projections
@@ -69,18 +83,6 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         elements), index pairs ``(rows, cols)`` (a tuple of two integer arrays),
         a scipy.sparse-like matrix (anything with ``.tocoo()``), or a list of
         those, one per checked input.  Default: traced from f's graph.
-      strategy: a ``tf.distribute.Strategy`` whose replicas share the batched
-        evaluations (full mode's sweep and refinement, coloured mode) and the
-        reverse-mode rows: each chunk of perturbations is split over the
-        replicas in order, so the verdicts are those of one device; the report
-        notes the work per replica.  ``MirroredStrategy`` over local devices,
-        or ``MultiWorkerMirroredStrategy`` across hosts: every worker runs the
-        same check, evaluates its replicas' shares and all-gathers the rest, so
-        all print the same report (pin timing-dependent choices with ``mode=``
-        and ``jit_compile=``).  Each replica gets ``1/replicas`` of a chunk:
-        raise ``memory_budget`` to give devices with their own memory more.
-      devices: shorthand for ``strategy=tf.distribute.MirroredStrategy(devices)``,
-        e.g. ``["/GPU:0", "/GPU:1"]``.
 
     Returns:
       A ``GradientReport``; ``bool(report)`` tells whether every element passed.
@@ -103,7 +105,7 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
     """
     _refuse_removed(removed, "check_gradients")
     config = CheckConfig(eps, atol, rtol, jit_compile, memory_budget, device, precision, mode, probes, seed, order,
-                         progress, autodiff, sparsity, strategy=strategy, devices=devices)
+                         progress, autodiff, sparsity)
     return run_check(function_problem(f, inputs, config, wrt), config)
 
 

@@ -31,7 +31,8 @@ import pytest
 # run before any test, and TensorFlow, starts. None: any value (a device is checked by the check).
 CHOICES = {"device": None, "precision": ("auto", "native", "float64"), "mode": ("auto", "full", "fast", "coloured")}
 HELP = {
-    "device": "device the gradient checks run on, e.g. /GPU:0",
+    "device": "device the gradient checks run on, e.g. /GPU:0, or a comma-separated list (/GPU:0,/GPU:1) whose "
+              "replicas share them",
     "precision": "precision of the numerical side: auto (float64 when f accepts it), native or float64",
     "mode": "full Jacobians, fast random projections, coloured sparse Jacobians, or auto (by size and time)",
 }
@@ -77,7 +78,7 @@ def pytest_configure(config):
         if value and choices and value not in choices:
             raise pytest.UsageError(f"fastcheck_{name} = {value} in the ini file is not valid: use one of {', '.join(choices)}.")
         if value:
-            options[name] = value
+            options[name] = _device_list(value) if name == "device" else value
     # A path on the command line is relative to where pytest runs, one in the ini file to the rootdir.
     path = None
     if config.getoption("fastcheck_report"):
@@ -85,6 +86,11 @@ def pytest_configure(config):
     elif config.getini("fastcheck_report"):
         path = config.rootpath / config.getini("fastcheck_report")
     config.stash[RUN] = Run(options, path)
+
+
+def _device_list(text: str):
+    """``device=`` from a command-line value: one name, or a list of them from a comma-separated one."""
+    return [part.strip() for part in text.split(",")] if "," in text else text
 
 
 @pytest.fixture

@@ -78,6 +78,8 @@ def test_inputs_from_npz_in_saved_order_and_json(user_ops, capsys):
     (["user_ops:layer", "--shape", "3", "--shape", "5"], "checking user_ops:layer on inputs [3] float32, [5] float32 "
                                                          "failed: "),
     (["user_ops:layer", "--shape", "3,4", "--shape", "4,2", "--device", "/GPU:99"], "failed: ValueError: "),
+    (["user_ops:layer", "--shape", "3,4", "--shape", "4,2", "--device", "/CPU:0,/CPU:9"],
+     "failed: ValueError: device=['/CPU:0', '/CPU:9']: '/CPU:9' does not exist on this machine"),
 ])
 def test_usage_errors_are_one_line_with_status_2(user_ops, capsys, args, message):
     assert main(["check", *args]) == 2

@@ -644,13 +644,31 @@ def test_routing_is_a_function_of_the_plan_alone():
 def test_removed_options_are_refused_naming_what_replaces_them():
     x = tf.constant(RNG.normal(size=5))
     for name, value, says in [("calibration", None, "nothing to calibrate"), ("time_budget", 60, "pass mode="),
-                              ("tables", {"NOISE_ALL": 1}, "fastcheck.testing.tunables")]:
+                              ("tables", {"NOISE_ALL": 1}, "fastcheck.testing.tunables"),
+                              ("strategy", None, r"pass device=strategy"), ("devices", ["/CPU:0"], r"pass device=\[")]:
         with pytest.raises(TypeError, match=f"no longer takes {name}=: .*{says}"):
             fastcheck.check_gradients(tf.sin, x, **{name: value})
         with pytest.raises(TypeError, match=f"no longer takes {name}="):
             fastcheck.GradientChecker(**{name: value})
     with pytest.raises(TypeError, match="unknown option"):
         fastcheck.check_gradients(tf.sin, x, tolerance=1)
+
+
+def test_every_option_of_check_gradients_is_documented_with_an_example():
+    """At most 15 keyword options, each with a section of docs/options.md whose example passes it."""
+    import inspect
+    import pathlib
+    import re
+
+    options = [p.name for p in inspect.signature(fastcheck.check_gradients).parameters.values()
+               if p.kind == p.KEYWORD_ONLY]
+    assert len(options) <= 15, options
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "options.md").read_text()
+    sections = {heading: body for heading, body in re.findall(r"^### (.*)\n((?:(?!^##).*\n?)*)", text, re.M)}
+    for name in options:
+        (body,) = [body for heading, body in sections.items() if f"`{name}`" in heading]
+        examples = "".join(re.findall(r"```python\n(.*?)```", body, re.S))
+        assert f"{name}=" in examples, f"docs/options.md: the section of {name} has no example passing {name}="
 
 
 def test_tunables_override_only_within_their_block():

@@ -1,4 +1,4 @@
-"""strategy= / devices=: batched evaluations split over the replicas of a tf.distribute strategy.
+"""device= a strategy or a list of devices: batched evaluations split over the replicas of a tf.distribute strategy.
 
 Two logical CPU devices must be configured before TensorFlow initialises its devices,
 and a MultiWorkerMirroredStrategy must be created before any other TensorFlow op: those
@@ -22,6 +22,7 @@ import tensorflow as tf
 from conftest import events_of
 
 import fastcheck
+import fastcheck.testing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,8 +125,8 @@ def test_two_logical_cpu_devices_give_the_verdicts_of_one():
         mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         out = {}
         for name in CASES:
-            out[name] = {"one": run(name), "devices": run(name, devices=["/CPU:0", "/CPU:1"]),
-                         "strategy": run(name, strategy=mirrored)}
+            out[name] = {"one": run(name), "devices": run(name, device=["/CPU:0", "/CPU:1"]),
+                         "strategy": run(name, device=mirrored)}
         print("RESULT " + json.dumps(out), flush=True)
     """)
     results = _results(_python(code))
@@ -158,7 +159,7 @@ def test_two_workers_on_localhost_give_the_verdicts_of_one_process():
         import tensorflow as tf
         strategy = tf.distribute.MultiWorkerMirroredStrategy()  # before any other op
     """) + PROBLEMS + textwrap.dedent("""
-        out = {name: run(name, strategy=strategy) for name in ("correct", "wrong")}
+        out = {name: run(name, device=strategy) for name in ("correct", "wrong")}
         print("RESULT " + json.dumps(out), flush=True)
     """)
     cluster = {"worker": [f"localhost:{port}" for port in ports]}
@@ -185,7 +186,7 @@ def test_one_replica_is_the_one_device_check():
     x = tf.constant(np.linspace(-1, 1, 40))
     f = lambda x: tf.sin(x) * tf.reduce_sum(x)  # noqa: E731
     plain = fastcheck.check_gradients(f, x, mode="full", jit_compile=False)
-    spread = fastcheck.check_gradients(f, x, mode="full", jit_compile=False, devices=["/CPU:0"])
+    spread = fastcheck.check_gradients(f, x, mode="full", jit_compile=False, device=["/CPU:0"])
     assert plain.ok and spread.ok
     np.testing.assert_array_equal(plain.pairs[0].numerical, spread.pairs[0].numerical)
     np.testing.assert_array_equal(plain.pairs[0].analytical, spread.pairs[0].analytical)
@@ -195,38 +196,46 @@ def test_one_replica_is_the_one_device_check():
         ("reverse-mode rows", (40,), False), ("perturbations", (40,), False)), spread.notes
 
 
-@pytest.mark.parametrize(("options", "error", "match"), [
-    ({"strategy": "mirrored"}, TypeError, r"strategy='mirrored' is not a tf.distribute.Strategy"),
-    ({"strategy": object()}, TypeError, r"strategy=<object .*> is not a tf.distribute.Strategy"),
-    ({"devices": "/CPU:0"}, TypeError, r"devices='/CPU:0' is one name: pass a list"),
-    ({"devices": ["/CPU:0", "/GPU:7"]}, ValueError, r"devices=.*'/GPU:7' does not exist on this machine"),
-    ({"devices": ["/CPU:0", "/CPU:9"]}, ValueError, r"devices=.*'/CPU:9' does not exist on this machine"),
-    ({"devices": ["nonsense"]}, ValueError, r"devices=.*'nonsense' is not a device name"),
-    ({"devices": ["/CPU"]}, ValueError, r"devices=.*'/CPU' does not name one device"),
-    ({"devices": []}, ValueError, r"devices=\[\] is empty"),
-    ({"devices": [0]}, TypeError, r"devices=\[0\]: 0 is not a device name"),
-    ({"devices": ["/CPU:0", "/cpu:0"]}, ValueError, r"devices=.* names a device more than once"),
-    ({"devices": ["/CPU:0"], "device": "/CPU:0"}, ValueError, r"device='/CPU:0' pins the check to one device"),
+@pytest.mark.parametrize(("device", "error", "match"), [
+    (5, TypeError, r"device=5 is not valid: pass a device name such as '/GPU:0' .*a list of device names .*"
+                   r"a tf.distribute.Strategy"),
+    (object(), TypeError, r"device=<object .*> is not valid: pass a device name"),
+    ("/CPU:9", ValueError, r"device='/CPU:9' does not exist on this machine .*or device=None"),
+    ("nonsense", ValueError, r"device='nonsense' is not a device name"),
+    (["/CPU:0", "/GPU:7"], ValueError, r"device=.*'/GPU:7' does not exist on this machine"),
+    (("/CPU:0", "/CPU:9"), ValueError, r"device=.*'/CPU:9' does not exist on this machine"),
+    (["nonsense"], ValueError, r"device=.*'nonsense' is not a device name"),
+    (["/CPU"], ValueError, r"device=.*'/CPU' does not name one device"),
+    ([], ValueError, r"device=\[\] is empty"),
+    ([0], TypeError, r"device=\[0\]: 0 is not a device name"),
+    (["/CPU:0", "/cpu:0"], ValueError, r"device=.* names a device more than once"),
 ])
-def test_options_are_validated_naming_the_argument(options, error, match):
+def test_device_is_validated_naming_the_argument(device, error, match):
     x = tf.constant([0.5, 1.0], tf.float64)
     with pytest.raises(error, match=match):
-        fastcheck.check_gradients(tf.sin, x, **options)
+        fastcheck.check_gradients(tf.sin, x, device=device)
     with pytest.raises(error, match=match):  # every entry point shares the validation
-        fastcheck.numerical_jacobian(tf.sin, x, **options)
+        fastcheck.numerical_jacobian(tf.sin, x, device=device)
 
 
-def test_strategy_and_devices_together_are_refused_and_other_entry_points_take_them():
+def test_strategy_and_devices_are_refused_naming_device_and_every_entry_point_takes_a_strategy():
     x = tf.constant([0.5, 1.0], tf.float64)
     one = tf.distribute.OneDeviceStrategy("/CPU:0")
-    with pytest.raises(ValueError, match=r"strategy= and devices=\['/CPU:0'\] were both given"):
-        fastcheck.verify_gradients(tf.sin, x, tf.cos(x), strategy=one, devices=["/CPU:0"])
-    with pytest.raises(TypeError, match="strategy=3 is not a tf.distribute.Strategy"):
-        fastcheck.GradientChecker(strategy=3)
-    checker = fastcheck.GradientChecker(devices=["/CPU:0"], jit_compile=False, mode="full")
-    assert checker.check(tf.sin, x).ok
-    assert fastcheck.verify_gradients(lambda v: tf.reduce_sum(tf.sin(v)), x, tf.cos(x), strategy=one).ok
-    jacobian = fastcheck.autodiff_jacobian(tf.sin, x, strategy=one, jit_compile=False)[0][0]
+    for name, value in (("strategy", one), ("devices", ["/CPU:0"])):
+        with pytest.raises(TypeError, match=f"check_gradients\\(\\) no longer takes {name}=: device= takes"):
+            fastcheck.check_gradients(tf.sin, x, **{name: value})
+        with pytest.raises(TypeError, match=f"GradientChecker\\(\\) no longer takes {name}=: .*pass device="):
+            fastcheck.GradientChecker(**{name: value})
+        with pytest.raises(TypeError, match=f"verify_gradients\\(\\) no longer takes {name}="):
+            fastcheck.verify_gradients(tf.sin, x, tf.cos(x), **{name: value})
+    checker = fastcheck.GradientChecker(device=["/CPU:0"], jit_compile=False, mode="full")
+    (event,) = events_of(checker.check(tf.sin, x), "Distributed")
+    assert event.where == "1 replica (MirroredStrategy on CPU:0)"
+    report = fastcheck.verify_gradients(lambda v: tf.reduce_sum(tf.sin(v)), x, tf.cos(x), device=one,
+                                        jit_compile=False)
+    (event,) = events_of(report, "Distributed")
+    assert report.ok and event.where == "1 replica (OneDeviceStrategy on CPU:0)", report.notes
+    jacobian = fastcheck.autodiff_jacobian(tf.sin, x, device=one, jit_compile=False)[0][0]
     np.testing.assert_allclose(jacobian, np.diag(np.cos(x.numpy())))
 
 
@@ -235,7 +244,7 @@ def test_out_of_memory_halves_the_chunk_and_the_shares_give_the_one_device_numbe
     f = lambda x: tf.sin(x) * tf.reduce_sum(x)  # noqa: E731
     plain = fastcheck.check_gradients(f, x, mode="full", jit_compile=False)
     with fastcheck.testing.out_of_memory(above=8):
-        spread = fastcheck.check_gradients(f, x, mode="full", jit_compile=False, devices=["/CPU:0"])
+        spread = fastcheck.check_gradients(f, x, mode="full", jit_compile=False, device=["/CPU:0"])
     assert plain.ok and spread.ok, str(spread)
     retries = events_of(spread, "OutOfMemory")
     assert retries and all(e.retried == e.chunk // 2 for e in retries), spread.notes

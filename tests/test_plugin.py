@@ -114,6 +114,11 @@ def test_options_from_the_ini_file_and_the_command_line(pytester, monkeypatch):
     document = json.loads((pytester.path / "cli.json").read_text())
     assert document["options"] == {"device": "/CPU:0", "precision": "native", "mode": "full"}  # the command line wins
 
+    # a comma-separated list: device= as a list of device names (replicas of a MirroredStrategy)
+    run_pytest(pytester, monkeypatch, "--fastcheck-device", "/CPU:0,/CPU:1", "--fastcheck-report", "list.json"
+               ).assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "list.json").read_text())["options"]["device"] == ["/CPU:0", "/CPU:1"]
+
 
 def test_invalid_option_values_stop_the_run(pytester, monkeypatch):
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")

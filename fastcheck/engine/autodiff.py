@@ -204,7 +204,8 @@ class AutodiffJacobian:
                                                                           tf.int32))):
                 block[part] = view(out)[:count]
 
-        # With strategy=: each chunk of rows split over this worker's local replicas (every worker computes all).
+        # Spread over replicas (device= a strategy or a device list): each chunk of rows split over this worker's
+        # local replicas (every worker computes all).
         batch = Batch("reverse-mode rows", "reverse rows", executor.route.output_chunk, subject="reverse mode",
                       unit="rows", item="reverse-mode row", spread=False, local=True)
         return None if executor.chunked(batch, plan.m, rows, eager=lambda: _EAGER) is _EAGER else blocks

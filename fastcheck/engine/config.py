@@ -118,7 +118,11 @@ def less_precise(names) -> str:
     return max(names, key=PRECISION_EPSILON.__getitem__)
 
 
-# -- strategy= and devices= (their use is _distribute's) -----------------------------------------
+# -- device=: where the check runs (the replicas' work is ``distribute``'s) -------------------------------------
+
+DEVICE_FORMS = ("a device name such as '/GPU:0' (the check pinned to it), a list of device names such as "
+                "['/GPU:0', '/GPU:1'] (a MirroredStrategy over them), a tf.distribute.Strategy (MirroredStrategy, "
+                "MultiWorkerMirroredStrategy or OneDeviceStrategy), or None (TensorFlow places the check)")
 
 
 def _unsupported(strategy) -> str | None:
@@ -131,60 +135,59 @@ def _unsupported(strategy) -> str | None:
     return None
 
 
-def validate_strategy(strategy) -> None:
-    """A ``TypeError`` / ``ValueError`` naming ``strategy=`` for anything but a supported strategy."""
-    if strategy is None:
-        return
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(f"strategy={strategy!r} is not a tf.distribute.Strategy: pass e.g. "
-                        "tf.distribute.MirroredStrategy(['/GPU:0', '/GPU:1']) or "
-                        "tf.distribute.MultiWorkerMirroredStrategy(), devices=[...] for a MirroredStrategy over "
-                        "local devices, or None to run on one device.")
-    name = _unsupported(strategy)
-    if name is not None:
-        raise ValueError(f"strategy={name} is not supported: fastcheck spreads its batched evaluations over the "
-                         "replicas of a MirroredStrategy, MultiWorkerMirroredStrategy or OneDeviceStrategy.")
-
-
-def validate_devices(devices) -> tuple[str, ...] | None:
-    """``devices=`` as a tuple of device names that exist here; a ``TypeError`` / ``ValueError`` naming it."""
-    if devices is None:
+def validate_device(device):
+    """``device=`` as the engine reads it: None, one device name (str), a tuple of device names (a MirroredStrategy
+    over them) or a supported ``tf.distribute.Strategy``; a ``TypeError`` / ``ValueError`` naming ``device=``, its
+    accepted forms and the devices this machine has, for anything else."""
+    if device is None:
         return None
-    if isinstance(devices, str):
-        raise TypeError(f"devices={devices!r} is one name: pass a list of device names, e.g. ['/GPU:0', '/GPU:1'] "
-                        "(a MirroredStrategy over them), or device= to pin the check to one device.")
-    try:
-        names = tuple(devices)
-    except TypeError:
-        raise TypeError(f"devices={devices!r} is not a list of device names: pass e.g. ['/GPU:0', '/GPU:1'], "
-                        "or None.") from None
+    if isinstance(device, tf.distribute.Strategy):
+        name = _unsupported(device)
+        if name is not None:
+            raise ValueError(f"device={name} is not supported: fastcheck spreads its batched evaluations over the "
+                             "replicas of a MirroredStrategy, MultiWorkerMirroredStrategy or OneDeviceStrategy.")
+        return device
+    if isinstance(device, str):
+        _resolve(device, f"device={device!r}", one=False)
+        return device
+    if not isinstance(device, (list, tuple)):
+        raise TypeError(f"device={device!r} is not valid: pass {DEVICE_FORMS}.")
+    names = tuple(device)
     if not names:
-        raise ValueError("devices=[] is empty: pass at least one device name, e.g. ['/GPU:0', '/GPU:1'], or None.")
+        raise ValueError(f"device={device!r} is empty: pass at least one device name, e.g. ['/GPU:0', '/GPU:1'], "
+                         "or None.")
     for name in names:
         if not isinstance(name, str):
-            raise TypeError(f"devices={list(names)!r}: {name!r} is not a device name; pass strings such as '/GPU:0'.")
-    available = [d.name for d in tf.config.list_logical_devices()]
-    resolved = []
-    for name in names:
-        try:
-            spec = tf.DeviceSpec.from_string(name)
-        except ValueError as error:
-            raise ValueError(f"devices={list(names)!r}: {name!r} is not a device name ({error}); "
-                             f"the devices here are {', '.join(available)}.") from None
-        if spec.device_type is None or spec.device_index is None:
-            raise ValueError(f"devices={list(names)!r}: {name!r} does not name one device (a type and an index, "
-                             f"e.g. '/GPU:0'); the devices here are {', '.join(available)}.")
-        matches = [d for d in available if tf.DeviceSpec.from_string(d).device_type == spec.device_type.upper()
-                   and tf.DeviceSpec.from_string(d).device_index == spec.device_index]
-        if not matches:
-            raise ValueError(f"devices={list(names)!r}: {name!r} does not exist on this machine (devices: "
-                             f"{', '.join(available)}); pass some of those.")
-        resolved.append(matches[0])
+            raise TypeError(f"device={list(names)!r}: {name!r} is not a device name; pass strings such as '/GPU:0'.")
+    resolved = [_resolve(name, f"device={list(names)!r}: {name!r}", one=True) for name in names]
     duplicates = sorted({n for n, r in zip(names, resolved) if resolved.count(r) > 1})
     if duplicates:
-        raise ValueError(f"devices={list(names)!r} names a device more than once ({', '.join(duplicates)}); "
+        raise ValueError(f"device={list(names)!r} names a device more than once ({', '.join(duplicates)}); "
                          "pass each device once.")
     return names
+
+
+def _resolve(name: str, said: str, one: bool) -> str | None:
+    """The device of this machine that ``name`` names (``one``: it must name a type and an index, as a replica
+    does); None for a name without a device type (a job or task only)."""
+    available = [d.name for d in tf.config.list_logical_devices()]
+    try:
+        spec = tf.DeviceSpec.from_string(name)
+    except ValueError as error:
+        raise ValueError(f"{said} is not a device name ({error}); the devices here are {', '.join(available)}.") \
+            from None
+    if one and (spec.device_type is None or spec.device_index is None):
+        raise ValueError(f"{said} does not name one device (a type and an index, e.g. '/GPU:0'); the devices here "
+                         f"are {', '.join(available)}.")
+    if spec.device_type is None:
+        return None
+    matches = [d for d in available if tf.DeviceSpec.from_string(d).device_type == spec.device_type.upper()
+               and (spec.device_index is None or tf.DeviceSpec.from_string(d).device_index == spec.device_index)]
+    if not matches:
+        raise ValueError(f"{said} does not exist on this machine (devices: {', '.join(available)}); pass "
+                         + ("some of those." if one else "one of those, or device=None to let TensorFlow place "
+                            "the check."))
+    return matches[0]
 
 
 # Tunables of ``tables`` overridden within a ``tunables`` block (a test seam: tests reach a branch -- coloured
@@ -225,6 +228,8 @@ REMOVED_OPTIONS = {
                    "'fast' to choose the mode yourself",
     "tables": "fastcheck's tunables are constants (fastcheck/_tables.py); tests may override some within "
               "fastcheck.testing.tunables(...)",
+    "strategy": "device= takes the strategy: pass device=strategy (a tf.distribute.Strategy)",
+    "devices": "device= takes the list: pass device=['/GPU:0', '/GPU:1'] for a MirroredStrategy over those devices",
 }
 
 
@@ -242,7 +247,9 @@ class CheckConfig:
     rtol: float | None = None
     jit_compile: Any = "auto"
     memory_budget: int | None = None
-    device: str | None = None
+    # Where the check runs (``validate_device``): None, one device name (``pinned``), a tuple of device names (a
+    # MirroredStrategy over them) or a tf.distribute.Strategy, whose replicas share the batched evaluations.
+    device: Any = None
     precision: str = "auto"
     mode: str = "auto"
     probes: int = DEFAULT_PROBES
@@ -252,24 +259,12 @@ class CheckConfig:
     autodiff: str = "auto"
     # The Jacobian's sparsity pattern for mode="coloured" (see ``pattern.GivenSparsity``); normalised, identity-hashed.
     sparsity: Any = None
-    # A tf.distribute.Strategy whose replicas share the batched evaluations (``distribute``), or ``devices``: device
-    # names, a MirroredStrategy over them (stored as a tuple).
-    strategy: Any = None
-    devices: Any = None
     # eps is every element's absolute step (``compute_gradient``'s delta), not a relative one
     absolute_step: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "sparsity", given(self.sparsity))
-        validate_strategy(self.strategy)
-        object.__setattr__(self, "devices", validate_devices(self.devices))
-        if self.strategy is not None and self.devices is not None:
-            raise ValueError(f"strategy= and devices={list(self.devices)!r} were both given: devices= is the shorthand "
-                             "for a MirroredStrategy over those devices; pass one of them.")
-        if self.device is not None and (self.strategy is not None or self.devices is not None):
-            which = "strategy=" if self.strategy is not None else f"devices={list(self.devices)!r}"
-            raise ValueError(f"device={self.device!r} pins the check to one device and {which} spreads it over "
-                             "several; pass one of them.")
+        object.__setattr__(self, "device", validate_device(self.device))
         for name in ("eps", "atol", "rtol"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))):
@@ -300,10 +295,14 @@ class CheckConfig:
             raise ValueError(f"sparsity= gives the Jacobian's pattern to coloured mode, but mode={self.mode!r} does not "
                              "read it (full mode checks every element, fast mode random directions): pass "
                              "mode='coloured' (or 'auto'), or drop sparsity=.")
-        if self.device is not None and not isinstance(self.device, str):
-            raise TypeError(f"device={self.device!r} is not valid: pass a device name such as '/GPU:0', or None.")
         if self.progress not in (None, True, False):
             raise ValueError(f"progress={self.progress!r} is not valid: pass True, False or None (on a terminal only).")
+
+    @property
+    def pinned(self) -> str | None:
+        """The one device the check is pinned to (``device`` as a name); None where TensorFlow places it or replicas
+        share it."""
+        return self.device if isinstance(self.device, str) else None
 
     @property
     def budget(self) -> int:
@@ -348,7 +347,7 @@ class CheckConfig:
     def compiled_key(self) -> tuple:
         """The fields compiled kernels depend on: steps, tolerances and modes are arguments or host-side, so changing
         them reuses the kernels (the path and chunk are in each kernel's key)."""
-        return (self.jit_compile, self.device)
+        return (self.jit_compile, self.pinned)
 
 
 def memory_limit(config: CheckConfig) -> tuple[int, str]:

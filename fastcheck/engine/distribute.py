@@ -1,4 +1,4 @@
-"""Checks spread over the replicas of a ``tf.distribute`` strategy (``strategy=`` / ``devices=``).
+"""Checks spread over the replicas of a ``tf.distribute`` strategy (``device=`` a strategy or a list of devices).
 
 The executor's chunk loop hands each chunk to ``Share.wave``, which splits its items (perturbations, colour
 directions, rows) into one contiguous share per replica, in replica order, each share at most
@@ -124,17 +124,17 @@ _LOCK = threading.Lock()
 
 
 def spread_for(config) -> Spread | None:
-    """The ``Spread`` of ``config.strategy`` or ``config.devices`` (a MirroredStrategy over them); None for neither."""
-    strategy, devices = config.strategy, config.devices
-    if strategy is None and devices is None:
+    """The ``Spread`` of ``config.device`` when it spreads the check: a strategy, or a tuple of device names (a
+    MirroredStrategy over them, made once per tuple); None for one device."""
+    device = config.device
+    if device is None or isinstance(device, str):
         return None
-    if strategy is not None and type(strategy).__name__ == "_DefaultDistributionStrategy":
+    if type(device).__name__ == "_DefaultDistributionStrategy":
         return None  # tf.distribute.get_strategy() outside any scope: one device, as without a strategy
-    key = ("devices", devices) if strategy is None else ("strategy", id(strategy))
+    key = ("devices", device) if isinstance(device, tuple) else ("strategy", id(device))
     with _LOCK:
         if key not in _SPREADS:
-            if strategy is None:
-                strategy = tf.distribute.MirroredStrategy(list(devices))
+            strategy = tf.distribute.MirroredStrategy(list(device)) if isinstance(device, tuple) else device
             _SPREADS[key] = (strategy, Spread(strategy))  # the strategy is held: its id stays its own
         return _SPREADS[key][1]
 

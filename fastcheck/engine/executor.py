@@ -240,8 +240,8 @@ class Batch:
     item: str = "evaluation"  # what one item is, in the error when a single one does not fit
     advice: str = "pass mode='fast' or a smaller problem."  # that error's fix
     moves: str | None = None  # the input the items perturb (None: every checked input), when f's shape changes
-    spread: bool = True  # with strategy=: split over the replicas, on the path the workers agreed on
-    local: bool = False  # with strategy=: each chunk split over this worker's local replicas, every worker taking all
+    spread: bool = True  # replicas (device= spreads): split over them, on the path the workers agreed on
+    local: bool = False  # replicas: each chunk split over this worker's local replicas, every worker taking all
     progress: bool = True  # a progress bar over a long batch
 
 
@@ -273,7 +273,7 @@ class Executor:
         # What happened, in order: fallbacks and retries (``FellBack``, ``OutOfMemory``) and the events of the
         # strategies and replicas (some still text); the report turns them into notes.
         self.events: list = []
-        # strategy= / devices=: each chunk split over the strategy's replicas (``distribute``); None: one device.
+        # device= a strategy or device list: each chunk split over its replicas (``distribute``); None: one device.
         spread = spread_for(config)
         self.share = Share(spread, self.events) if spread is not None else None
         self._lock = threading.Lock()  # kernel lookups from the replicas' threads
@@ -348,8 +348,8 @@ class Executor:
         The chunk starts at what ``batch.key`` holds (``batch.chunk`` for a new key).  A call that runs out of memory
         halves it and is retried (an ``OutOfMemory`` event); a path that cannot run f falls back to the next
         (``FellBack``) and the batch starts again there; on the eager path ``eager()`` runs instead.  With
-        ``strategy=`` (and ``batch.spread``) each chunk is split over the replicas.  Returns the calls' results
-        joined (``joined``), or ``eager()``'s.
+        a ``device=`` that spreads (and ``batch.spread``) each chunk is split over the replicas.  Returns the calls'
+        results joined (``joined``), or ``eager()``'s.
         """
         if self.share is not None and batch.spread:  # across workers: every worker takes the same path
             agreed = self.share.agree_on_path(self.path, batch.what, total)

@@ -50,8 +50,8 @@ FALLBACK = {XLA: GRAPH, GRAPH: LOOP, LOOP: EAGER}
 
 def _runs_on_cpu(config: CheckConfig) -> bool:
     """Whether the check's kernels run on a CPU (``device``, or no GPU to place them on)."""
-    if config.device is not None:
-        return (tf.DeviceSpec.from_string(config.device).device_type or "CPU").upper() == "CPU"
+    if config.pinned is not None:
+        return (tf.DeviceSpec.from_string(config.pinned).device_type or "CPU").upper() == "CPU"
     return not tf.config.list_logical_devices("GPU")
 
 

@@ -67,7 +67,8 @@ def main(argv=None) -> int:
                        help="full Jacobians, fast random projections, coloured sparse Jacobians, or auto (by size and time)")
     check.add_argument("--precision", choices=["auto", "native", "float64"], default="auto",
                        help="precision of the numerical side")
-    check.add_argument("--device", help="device to check on, e.g. /GPU:0")
+    check.add_argument("--device", help="device to check on, e.g. /GPU:0, or a comma-separated list (/GPU:0,/GPU:1) "
+                                        "whose replicas share the check")
     check.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
     bench = commands.add_parser(
         "bench",
@@ -118,7 +119,7 @@ def _check(args) -> int:
 
     options = {"mode": args.mode, "precision": args.precision, "seed": args.seed}
     if args.device:
-        options["device"] = args.device
+        options["device"] = [d.strip() for d in args.device.split(",")] if "," in args.device else args.device
     described = ", ".join(f"{list(x.shape)} {x.dtype}" for x in inputs)
     try:
         report = fastcheck.check_gradients(function, inputs, **options)
