@@ -181,3 +181,18 @@ def test_a_keras_hub_task_gets_a_float64_copy():
     y = np.random.default_rng(3).integers(0, 10, (2, 4))
     report = fastcheck.check_model(model, loss, (x, y), variables=some_variables(model))
     assert report.ok and copy_detail(report) is not None, str(report)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_a_model_with_a_lambda_layer_gets_a_float64_copy(factor):
+    """A Lambda layer's function is the process's own code, with its globals: the copy's Lambda calls it."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    h = keras.layers.Lambda(lambda t: 2.0 * tf.tanh(t))(keras.layers.Dense(3)(inputs))
+    model = keras.Model(inputs, Head(2, factor, name="head")(h))
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(3, 4)).astype("float32"), rng.normal(size=(3, 2)).astype("float32")
+    report = fastcheck.check_model(model, keras.losses.MeanSquaredError(), data)
+    assert copy_detail(report) is not None and native_detail(report) is None
+    head = model.get_layer("head").kernel.path
+    assert [pair.input_name for pair in report.pairs if not pair.ok] == ([] if factor == 1.0 else [head]), report

@@ -96,7 +96,9 @@ class _Float64Copy:
         except _NoCopy as reason:
             return None, str(reason)
         except Exception as error:  # a layer that cannot be rebuilt from its config, a subclassed model
-            return None, f"the model cannot be copied in float64 ({type(error).__name__}: {_gist(error)})"
+            return None, (f"the model cannot be copied in float64 ({type(error).__name__}: {_gist(error)}); a copy "
+                          "needs every layer rebuilt from its get_config() (a Lambda layer, or a custom layer without "
+                          "get_config(), is not), or build the model in float64 and check that one")
         values64 = [tf.cast(value, tf.float64) for value in values]
         try:
             with preserved_variables(self.every):
@@ -276,6 +278,9 @@ def _cloned(model):
         config = layer.get_config()
         if "dtype" in config or hasattr(layer, "dtype_policy"):
             config["dtype"] = "float64"  # an operation without a dtype (x + y) computes in its inputs'
+        if isinstance(layer, keras.layers.Lambda):  # its config holds its function as code, without f's globals
+            return type(layer)(layer.function, output_shape=layer._output_shape, mask=layer.mask,
+                               arguments=layer.arguments, name=layer.name, dtype="float64")
         return layer.__class__.from_config(config)
 
     clone = keras.models.clone_model(model, clone_function=float64_layer)
