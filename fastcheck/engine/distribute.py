@@ -15,8 +15,8 @@ directions, rows) into one contiguous share per replica, in replica order, each 
   checks that all workers are at the same step (same evaluation, items, chunk, path) and carries their errors, so
   an out-of-memory halving happens on all of them together and a worker that diverged raises instead of hanging.
 
-Each wave's work per replica is logged at DEBUG on the ``fastcheck`` logger.  ``None`` (the default) leaves the executor exactly as it was: no
-thread, no device scope, no collective.
+Each wave's work per replica is logged at DEBUG on the ``fastcheck`` logger.  ``None`` (the default) leaves the
+executor exactly as it was: no thread, no device scope, no collective.
 """
 
 from __future__ import annotations

@@ -546,8 +546,8 @@ class Executor:
         """Record what ``diagonal``'s calls found: a forward that is not element-wise is not tried again in this
         check."""
         if ran:
-            _log.debug("%s: f is element-wise in it (read from the ops its calls ran): its %s side took 2 %s instead of "
-                       "one per element", self.plan.checked[0].name, "numerical" if forward else "reverse",
+            _log.debug("%s: f is element-wise in it (read from the ops its calls ran): its %s side took 2 %s "
+                       "instead of one per element", self.plan.checked[0].name, "numerical" if forward else "reverse",
                        "calls of f a side" if forward else "VJPs")
         if forward:
             self.memo["elementwise"] = ran

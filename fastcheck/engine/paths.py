@@ -120,7 +120,8 @@ def _route(plan: Plan, config: CheckConfig) -> tuple[Route, str]:
     if config.jit_compile == "auto" and predicted_eager < predicted_traced:
         return (Route(EAGER, {s.position: s.size for s in plan.checked}, m, 0,
                       predicted=(predicted_eager, predicted_traced)),
-                f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing {predicted_traced * 1e3:.0f} ms")
+                f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing "
+                f"{predicted_traced * 1e3:.0f} ms")
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
     except (Exception, Raised) as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly
@@ -158,7 +159,8 @@ def _route(plan: Plan, config: CheckConfig) -> tuple[Route, str]:
         if cache_rows < chunk_rows and 2 * cache_rows < max(s.size for s in plan.checked):
             chunk_rows = cache_rows
             chunk_reason = f"to keep each call's working set within the CPU's {cache >> 20} MiB cache" + (
-                f" (f is memory-bound: {probe.flops / elements:.0f} FLOPs per intermediate element)" if memory_bound else "")
+                f" (f is memory-bound: {probe.flops / elements:.0f} FLOPs per intermediate element)"
+                if memory_bound else "")
     if chunk_rows < max(s.size for s in plan.checked):
         _log.debug("differences: %d perturbations per call, %s", chunk_rows, chunk_reason)
     per_eval = (elements + plan.n + m) * itemsize * MEMORY_SAFETY
@@ -170,7 +172,8 @@ def _route(plan: Plan, config: CheckConfig) -> tuple[Route, str]:
         # XLA draws different numbers than TensorFlow's kernels from the same seed: the compiled evaluations would
         # see another dropout mask than the eager ones.
         path, why = GRAPH, (f"f draws random numbers (op {random[0]}) and XLA draws different ones than TensorFlow's "
-                            "kernels from the same seed" + (": jit_compile=True overridden" if config.jit_compile is True else ""))
+                            "kernels from the same seed"
+                            + (": jit_compile=True overridden" if config.jit_compile is True else ""))
     elif config.jit_compile is True:
         path, why = XLA, "jit_compile=True"
     elif has_loops:

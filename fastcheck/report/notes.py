@@ -12,6 +12,11 @@ from fastcheck.report import events
 from fastcheck.report.text import element_name
 
 
+def compose(event) -> str:
+    """One event as the report's note."""
+    return _text_of(EVENT_TEXT, event, "event")(event)
+
+
 def _screened_text(block) -> str:
     """How coloured mode's device screen shared a block's verdicts with numpy (empty where it did not run)."""
     if not block.cleared:
@@ -19,11 +24,6 @@ def _screened_text(block) -> str:
     rest = block.nonzeros - block.cleared
     return (f" ({'all' if not rest else block.cleared} passed by the element rule with a {SCREEN_MARGIN:g} margin in "
             "one fused XLA pass" + (f", the other {rest} judged in numpy)" if rest else ")"))
-
-
-def compose(event) -> str:
-    """One event as the report's note."""
-    return _text_of(EVENT_TEXT, event, "event")(event)
 
 
 def _coloured_summary(e) -> str:
