@@ -21,6 +21,7 @@ same time.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 
@@ -72,6 +73,37 @@ def _configurations() -> list[tuple[str, dict]]:
     return configurations
 
 
+class _Waves(logging.Handler):
+    """The work per replica a check logs (``fastcheck.engine.distribute``, DEBUG), summed per kind of item."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.where, self.work = "", {}
+
+    def emit(self, record):
+        label, self.where, counts, each = record.args
+        total = self.work.setdefault(label + each, [0] * len(counts.split(" / ")))
+        for replica, count in enumerate(counts.split(" / ")):
+            total[replica] += int(count)
+
+    def note(self) -> str:
+        return f"distributed over {self.where}: " + "; ".join(
+            f"{' / '.join(map(str, counts))} {label}" for label, counts in self.work.items()) if self.work else ""
+
+
+def _logged_check(f, x, options) -> tuple:
+    """(the report, its work per replica as one line) of a check."""
+    logger, waves = logging.getLogger("fastcheck.engine.distribute"), _Waves()
+    level = logger.level
+    logger.addHandler(waves)
+    logger.setLevel(logging.DEBUG)
+    try:
+        return fastcheck.check_gradients(f, x, **options), waves.note()
+    finally:
+        logger.removeHandler(waves)
+        logger.setLevel(level)
+
+
 def _verdict(report) -> tuple:
     return tuple((p.ok, p.status.tobytes()) for p in report.pairs)
 
@@ -90,16 +122,17 @@ def measure(repeats: int, only: list[str] | None = None) -> list[dict]:
         totals: dict = {name: [] for name, _ in configurations}
         numerical: dict = {name: [] for name, _ in configurations}
         reports: dict = {}
+        notes: dict = {}
         for _ in range(repeats):
             for name, options in configurations:
                 start = time.perf_counter()
-                reports[name] = fastcheck.check_gradients(f, x, **options)
+                reports[name], notes[name] = _logged_check(f, x, options)
                 totals[name].append(time.perf_counter() - start)
                 numerical[name].append(reports[name].timings.get("numerical", float("nan")))
         reference = _verdict(reports[configurations[0][0]])
         for name, _ in configurations:
             report = reports[name]
-            note = next((n for e, n in zip(report.events, report.notes) if type(e).__name__ == "Distributed"), "")
+            note = notes[name]
             rows.append({"problem": title, "configuration": name, "total": min(totals[name]),
                          "numerical": min(numerical[name]), "ok": report.ok, "same": _verdict(report) == reference,
                          "note": note})

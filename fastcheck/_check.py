@@ -35,9 +35,10 @@ from fastcheck.modes.full import analytical_blocks, check_full, numerical_blocks
 from fastcheck.problem.problem import Problem, preserved_variables
 from fastcheck.report import events
 from fastcheck.report.diagnosis import describe_nonfinite
+from fastcheck.report.notes import native_reason
 from fastcheck.report.results import GradientReport, Outcome, PairReport
 from fastcheck.report.storage import Dense
-from fastcheck.report.text import forward_not_checked, native_reason, vacuous_warnings
+from fastcheck.report.text import forward_not_checked, vacuous_warnings
 
 STRATEGIES = {"full": check_full, "fast": check_fast, "coloured": check_coloured}
 
@@ -326,19 +327,9 @@ def on_device(device):
 
 def run_events(outcome: Outcome, executor, config, mode: str, why: tuple, problem_events=()) -> list:
     """The report's events, in the order the check learnt them."""
-    plan, route = outcome.plan, executor.route
-    found = [*plan.notes, *problem_events, *_precision_events(plan, config, outcome.atol, outcome.rtol),
-             events.ModeChosen(mode, why), events.PathChosen(route.path, route.reason, mode != "full"),
-             *executor.events, *outcome.notes]
-    if executor.elementwise_sides:
-        found.append(events.ElementwiseCalls(plan.checked[0].name, executor.elementwise_sides))
-    if executor.colours:
-        found.append(events.EagerColours(plan.m, plan.n, tuple(sorted(executor.colours.items()))))
-    for spec in plan.checked:
-        chunk = executor.chunks.get(spec.position, spec.size)
-        if mode == "full" and route.path != "eager" and 0 < chunk < spec.size:
-            found.append(events.Chunked(spec.name, chunk, -(-spec.size // chunk), route.chunk_reason))
-    return found
+    plan = outcome.plan
+    return [*plan.notes, *problem_events, *_precision_events(plan, config, outcome.atol, outcome.rtol),
+            events.ModeChosen(mode, why), *executor.events, *outcome.notes]
 
 
 def _precision_events(plan, config, atol: float, rtol: float) -> list:
@@ -348,8 +339,6 @@ def _precision_events(plan, config, atol: float, rtol: float) -> list:
         given = config.atol is not None or config.rtol is not None
         found.append(events.PrecisionFound(plan.precision_reason, plan.precision, atol, rtol, given))
     epsilon = MACHINE_EPSILON[plan.eval_dtype]
-    if plan.noise is not None and plan.noise.tables:
-        found.append(events.NoiseTables(plan.noise.tables, plan.noise.batched))
     if plan.noise is not None and plan.noise_epsilon > epsilon:
         found.append(events.NoiseMeasured(plan.noise.relative, plan.eval_dtype.name, epsilon))
     return found

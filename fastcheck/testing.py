@@ -12,7 +12,7 @@ Example (a test module)::
 
 A device that runs out of memory is simulated with ``out_of_memory(above=N)``: within the block every batched call
 of f over more than N items raises TensorFlow's ``ResourceExhaustedError`` before it runs, and a check halves its
-chunks and retries (``OutOfMemory`` events in its report) to the same result.
+chunks and retries (logged at DEBUG on the ``fastcheck`` logger) to the same result.
 
 A branch that only large checks reach is reached on a small one with ``tunables(NAME=value)``: within the block every
 check reads those tunables of ``fastcheck/tables.py`` (the names in its ``CONFIGURABLE``) instead of the table's,

@@ -27,8 +27,9 @@ from fastcheck.engine.plan import normalize_inputs
 from fastcheck.judge.compare import allowance
 from fastcheck.problem.problem import function_problem
 from fastcheck.report.events import IdentitiesJudged, LogDetConvention, SampleNotChecked, SampleSeeded
+from fastcheck.report.notes import compose
 from fastcheck.report.results import GradientReport, event_dict
-from fastcheck.report.text import VERDICT_LABELS, compose
+from fastcheck.report.text import VERDICT_LABELS
 
 __all__ = ["BijectorReport", "IdentityCheck", "check_bijector", "check_distribution"]
 

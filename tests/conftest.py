@@ -1,3 +1,4 @@
+import logging
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -36,6 +37,22 @@ def rng():
 def events_of(report, kind: str) -> list:
     """The report's events of one kind (``to_dict``'s "kind": the event's type name, ``fastcheck.report.events``)."""
     return [event for event in report.events if type(event).__name__ == kind]
+
+
+@pytest.fixture
+def debug_log(caplog):
+    """``caplog`` with the "fastcheck" logger at DEBUG: how a check's work ran (route, chunks, kernels, retries)."""
+    caplog.set_level(logging.DEBUG, logger="fastcheck")
+    return caplog
+
+
+NOISE_TABLES = "f's noise measured from"  # the log line of a noise measurement: (tables, of them one call each)
+
+
+def logged(caplog, start: str) -> list[tuple]:
+    """The arguments of the fastcheck log lines (``debug_log``) whose format starts with ``start``, in order."""
+    return [record.args for record in caplog.records
+            if record.name.startswith("fastcheck") and str(record.msg).startswith(start)]
 
 
 def checked(f, inputs, tables=None, **options):

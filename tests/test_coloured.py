@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import checked, events_of
+from conftest import NOISE_TABLES, checked, events_of, logged
 
 import fastcheck
 from fastcheck.sparsity import colouring as _colouring
@@ -688,7 +688,7 @@ def test_a_gradient_that_runs_once_per_pass_is_checked_on_the_eager_path():
     assert set(np.argwhere(pair.statuses == "mismatch")[:, 1].tolist()) == {77}
 
 
-def test_noise_tables_run_through_the_colour_kernel_bit_for_bit():
+def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(debug_log):
     # The noise tables of a coloured check are batched calls of the colour kernel; the noise they
     # measure equals the point-by-point measurement's (NOISE_LINE=0: the same bands, bit for bit), and the
     # check stays on its traced path.
@@ -698,10 +698,11 @@ def test_noise_tables_run_through_the_colour_kernel_bit_for_bit():
     report = fastcheck.check_gradients(f, x, mode="coloured", jit_compile=False)
     assert report.verdict == "fail" and report.path == "graph", str(report)
     assert not events_of(report, "FellBack"), report.notes
-    (tables,) = events_of(report, "NoiseTables")
-    assert tables.batched == tables.tables > 0, tables
+    measured = logged(debug_log, NOISE_TABLES)  # (tables, of them one batched call each)
+    assert measured and all(batched == tables > 0 for tables, batched in measured), measured
+    debug_log.clear()
     pointwise = checked(f, x, mode="coloured", jit_compile=False, tables={"NOISE_LINE": 0})
-    assert [(e.tables, e.batched) for e in events_of(pointwise, "NoiseTables")] == [(tables.tables, 0)]
+    assert logged(debug_log, NOISE_TABLES) == [(tables, 0) for tables, _ in measured]
     assert pointwise.verdict == report.verdict and len(pointwise.pairs) == len(report.pairs)
     for p, q in zip(report.pairs, pointwise.pairs):
         for a, b in ((p.band, q.band), (p.numerical, q.numerical), (p.status, q.status)):
@@ -992,12 +993,12 @@ def test_a_large_f_computing_in_bfloat16_inside_is_judged_at_wide_steps(factor):
         assert report.verdict == "fail" and report.failures[0].count("mismatch"), str(report)
 
 
-def test_a_coloured_check_names_the_path_its_evaluations_ran_on():
+def test_a_coloured_check_names_the_path_its_evaluations_ran_on(debug_log):
     # XLA routed for the full Jacobian's work, but one colour's 2 evaluations (and one row colour's VJPs) run on
     # the graph path: the report says so in its path, not only in a note.
     x = tf.constant(RNG.normal(size=(256, 256)), tf.float64)
     report = fastcheck.check_gradients(tf.math.softplus, x, mode="coloured", jit_compile=True)
     assert report.ok, str(report)
-    assert events_of(report, "PathChosen")[0].path == "xla"
-    assert events_of(report, "ColouredOnGraph") and report.path == "graph", str(report)
+    assert logged(debug_log, "route: ")[0][0] == "xla"
+    assert logged(debug_log, "coloured mode: the colours' evaluations ran on the graph path") and report.path == "graph"
     assert "[graph, coloured mode" in str(report)

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import events_of
+from conftest import events_of, logged
 
 import fastcheck
 
@@ -258,16 +258,20 @@ def test_complex_input_checked_as_real_pairs():
     assert report.pairs[0].analytical.shape == (2, 4)
 
 
-def test_memory_budget_chunks_give_identical_results():
+CHUNKED = "differences: %d perturbations per call"  # the log line of routing's chunks
+
+
+def test_memory_budget_chunks_give_identical_results(debug_log):
     W = tf.constant(RNG.normal(size=(8, 300)))
     f = lambda x: tf.tanh(tf.linalg.matvec(W, x))  # noqa: E731
     x = tf.constant(RNG.normal(size=300))
     whole = fastcheck.check_gradients(f, x, jit_compile=False)
+    assert not logged(debug_log, CHUNKED)
+    debug_log.clear()
     tiny = fastcheck.check_gradients(f, x, jit_compile=False, memory_budget=64 * 1024, mode="full")
     assert whole.ok and tiny.ok
-    assert not events_of(whole, "Chunked")
-    (chunked,) = events_of(tiny, "Chunked")
-    assert chunked.input == "input" and chunked.chunk < 300 and chunked.calls == -(-300 // chunked.chunk), tiny.notes
+    ((chunk, why),) = logged(debug_log, CHUNKED)
+    assert chunk < 300 and why == "to fit memory_budget", why
     # Different batch sizes may round differently inside BLAS: equal to rounding.
     np.testing.assert_allclose(whole.pairs[0].numerical, tiny.pairs[0].numerical, rtol=0, atol=1e-9)
     np.testing.assert_allclose(whole.pairs[0].analytical, tiny.pairs[0].analytical, rtol=1e-12, atol=1e-14)
@@ -501,7 +505,7 @@ def test_sysfs_cache_sizes_are_read_with_their_suffix():
 
 
 @pytest.mark.parametrize("cache_mib", [64, 128])  # 67 and 135 perturbations a call, over MIN_CACHED_CHUNK
-def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib):
+def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib, debug_log):
     # The cache is read from the OS, not assumed: a 64 MiB constant on a CPU with a 32 MiB L3 put the
     # 20,000-parameter MLP's calls past its cache (15.3 s; 5.9 s at the L3's size).
     from fastcheck.engine import paths as _paths
@@ -517,14 +521,12 @@ def test_memory_bound_calls_are_sized_to_this_machines_cache(cache_mib):
     with tunables(MACHINE_CACHE=cache_mib << 20):
         report = fastcheck.check_gradients(f, x, jit_compile=False)
     assert report.ok, str(report)
-    (chunked,) = events_of(report, "Chunked")
-    assert chunked.why.limit == "cache" and chunked.why.cache_mib == cache_mib
-    assert chunked.why.flops_per_element is not None  # memory-bound
-    chunk = _cached_chunk(cache_mib << 20, 20 * 8, 1000, MEMORY_BOUND_WRITTEN)
-    assert (chunked.chunk, chunked.calls) == (chunk, -(-1000 // chunk)) and chunk > 1
+    ((chunk, why),) = logged(debug_log, CHUNKED)
+    assert why.startswith(f"to keep each call's working set within the CPU's {cache_mib} MiB cache (f is memory-bound")
+    assert chunk == _cached_chunk(cache_mib << 20, 20 * 8, 1000, MEMORY_BOUND_WRITTEN) > 1
 
 
-def test_calls_keep_their_working_set_in_cache():
+def test_calls_keep_their_working_set_in_cache(debug_log):
     # tanh(W x) is compute-bound, but its sweep still ran 1.5x faster with each call's W, x+ and x- rows
     # in the CPU's cache than in the largest calls the budget allows (n=16384: 3.2 s against 4.9 s).
     from fastcheck.testing import tunables
@@ -538,19 +540,20 @@ def test_calls_keep_their_working_set_in_cache():
     with tunables(MACHINE_CACHE=8 << 20):  # an 8 MiB cache
         report = fastcheck.check_gradients(f, x, jit_compile=True)
     assert report.ok, str(report)
-    (chunked,) = events_of(report, "Chunked")
-    # Compute-bound (2 x 64 x 4000 FLOPs a product): no flops_per_element.
-    assert (chunked.why.limit, chunked.why.cache_mib, chunked.why.flops_per_element) == ("cache", 8, None)
+    ((chunk, why),) = logged(debug_log, CHUNKED)
+    # Compute-bound (2 x 64 x 4000 FLOPs a product): not memory-bound.
+    assert why == "to keep each call's working set within the CPU's 8 MiB cache", why
     # Shared: W (64 x 4000 float64); written per evaluation: the product and its tanh (64 each) -- the reshapes
     # around the product are views, not counted as written.
-    assert chunked.chunk == _cached_chunk(8 << 20, 64 * 4000 * 8, 4000, 2 * 64)
+    assert chunk == _cached_chunk(8 << 20, 64 * 4000 * 8, 4000, 2 * 64)
     # Shared data that alone nearly fill the cache (W in a 2 MiB one) leave the budget's chunk.
+    debug_log.clear()
     with tunables(MACHINE_CACHE=2 << 20):
         report = fastcheck.check_gradients(f, x, jit_compile=True)
-    assert report.ok and [e.why.limit for e in events_of(report, "Chunked")] == ["budget"], str(report)
+    assert report.ok and [why for _, why in logged(debug_log, CHUNKED)] == ["to fit memory_budget"], str(report)
 
 
-def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
+def test_memory_bound_function_gets_cache_sized_calls_and_still_passes(debug_log):
     from fastcheck.testing import tunables
 
     machine = tunables(MACHINE_CACHE=32 << 20)  # a CPU with a 32 MiB cache
@@ -563,16 +566,17 @@ def test_memory_bound_function_gets_cache_sized_calls_and_still_passes():
     with machine:
         report = fastcheck.check_gradients(f, x, jit_compile=False)
     assert report.ok, str(report)
-    (chunked,) = events_of(report, "Chunked")
-    assert chunked.why.limit == "cache" and chunked.why.flops_per_element is not None, report.notes
+    ((chunk, why),) = logged(debug_log, CHUNKED)
+    assert "cache (f is memory-bound: " in why, why
     # The largest call whose working set fits the cache, and fewer perturbations than the input's 1000.
-    assert chunked.chunk == _cached_chunk(32 << 20, 20 * 8, 1000, MEMORY_BOUND_WRITTEN) < 1000
+    assert chunk == _cached_chunk(32 << 20, 20 * 8, 1000, MEMORY_BOUND_WRITTEN) < 1000
     # A compute-bound f of the same size whose working set fits the cache keeps the budget's chunk: all 1000
-    # perturbations in one call, so no Chunked event.
+    # perturbations in one call, so nothing chunked.
     w = tf.constant(RNG.normal(size=(256, 1000)))
+    debug_log.clear()
     with tunables(MACHINE_CACHE=32 << 20):
         dense = fastcheck.check_gradients(lambda x: tf.tanh(tf.linalg.matvec(w, x)), x, jit_compile=False)
-    assert dense.ok and dense.path == "graph" and events_of(dense, "Chunked") == [], str(dense)
+    assert dense.ok and dense.path == "graph" and logged(debug_log, CHUNKED) == [], str(dense)
 
 
 def test_blocked_verdicts_match_the_rule_everywhere():
@@ -737,7 +741,7 @@ def test_python_control_flow_on_tensors_is_traced_with_autograph(jit_compile):
 
 
 @pytest.mark.parametrize("jit_compile", ["auto", True])
-def test_seeded_random_ops_never_run_under_xla(jit_compile):
+def test_seeded_random_ops_never_run_under_xla(jit_compile, debug_log):
     # XLA draws other numbers than TensorFlow's kernels from the same stateless seed: the
     # batched evaluations would differentiate another function than the eager calls.
     def f(x):  # every output on every input (the mean): no pattern makes the eager loops short
@@ -746,23 +750,25 @@ def test_seeded_random_ops_never_run_under_xla(jit_compile):
     x = tf.constant(RNG.normal(size=(64, 64)))
     report = fastcheck.check_gradients(f, x, jit_compile=jit_compile)
     assert report.ok, str(report)
-    assert report.path == "graph" and "XLA draws different ones" in str(report)
+    ((path, why),) = logged(debug_log, "route: ")
+    assert report.path == path == "graph" and "XLA draws different ones" in why, why
+    assert why.endswith("jit_compile=True overridden") == (jit_compile is True), why
 
 
-def test_convolutions_run_without_xla_on_cpu():
+def test_convolutions_run_without_xla_on_cpu(debug_log):
     kernel = tf.constant(RNG.normal(size=(3, 3, 4, 4)))
     # Every output on every input (the mean): no pattern makes the eager loops short.
     f = lambda x: tf.tanh(tf.nn.conv2d(x, kernel, 1, "SAME")) * tf.reduce_mean(x)  # noqa: E731
     x = tf.constant(RNG.normal(size=(1, 32, 32, 4)))
     # Routing is the same in every mode (as for a full check): fast mode's few evaluations show it cheaply.
     report = fastcheck.check_gradients(f, x, device="/CPU:0", mode="fast")
-    (chosen,) = events_of(report, "PathChosen")
-    assert report.ok and report.path == chosen.path == "graph", str(report)
-    assert (chosen.reason.rule, chosen.reason.op) == ("slow on CPU", "Conv2D")
+    assert report.ok and report.path == "graph", str(report)
+    assert logged(debug_log, "route: ") == [("graph", "Conv2D is slower under XLA than TensorFlow's own on CPU")]
     # The same work without a convolution goes to XLA.
+    debug_log.clear()
     dense = fastcheck.check_gradients(lambda x: tf.tanh(x * 2.0) @ tf.ones([4, 64], tf.float64) * tf.reduce_mean(x), x,
                                       device="/CPU:0", mode="fast")
-    assert events_of(dense, "PathChosen")[0].path == "xla", events_of(dense, "PathChosen")
+    assert [path for path, _ in logged(debug_log, "route: ")] == ["xla"]
     assert dense.path == "graph"  # the route is a full check's; fast mode's few probes run on the graph path
 
 

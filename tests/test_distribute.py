@@ -19,16 +19,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import events_of
+from conftest import logged
 
 import fastcheck
 import fastcheck.testing
 
 ROOT = Path(__file__).resolve().parents[1]
+WAVE = "%s over %s: %s%s"  # the log line of a wave's work per replica
 
 # The problems, as code every process runs alike: a correct f, the same f with a reverse-mode
 # gradient 1% off at input element 37, and an elementwise f for coloured mode off at 1234.
 PROBLEMS = textwrap.dedent("""
+    import logging
+
     import numpy as np
     import tensorflow as tf
     import fastcheck
@@ -70,13 +73,32 @@ PROBLEMS = textwrap.dedent("""
                             for d in (w.to_dict() for w in p.worst(3))],
                   "numerical": p.numerical.ravel()[:: max(1, p.numerical.size // 4000)].tolist()}
                  for p in report.pairs]
-        spread = [e for e in report.to_dict()["events"] if e["kind"] in ("Distributed", "EagerUnsplit")]
+        spread = [e for e in report.to_dict()["events"] if e["kind"] in ("PathsDiffer", "EagerUnsplit")]
         return {"ok": bool(report.ok), "pairs": pairs, "events": spread}
+
+
+    class Waves(logging.Handler):  # each wave's work per replica as logged: [label, where, counts, on each worker]
+
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.waves = []
+
+        def emit(self, record):
+            self.waves.append([str(a) for a in record.args])
 
 
     def run(name, **options):
         g, x, mode = CASES[name]
-        return summary(fastcheck.check_gradients(g, x, mode=mode, jit_compile=False, **options))
+        logger, waves = logging.getLogger("fastcheck.engine.distribute"), Waves()
+        level = logger.level
+        logger.addHandler(waves)
+        logger.setLevel(logging.DEBUG)
+        try:
+            report = fastcheck.check_gradients(g, x, mode=mode, jit_compile=False, **options)
+        finally:
+            logger.removeHandler(waves)
+            logger.setLevel(level)
+        return {**summary(report), "waves": waves.waves}
 """)
 
 
@@ -133,17 +155,17 @@ def test_two_logical_cpu_devices_give_the_verdicts_of_one():
     for runs in results.values():
         for way in ("devices", "strategy"):
             _same_verdicts(runs[way], runs["one"])
-            assert runs["one"]["events"] == []
-            (event,) = runs[way]["events"]
-            assert event["kind"] == "Distributed" and event["where"] == "2 replicas (MirroredStrategy on CPU:0, CPU:1)", event
+            assert runs["one"]["waves"] == [] and runs[way]["events"] == [], runs[way]["events"]
+            assert runs[way]["waves"], runs[way]
+            assert {where for _, where, _, _ in runs[way]["waves"]} == {"2 replicas (MirroredStrategy on CPU:0, CPU:1)"}
     assert results["correct"]["one"]["ok"]
     for name, index in (("wrong", 37), ("coloured", 1234)):
         worst = results[name]["devices"]["pairs"][0]["worst"][0]
         assert not results[name]["devices"]["ok"] and worst[1] == [index] and worst[2] == "mismatch", worst
-    # full mode: the sweep's columns split evenly ("100 / 100 perturbations" for 200 inputs)
-    event = results["correct"]["devices"]["events"][0]
-    counts = {name: counts for name, counts, _ in event["work"]}["perturbations"]
-    assert len(counts) == 2 and sum(counts) >= 200 and abs(counts[0] - counts[1]) <= 1, event
+    # full mode: the sweep's columns split evenly ("100 / 100" perturbations for 200 inputs)
+    waves = [[int(c) for c in counts.split(" / ")] for label, _, counts, _ in results["correct"]["devices"]["waves"]
+             if label == "perturbations"]
+    assert all(len(c) == 2 and abs(c[0] - c[1]) <= 1 for c in waves) and sum(map(sum, waves)) >= 200, waves
 
 
 def test_two_workers_on_localhost_give_the_verdicts_of_one_process():
@@ -175,25 +197,24 @@ def test_two_workers_on_localhost_give_the_verdicts_of_one_process():
     assert results[0] == results[1]  # every worker writes the same report
     for name in ("correct", "wrong"):
         _same_verdicts(results[0][name], reference[name])
-        event = results[0][name]["events"][0]
-        assert event["where"].startswith("2 replicas on 2 workers (MultiWorkerMirroredStrategy)"), event
-        assert event["multi"], event  # each worker evaluated its replicas' shares, results all-gathered
+        # each worker evaluated its replicas' shares, results all-gathered
+        wheres = {where for _, where, _, _ in results[0][name]["waves"]}
+        assert wheres == {"2 replicas on 2 workers (MultiWorkerMirroredStrategy)"}, wheres
     assert reference["correct"]["ok"] and not reference["wrong"]["ok"]
     assert results[0]["wrong"]["pairs"][0]["worst"][0][1] == [37]
 
 
-def test_one_replica_is_the_one_device_check():
+def test_one_replica_is_the_one_device_check(debug_log):
     x = tf.constant(np.linspace(-1, 1, 40))
     f = lambda x: tf.sin(x) * tf.reduce_sum(x)  # noqa: E731
     plain = fastcheck.check_gradients(f, x, mode="full", jit_compile=False)
+    assert not logged(debug_log, WAVE)
     spread = fastcheck.check_gradients(f, x, mode="full", jit_compile=False, device=["/CPU:0"])
     assert plain.ok and spread.ok
     np.testing.assert_array_equal(plain.pairs[0].numerical, spread.pairs[0].numerical)
     np.testing.assert_array_equal(plain.pairs[0].analytical, spread.pairs[0].analytical)
-    assert not events_of(plain, "Distributed")
-    (event,) = events_of(spread, "Distributed")
-    assert event.where == "1 replica (MirroredStrategy on CPU:0)" and event.work[:2] == (
-        ("reverse-mode rows", (40,), False), ("perturbations", (40,), False)), spread.notes
+    where = "1 replica (MirroredStrategy on CPU:0)"
+    assert logged(debug_log, WAVE)[:2] == [("reverse-mode rows", where, "40", ""), ("perturbations", where, "40", "")]
 
 
 @pytest.mark.parametrize(("device", "error", "match"), [
@@ -218,7 +239,7 @@ def test_device_is_validated_naming_the_argument(device, error, match):
         fastcheck.numerical_jacobian(tf.sin, x, device=device)
 
 
-def test_strategy_and_devices_are_refused_naming_device_and_every_entry_point_takes_a_strategy():
+def test_strategy_and_devices_are_refused_naming_device_and_every_entry_point_takes_a_strategy(debug_log):
     x = tf.constant([0.5, 1.0], tf.float64)
     one = tf.distribute.OneDeviceStrategy("/CPU:0")
     for name, value in (("strategy", one), ("devices", ["/CPU:0"])):
@@ -229,26 +250,25 @@ def test_strategy_and_devices_are_refused_naming_device_and_every_entry_point_ta
         with pytest.raises(TypeError, match=f"verify_gradients\\(\\) no longer takes {name}="):
             fastcheck.verify_gradients(tf.sin, x, tf.cos(x), **{name: value})
     checker = fastcheck.GradientChecker(device=["/CPU:0"], jit_compile=False, mode="full")
-    (event,) = events_of(checker.check(tf.sin, x), "Distributed")
-    assert event.where == "1 replica (MirroredStrategy on CPU:0)"
+    assert checker.check(tf.sin, x).ok
+    assert {r[1] for r in logged(debug_log, WAVE)} == {"1 replica (MirroredStrategy on CPU:0)"}
+    debug_log.clear()
     report = fastcheck.verify_gradients(lambda v: tf.reduce_sum(tf.sin(v)), x, tf.cos(x), device=one,
                                         jit_compile=False)
-    (event,) = events_of(report, "Distributed")
-    assert report.ok and event.where == "1 replica (OneDeviceStrategy on CPU:0)", report.notes
+    assert report.ok and {r[1] for r in logged(debug_log, WAVE)} == {"1 replica (OneDeviceStrategy on CPU:0)"}
     jacobian = fastcheck.autodiff_jacobian(tf.sin, x, device=one, jit_compile=False)[0][0]
     np.testing.assert_allclose(jacobian, np.diag(np.cos(x.numpy())))
 
 
-def test_out_of_memory_halves_the_chunk_and_the_shares_give_the_one_device_numbers():
+def test_out_of_memory_halves_the_chunk_and_the_shares_give_the_one_device_numbers(debug_log):
     x = tf.constant(np.linspace(0, 1, 50))
     f = lambda x: tf.sin(x) * tf.reduce_sum(x)  # noqa: E731
     plain = fastcheck.check_gradients(f, x, mode="full", jit_compile=False)
     with fastcheck.testing.out_of_memory(above=8):
         spread = fastcheck.check_gradients(f, x, mode="full", jit_compile=False, device=["/CPU:0"])
     assert plain.ok and spread.ok, str(spread)
-    retries = events_of(spread, "OutOfMemory")
-    assert retries and all(e.retried == e.chunk // 2 for e in retries), spread.notes
-    assert min(e.retried for e in retries) <= 8 < max(e.chunk for e in retries)
+    retries = logged(debug_log, "%s: out of memory at")  # (subject, chunk, unit, retried with)
+    assert retries and all(r[3] == r[1] // 2 for r in retries), retries
+    assert min(r[3] for r in retries) <= 8 < max(r[1] for r in retries)
     np.testing.assert_array_equal(plain.pairs[0].numerical, spread.pairs[0].numerical)
-    (event,) = events_of(spread, "Distributed")
-    assert event.where == "1 replica (MirroredStrategy on CPU:0)", spread.notes
+    assert {r[1] for r in logged(debug_log, WAVE)} == {"1 replica (MirroredStrategy on CPU:0)"}

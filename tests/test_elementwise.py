@@ -6,7 +6,7 @@ import weakref
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import checked, events_of
+from conftest import checked, logged
 
 import fastcheck
 
@@ -31,6 +31,23 @@ def _reports(f, xs, **options):
     return loops, fast, loop_calls, len(calls)
 
 
+ELEMENTWISE = "%s: f is element-wise in it"  # (input, side, what took 2 calls)
+EAGER_COLOURS = "eager %s loop by f's traced sparsity pattern"  # (side, rows or columns, which, colours)
+
+
+def _elementwise_sides(caplog) -> set:
+    """The sides on which the logged checks' eager loops made ``diagonal``'s few calls."""
+    return {side for _, side, _ in logged(caplog, ELEMENTWISE)}
+
+
+def _eager_colours(caplog) -> dict:
+    """side -> the most colours an eager loop of the logged checks took by f's traced pattern."""
+    found: dict = {}
+    for side, _, _, colours in logged(caplog, EAGER_COLOURS):
+        found[side] = max(colours, found.get(side, 0))
+    return found
+
+
 def _same(a, b) -> bool:
     return a.verdict == b.verdict and len(a.pairs) == len(b.pairs) and all(
         np.array_equal(x, y, equal_nan=True)
@@ -50,21 +67,20 @@ def test_same_jacobians_as_the_loops(op, dtype):
     assert fast.path == "eager" and _same(loops, fast)
 
 
-def test_a_broadcast_gradients_sum_over_a_leading_axis_of_one_is_elementwise():
+def test_a_broadcast_gradients_sum_over_a_leading_axis_of_one_is_elementwise(debug_log):
     # 1.1 * t: Mul's gradient sums the cotangent over the axes t shares with the scalar by broadcasting, here the
     # leading 1 (BroadcastGradientArgs names it): a reduction of n elements to n, one element each (TensorFlow's
     # own binary-op tests check such an f).  The VJPs make the few calls, with the row loop's numbers.
     x = tf.constant([[[0.1, 0.5], [-0.3, 0.9], [1.7, -2.2]]])
     loops, fast, loop_calls, calls = _reports(lambda t: 1.1 * tf.multiply(t, tf.cos(x)), [x])
     assert calls < loop_calls and _same(loops, fast)
-    (few,) = events_of(fast, "ElementwiseCalls")
-    assert set(few.sides) == {"reverse", "numerical"}
+    assert _elementwise_sides(debug_log) == {"reverse", "numerical"}
 
 
 # sign's own gradient (zeros); a wrong one, alike in every row (ones: every entry off the diagonal wrong too)
 @pytest.mark.parametrize("forward, gradient, verdict", [(tf.sign, tf.zeros_like, "pass"),
                                                         (lambda t: 2.0 * t, tf.ones_like, "fail")])
-def test_a_gradient_that_ignores_its_cotangent_is_elementwise(forward, gradient, verdict):
+def test_a_gradient_that_ignores_its_cotangent_is_elementwise(forward, gradient, verdict, debug_log):
     # Every row's VJP is the same value: the two VJPs give it bit for bit, and the row loop's block is that value in
     # every row.
     @tf.custom_gradient
@@ -74,8 +90,7 @@ def test_a_gradient_that_ignores_its_cotangent_is_elementwise(forward, gradient,
     x = tf.constant([[0.3, -1.5, 0.25], [2.0, -3.5, 1e-3]])
     loops, fast, _, _ = _reports(f, [x])
     assert _same(loops, fast) and fast.verdict == verdict
-    (few,) = events_of(fast, "ElementwiseCalls")
-    assert set(few.sides) == {"reverse", "numerical"}
+    assert _elementwise_sides(debug_log) == {"reverse", "numerical"}
 
 
 def test_a_gradient_that_mixes_elements_is_not_elementwise():
@@ -178,20 +193,24 @@ def test_library_functions_take_the_few_calls_with_the_loops_numbers(name, dtype
     assert (calls >= loop_calls) == (name == "lambertw"), (loop_calls, calls)
 
 
-def test_the_report_says_which_sides_made_the_few_calls():
+def test_the_log_says_which_sides_made_the_few_calls(debug_log):
     @tf.custom_gradient
     def mixed(t):
         y = tf.tanh(t)
         return y, lambda g: tf.reverse(g, [0]) * (1 - y * y)  # its gradient mixes elements: the rows' loop
 
     x = tf.constant([0.1, 0.5, -0.3, 0.9], tf.float64)
-    (both,) = events_of(fastcheck.check_gradients(tf.tanh, x), "ElementwiseCalls")
-    (forward,) = events_of(fastcheck.check_gradients(mixed, x), "ElementwiseCalls")
-    assert both.sides == ("reverse", "numerical") and forward.sides == ("numerical",)
-    assert "input: f is element-wise in it" in "\n".join(checked(tf.tanh, x).notes)
-    assert not events_of(checked(tf.math.cumsum, x), "ElementwiseCalls")
-    assert not events_of(checked(tf.tanh, x, tables={"DIAGONAL_MIN_ELEMENTS": 10**9}),
-                         "ElementwiseCalls")
+    fastcheck.check_gradients(tf.tanh, x)
+    assert _elementwise_sides(debug_log) == {"reverse", "numerical"}
+    assert {name for name, _, _ in logged(debug_log, ELEMENTWISE)} == {"input"}
+    assert not any(n.startswith("input: f is element-wise") for n in checked(tf.tanh, x).notes)  # no verdict's note
+    debug_log.clear()
+    fastcheck.check_gradients(mixed, x)
+    assert _elementwise_sides(debug_log) == {"numerical"}
+    for f, tables in ((tf.math.cumsum, None), (tf.tanh, {"DIAGONAL_MIN_ELEMENTS": 10**9})):
+        debug_log.clear()
+        checked(f, x, tables=tables)
+        assert not logged(debug_log, ELEMENTWISE)
 
 
 # -- the eager loops by colours of f's traced pattern (``eager_colours``) ---------------------------------------
@@ -199,27 +218,31 @@ def test_the_report_says_which_sides_made_the_few_calls():
 KERNEL_2X2 = tf.constant(np.random.default_rng(4).normal(size=(2, 2, 3, 2)), tf.float32)
 
 
-def _coloured_and_loop(f, x):
+def _coloured_and_loop(f, x, log):
     """(the check with the eager loops coloured whatever their length, the loops' check), both on the eager path
-    (traces priced at 1000 s)."""
-    coloured = checked(f, x, tables={"EAGER_COLOUR_SECONDS": 0.0, "TRACE_SECONDS": 1e3})
+    (traces priced at 1000 s); the loops' check runs first and takes no colours, so ``log`` (``debug_log``) holds
+    the coloured check's lines."""
     loop = checked(f, x, tables={"EAGER_COLOUR_SECONDS": 1e9, "TRACE_SECONDS": 1e3})
+    assert not _eager_colours(log)
+    log.clear()
+    coloured = checked(f, x, tables={"EAGER_COLOUR_SECONDS": 0.0, "TRACE_SECONDS": 1e3})
     return coloured, loop
 
 
-def test_the_eager_loops_take_one_call_per_colour_with_the_loops_numbers():
+def test_the_eager_loops_take_one_call_per_colour_with_the_loops_numbers(debug_log):
     # A depthwise convolution (as TensorFlow's own test): 96 rows in 8 colours, 48 columns in 4; every value is
     # the loops'.
     x = tf.constant(np.random.default_rng(5).normal(size=(1, 4, 4, 3)), tf.float32)
-    coloured, loop = _coloured_and_loop(lambda t: tf.nn.depthwise_conv2d(t, KERNEL_2X2, [1, 1, 1, 1], "SAME"), x)
+    coloured, loop = _coloured_and_loop(lambda t: tf.nn.depthwise_conv2d(t, KERNEL_2X2, [1, 1, 1, 1], "SAME"), x,
+                                        debug_log)
     assert coloured.path == loop.path == "eager" and coloured.ok and loop.ok
-    (note,) = events_of(coloured, "EagerColours")
-    sides = dict(note.sides)
-    assert note.rows == 96 and sides["reverse"] < 96 // 2 and sides["numerical"] < 48 // 2
-    assert not events_of(loop, "EagerColours") and _same(coloured, loop)
+    rows = {count for side, count, _, _ in logged(debug_log, EAGER_COLOURS) if side == "reverse"}
+    sides = _eager_colours(debug_log)
+    assert rows == {96} and sides["reverse"] < 96 // 2 and sides["numerical"] < 48 // 2
+    assert _same(coloured, loop)
 
 
-def test_a_gradient_leaking_outside_fs_pattern_fails_as_in_the_row_loop():
+def test_a_gradient_leaking_outside_fs_pattern_fails_as_in_the_row_loop(debug_log):
     # Output (0, 0) reads x's top-left 2x2 window only; this gradient also sends 1e-3 of every row's cotangent to
     # x's last element.  Coloured VJPs read only the pattern's nonzeros: the random cotangent's VJP shows the leak,
     # and the row loop runs.
@@ -234,14 +257,13 @@ def test_a_gradient_leaking_outside_fs_pattern_fails_as_in_the_row_loop():
 
         return tf.nn.conv2d(t, kernel, 1, "VALID"), grad
 
-    coloured, loop = _coloured_and_loop(leaky, x)
+    coloured, loop = _coloured_and_loop(leaky, x, debug_log)
     assert coloured.verdict == loop.verdict == "fail" and _same(coloured, loop)
-    notes = events_of(coloured, "EagerColours")  # the numerical side may take its colours: f's pattern is right
-    assert not notes or "reverse" not in dict(notes[0].sides)
+    assert "reverse" not in _eager_colours(debug_log)  # the numerical side may take its colours: f's pattern is right
     np.testing.assert_array_equal(coloured.pairs[0].status, loop.pairs[0].status)
 
 
-def test_a_gradient_that_runs_once_per_forward_pass_leaves_the_colours_to_the_loop():
+def test_a_gradient_that_runs_once_per_forward_pass_leaves_the_colours_to_the_loop(debug_log):
     # Like tf.py_function's gradient, this one runs once per forward pass: the colours' second VJP raises, and the
     # row loop (a fresh tape per row) checks it as before the colours existed.
     x = tf.constant(np.random.default_rng(5).normal(size=(1, 4, 4, 3)), tf.float32)
@@ -259,8 +281,8 @@ def test_a_gradient_that_runs_once_per_forward_pass_leaves_the_colours_to_the_lo
 
         return tf.nn.depthwise_conv2d(t, KERNEL_2X2, [1, 1, 1, 1], "SAME"), grad
 
-    coloured, loop = _coloured_and_loop(once, x)
-    assert coloured.ok and loop.ok and _same(coloured, loop) and not events_of(coloured, "EagerColours")
+    coloured, loop = _coloured_and_loop(once, x, debug_log)
+    assert coloured.ok and loop.ok and _same(coloured, loop) and not _eager_colours(debug_log)
 
 
 def _windows(leak: float = 0.0):
@@ -282,23 +304,22 @@ def _windows(leak: float = 0.0):
     return f
 
 
-def test_a_row_loop_too_short_to_colour_checks_the_pattern_for_the_columns():
+def test_a_row_loop_too_short_to_colour_checks_the_pattern_for_the_columns(debug_log):
     x = tf.constant(np.random.default_rng(7).normal(size=48), tf.float64)
-    coloured, loop = _coloured_and_loop(_windows(), x)
-    (note,) = events_of(coloured, "EagerColours")
-    assert dict(note.sides).keys() == {"numerical"} and coloured.ok and loop.ok and _same(coloured, loop)
+    coloured, loop = _coloured_and_loop(_windows(), x, debug_log)
+    assert _eager_colours(debug_log).keys() == {"numerical"} and coloured.ok and loop.ok and _same(coloured, loop)
 
 
-def test_a_gradient_leaking_outside_fs_pattern_keeps_the_column_loop():
+def test_a_gradient_leaking_outside_fs_pattern_keeps_the_column_loop(debug_log):
     # The row loop's blocks show the gradient outside f's pattern: the columns are not coloured by it.
     x = tf.constant(np.random.default_rng(7).normal(size=48), tf.float64)
-    coloured, loop = _coloured_and_loop(_windows(leak=1e-3), x)
-    assert coloured.verdict == loop.verdict == "fail" and not events_of(coloured, "EagerColours")
+    coloured, loop = _coloured_and_loop(_windows(leak=1e-3), x, debug_log)
+    assert coloured.verdict == loop.verdict == "fail" and not _eager_colours(debug_log)
     assert _same(coloured, loop)
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["correct", "wrong"])
-def test_routing_prices_the_eager_loops_by_fs_pattern(wrong):
+def test_routing_prices_the_eager_loops_by_fs_pattern(wrong, debug_log):
     # A depthwise convolution of 1600 elements: its eager loops, 2n calls of f and m VJPs, are predicted at many
     # traces, by f's pattern (4 column and 4 row colours) at a few dozen calls: routed eager, saying so.  (Eager
     # loops predicted at 4x f's calls: on a machine whose eager calls are cheap, the dense loops still cost more than
@@ -312,20 +333,18 @@ def test_routing_prices_the_eager_loops_by_fs_pattern(wrong):
 
     x = tf.constant(np.random.default_rng(9).normal(size=(1, 40, 40, 1)))
     report = fastcheck.check_gradients(lambda t: off(tf.nn.depthwise_conv2d(t, kernel, [1, 1, 1, 1], "SAME")), x)
-    (chosen,) = events_of(report, "PathChosen")
-    assert chosen.path == report.path == "eager" and chosen.reason.coloured, report.notes
-    assert "eager loops by colours of f's traced pattern predicted" in str(report)
-    assert events_of(report, "EagerColours")
+    ((path, why),) = logged(debug_log, "route: ")
+    assert path == report.path == "eager" and why.startswith("eager loops by colours of f's traced pattern predicted")
+    assert _eager_colours(debug_log)
     assert report.verdict == ("fail" if wrong else "pass"), str(report)
 
 
-def test_a_while_loops_element_wise_pattern_lets_its_columns_share_calls():
+def test_a_while_loops_element_wise_pattern_lets_its_columns_share_calls(debug_log):
     # lambertw iterates in a while loop: its numerical side is not read as element-wise from the ops its calls run,
     # but its traced pattern (the loop's settled dependencies) is the diagonal, which its element-wise VJPs keep to:
     # its 12 columns take one pair of calls, with the loops' numbers.
     import tensorflow_probability as tfp
 
     x = tf.constant(np.random.default_rng(0).normal(size=(3, 4)), tf.float64)
-    coloured, loop = _coloured_and_loop(lambda t: tfp.math.lambertw(tf.abs(t)), x)
-    (note,) = events_of(coloured, "EagerColours")
-    assert dict(note.sides) == {"numerical": 1} and coloured.ok and _same(coloured, loop)
+    coloured, loop = _coloured_and_loop(lambda t: tfp.math.lambertw(tf.abs(t)), x, debug_log)
+    assert _eager_colours(debug_log) == {"numerical": 1} and coloured.ok and _same(coloured, loop)

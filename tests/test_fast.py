@@ -5,7 +5,7 @@ import inspect
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import events_of
+from conftest import events_of, logged
 
 import fastcheck
 
@@ -103,15 +103,15 @@ def test_auto_mode_switches_and_says_why(f, beyond):
 
 
 @pytest.mark.parametrize(("mode", "above", "subject"), [("full", 50, "input"), ("fast", 2, "fast mode")])
-def test_out_of_memory_halves_the_chunk_and_retries(mode, above, subject):
+def test_out_of_memory_halves_the_chunk_and_retries(mode, above, subject, debug_log):
     x = tf.constant(RNG.normal(size=400))
     reference = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, mode=mode, seed=0)
     with fastcheck.testing.out_of_memory(above=above):
         report = fastcheck.check_gradients(lambda x: tf.tanh(x) * 2.0, x, jit_compile=False, mode=mode, seed=0)
     assert report.ok and reference.ok, str(report)
-    retries = events_of(report, "OutOfMemory")
-    assert retries and all(e.retried == e.chunk // 2 and e.subject == subject for e in retries), report.notes
-    assert min(e.retried for e in retries) <= above < max(e.chunk for e in retries)
+    retries = logged(debug_log, "%s: out of memory at")  # (subject, chunk, unit, retried with)
+    assert retries and all(r[3] == r[1] // 2 and r[0] == subject for r in retries), retries
+    assert min(r[3] for r in retries) <= above < max(r[1] for r in retries)
     np.testing.assert_allclose(report.pairs[0].numerical, reference.pairs[0].numerical, atol=1e-9)
 
 
@@ -178,7 +178,7 @@ def test_localisation_that_finds_no_block_reports_the_region_without_exploding(m
     assert len(blocks) == _fast.LOCALISE_DRAWS  # every draw of the first level, then no element sweep
 
 
-def test_fast_mode_names_the_path_its_probes_ran_on():
+def test_fast_mode_names_the_path_its_probes_ran_on(debug_log):
     # Routed to XLA for a full check's work, fast mode's few dozen probes run on the graph path (XLA's compilation
     # does not pay there): the report's path says so; jit_compile=True asks for XLA and gets it.
     rng = np.random.default_rng(5)
@@ -186,7 +186,7 @@ def test_fast_mode_names_the_path_its_probes_ran_on():
     x = tf.constant(rng.normal(size=40000))
     f = lambda x: tf.tanh(tf.linalg.matvec(w, x))  # noqa: E731
     auto = fastcheck.check_gradients(f, [x], mode="fast")
-    assert auto.ok and events_of(auto, "PathChosen")[0].path == "xla" and auto.path == "graph", str(auto)
+    assert auto.ok and logged(debug_log, "route: ")[0][0] == "xla" and auto.path == "graph", str(auto)
     assert "[graph, fast mode" in str(auto)
     forced = fastcheck.check_gradients(f, [x], mode="fast", jit_compile=True)
     assert forced.ok and forced.path == "xla", str(forced)

@@ -5,7 +5,7 @@ included, whose batched filters pfor alone would loop over (``pfor``)."""
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import checked, events_of
+from conftest import checked, logged
 
 import fastcheck
 from fastcheck.engine import paths as _paths
@@ -13,6 +13,11 @@ from fastcheck.engine import tables as _tables
 
 # A machine where tracing is (nearly) free.
 FREE_TRACING = {"TRACE_SECONDS": 1e-9, "TRACE_CALLS": 0}
+
+# The log lines of the differences' kernels: the one kernel (inputs, perturbations per call), dropped, an input's own.
+JOINT = "differences: one kernel for all %d checked inputs"
+DROPPED = "differences: vectorized_map converts some op"
+OWN = "%s: its later differences run on a kernel of its own"
 
 RNG = np.random.default_rng(3)
 SHAPES = [(6, 5), (5,), (5, 4), (4,), (4, 3), (3,), (7,)]
@@ -41,15 +46,14 @@ def _mlp(off: int | None = None):
 
 
 @pytest.mark.parametrize("jit_compile", [True, False])
-def test_one_kernel_gives_the_per_input_jacobians(jit_compile):
+def test_one_kernel_gives_the_per_input_jacobians(jit_compile, debug_log):
     f, values = _mlp()
     joint = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile)
-    chunked = events_of(joint, "Chunked")
-    assert chunked and all(e.why.limit == "joint" and e.why.inputs == 7 and e.why.padded == e.chunk for e in chunked), \
-        joint.notes
+    assert [inputs for inputs, _ in logged(debug_log, JOINT)] == [7] and not logged(debug_log, DROPPED)
     # On a machine where tracing is (nearly) free a kernel per input saves the joint kernel's extra work.
+    debug_log.clear()
     separate = checked(f, values, mode="full", jit_compile=jit_compile, tables=FREE_TRACING)
-    assert all(e.why.limit != "joint" for e in events_of(separate, "Chunked")), separate.notes
+    assert not logged(debug_log, JOINT)
     assert joint.ok and separate.ok
     for a, b in zip(joint.pairs, separate.pairs):
         # the batched rows round f otherwise (a batched matmul): a few roundings of f over the span 2h ~ 1e-5
@@ -57,10 +61,10 @@ def test_one_kernel_gives_the_per_input_jacobians(jit_compile):
         np.testing.assert_array_equal(a.status, b.status)
 
 
-def test_one_kernel_names_the_defective_input():
+def test_one_kernel_names_the_defective_input(debug_log):
     f, values = _mlp(off=2)
     report = fastcheck.check_gradients(f, values, mode="full", jit_compile=True)
-    assert any(e.why.limit == "joint" for e in events_of(report, "Chunked")), report.notes
+    assert logged(debug_log, JOINT) and not logged(debug_log, DROPPED)
     assert [p.input_name for p in report.failures] == [report.pairs[2].input_name], str(report)
 
 
@@ -85,25 +89,26 @@ def _cnn(off: int | None = None):
 
 
 @pytest.mark.parametrize("jit_compile", [True, False])
-def test_convolutions_share_one_kernel(jit_compile):
+def test_convolutions_share_one_kernel(jit_compile, debug_log):
     f, values = _cnn()
     joint = fastcheck.check_gradients(f, values, mode="full", jit_compile=jit_compile)
-    assert all(e.why.limit == "joint" and e.why.inputs == 4 for e in events_of(joint, "Chunked")), joint.notes
-    assert events_of(joint, "Chunked") and not events_of(joint, "JointKernelDropped"), joint.notes
+    assert [inputs for inputs, _ in logged(debug_log, JOINT)] == [4] and not logged(debug_log, DROPPED)
+    debug_log.clear()
     separate = checked(f, values, mode="full", jit_compile=jit_compile, tables=FREE_TRACING)
-    assert all(e.why.limit != "joint" for e in events_of(separate, "Chunked")), separate.notes
+    assert not logged(debug_log, JOINT)
     assert joint.ok and separate.ok, (str(joint), str(separate))
     for a, b in zip(joint.pairs, separate.pairs):
         # f sums 36 outputs of size ~1: a few of its roundings over the span 2h ~ 1e-5 (threads order the
         # convolutions' sums otherwise)
         np.testing.assert_allclose(a.numerical, b.numerical, rtol=0, atol=2e-8)
         np.testing.assert_array_equal(a.status, b.status)
+    debug_log.clear()
     wrong = fastcheck.check_gradients(*_cnn(off=3), mode="full", jit_compile=jit_compile)
-    assert events_of(wrong, "Chunked") and not events_of(wrong, "JointKernelDropped"), wrong.notes
+    assert logged(debug_log, JOINT) and not logged(debug_log, DROPPED)
     assert [p.input_name for p in wrong.failures] == [wrong.pairs[3].input_name], str(wrong)
 
 
-def test_a_transposed_convolution_keeps_a_kernel_per_input():
+def test_a_transposed_convolution_keeps_a_kernel_per_input(debug_log):
     # pfor loops over a transposed convolution whose filter is batched: routing gives its f a kernel per input
     # rather than trace a joint kernel only to drop it.
     x, k1, k2 = (tf.constant(RNG.normal(size=shape) * 0.5) for shape in [(1, 4, 4, 2), (3, 3, 2, 3), (3, 3, 2, 3)])
@@ -114,8 +119,7 @@ def test_a_transposed_convolution_keeps_a_kernel_per_input():
 
     report = fastcheck.check_gradients(f, [k1, k2], mode="full", jit_compile=False)
     assert report.ok, str(report)
-    assert not events_of(report, "JointKernelDropped"), report.notes
-    assert all(e.why.limit != "joint" for e in events_of(report, "Chunked")), report.notes
+    assert not logged(debug_log, DROPPED) and not logged(debug_log, JOINT)
 
 
 def _deep(off: bool = False):
@@ -139,19 +143,19 @@ def _deep(off: bool = False):
 
 
 @pytest.mark.parametrize("off", [False, True], ids=["correct", "b wrong"])
-def test_an_input_whose_own_kernel_evaluates_less_leaves_the_joint_one(off):
+def test_an_input_whose_own_kernel_evaluates_less_leaves_the_joint_one(off, debug_log):
     # A kernel's trace predicted at microseconds (still more than the joint kernel's extra work): the ladder on b's
     # wrong columns makes its joint calls' predicted cost beyond its own kernel's share add up to a trace, so its later
     # differences take their own kernel; w's own kernel would evaluate every op (no excess), so it stays.  The
     # numbers are a kernel per input's.
     f, values = _deep(off)
     report = checked(f, values, mode="full", jit_compile=False, tables={"TRACE_SECONDS": 3e-6, "TRACE_CALLS": 0})
-    assert any(e.why.limit == "joint" for e in events_of(report, "Chunked")), report.notes
+    assert logged(debug_log, JOINT)
     own = [report.pairs[1].input_name] if off else []
-    assert [e.input for e in events_of(report, "OwnKernel")] == own, report.notes
-    assert ("its later differences ran on a kernel of its own" in str(report)) == off
+    assert [name for (name,) in logged(debug_log, OWN)] == own
+    debug_log.clear()
     separate = checked(f, values, mode="full", jit_compile=False, tables=FREE_TRACING)
-    assert not events_of(separate, "OwnKernel") and report.ok == separate.ok == (not off)
+    assert not logged(debug_log, OWN) and report.ok == separate.ok == (not off)
     for a, b in zip(report.pairs, separate.pairs):
         np.testing.assert_allclose(a.numerical, b.numerical, rtol=0, atol=1e-9)
         np.testing.assert_array_equal(a.status, b.status)

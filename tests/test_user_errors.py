@@ -80,8 +80,8 @@ def test_own_exception_on_every_later_call_comes_out_as_itself(setting):
             raised = pytest.ExceptionInfo.from_exception(error)
         else:  # only while the route's trace probes f (its AutoGraph retry too): read as f refusing tracing
             assert options.get("jit_compile") is not True and n > PLANNING_CALLS, f"call {n}: swallowed"
-            (chosen,) = events_of(report, "PathChosen")
-            assert report.path == "eager" and chosen.reason.error.startswith("MyError"), report.notes
+            (fell,) = events_of(report, "FellBack")
+            assert report.path == "eager" and fell.path == "tracing" and fell.error.startswith("MyError"), report.notes
             continue
         assert raised.value is f.raised[0], f"call {n}: not the user's own exception object"
         assert str(raised.value) == f"boom on call {n}"  # its message as f wrote it (the note is apart)
@@ -118,8 +118,9 @@ def test_own_exception_in_the_routing_trace_means_f_runs_eagerly():
     f = counting(traced, fail_on=PROBE_CALL)
     report = fastcheck.check_gradients(f, tf.constant([0.3, -0.5, 0.7], tf.float64), jit_compile=False)
     assert report.ok and report.path == "eager"
-    (chosen,) = events_of(report, "PathChosen")
-    assert chosen.reason.rule == "untraceable" and chosen.reason.error.startswith("MyError"), report.notes
+    (fell,) = events_of(report, "FellBack")
+    assert (fell.path, fell.following) == ("tracing", "eager") and fell.error.startswith("MyError"), report.notes
+    assert report.notes[report.events.index(fell)].startswith("tracing failed for f (MyError: "), report.notes
     with pytest.raises(MyError):
         fastcheck.check_gradients(counting(traced, fail_on=PROBE_CALL), tf.constant([0.3, 0.5], tf.float64),
                                   jit_compile=True)

@@ -15,13 +15,14 @@ directions, rows) into one contiguous share per replica, in replica order, each 
   checks that all workers are at the same step (same evaluation, items, chunk, path) and carries their errors, so
   an out-of-memory halving happens on all of them together and a worker that diverged raises instead of hanging.
 
-The work per replica becomes one report note.  ``None`` (the default) leaves the executor exactly as it was: no
-thread, no device scope, no collective.
+Each wave's work per replica is logged at DEBUG on the ``fastcheck`` logger.  ``None`` (the default) leaves the
+executor exactly as it was: no thread, no device scope, no collective.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import threading
 import zlib
@@ -33,8 +34,9 @@ import tensorflow as tf
 from fastcheck.engine.paths import EAGER
 from fastcheck.engine.raised import Raised
 from fastcheck.engine.tables import COLLECTIVE_TIMEOUT_SECONDS
-from fastcheck.report.events import Distributed, EagerUnsplit, PathsDiffer
+from fastcheck.report.events import EagerUnsplit, PathsDiffer
 
+_log = logging.getLogger(__name__)
 _OK, _OUT_OF_MEMORY, _FAILED = 0, 1, 2
 
 
@@ -139,7 +141,7 @@ def spread_for(config) -> Spread | None:
         return _SPREADS[key][1]
 
 
-# -- one check's share of the work: waves, taps, the note --------------------------------
+# -- one check's share of the work: waves, taps, its log ---------------------------------
 
 
 def signature(*parts) -> float:
@@ -181,30 +183,20 @@ def _unpack(vector: np.ndarray, structure, layout: list):
 
 
 class Share:
-    """One check's use of a ``Spread``: runs waves of the executor's chunk loop, counts the work per replica and
-    keeps the report's event up to date."""
+    """One check's use of a ``Spread``: runs waves of the executor's chunk loop and logs the work per replica;
+    where f does not run over the replicas, the report's note (``events``)."""
 
     def __init__(self, spread: Spread, events: list):
         self.spread, self.events = spread, events
-        self.work: dict[str, np.ndarray] = {}
         self.tap = threading.local()
-        self.index: int | None = None
         self.eager_note = False
 
     def current_tap(self) -> Tap | None:
         return getattr(self.tap, "value", None)
 
-    def _count(self, label: str, replica: int, items: int, size: int | None = None) -> None:
-        self.work.setdefault(label, np.zeros(size or self.spread.replicas, np.int64))[replica] += items
-        # work every worker does over its own replicas counts per worker
-        work = tuple((name, tuple(int(v) for v in counts), len(counts) != self.spread.replicas)
-                     for name, counts in self.work.items())
-        event = Distributed(self.spread.where(), work, bool(self.spread.multi))
-        if self.index is None:
-            self.index = len(self.events)
-            self.events.append(event)
-        else:
-            self.events[self.index] = event
+    def _logged(self, label: str, counts: list, each_worker: bool = False) -> None:
+        _log.debug("%s over %s: %s%s", label, self.spread.where(), " / ".join(map(str, counts)),
+                   " on each worker" if each_worker else "")
 
     def wave(self, label: str, call, sub: int, start: int, count: int, what: str) -> list:
         """``call(sub, part, n)`` for each replica's share of items [start, start + count): results in order."""
@@ -212,9 +204,7 @@ class Share:
         if not self.spread.multi:
             jobs = [(r, lambda b=b, n=n: call(sub, slice(b, b + n), n)) for r, (b, n) in enumerate(shares) if n > 0]
             results = self.spread.locally(jobs)
-            for r, (_, n) in enumerate(shares):
-                if n:
-                    self._count(label, r, n)
+            self._logged(label, [n for _, n in shares])
             return results
         return self._across(label, call, sub, start, count, shares, what)
 
@@ -276,7 +266,7 @@ class Share:
                 results.append(call(sub, slice(b, b + n), n))
             finally:
                 self.tap.value = None
-            self._count(label, g, n)
+        self._logged(label, [n for _, n in shares])
         return results
 
     def agree_on_path(self, path: str, what: str, total: int) -> str:
@@ -311,8 +301,5 @@ class Share:
         jobs = [(i, lambda b=start + i * per, n=min(per, count - i * per): call(sub, slice(b, b + n), n))
                 for i in range(local) if count - i * per > 0]
         spread.locally(jobs)
-        for i in range(local):
-            n = max(0, min(per, count - i * per))
-            if n:
-                self._count(label, i if spread.multi else spread.ids[i], n, local if spread.multi else None)
+        self._logged(label, [max(0, min(per, count - i * per)) for i in range(local)], spread.multi)
         return count

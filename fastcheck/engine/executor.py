@@ -1,7 +1,7 @@
 """The executor: every batched evaluation of f that a check makes goes through it.
 
 It owns the execution state of one check -- the route (a frozen value, replaced when a path cannot run f), the
-chunk sizes (halved when a call runs out of memory) and the events that become report notes -- and runs the one
+chunk sizes (halved when a call runs out of memory) and the fallbacks that become report notes -- and runs the one
 chunk loop, ``chunked(batch, total, call, eager)``, falling back xla -> graph/loop -> loop -> eager as
 ``Route.following`` says.  Every strategy's batched evaluations go through it: full mode's differences (below),
 fast mode's directions (``directions.Joint``), coloured mode's colours and VJPs (``coloured``).  Full mode's:
@@ -16,6 +16,7 @@ Both run as one ``vectorized_map`` (or ``map_fn`` on the loop path) per chunk.  
 (``Route.joint_chunk``), the differences of every checked input go through one kernel whose rows carry all of them
 (``_joint_kernel``): one trace and compile instead of one per input, which for a model of 39 variables was 90% of
 the check.  The autodiff side (``autodiff``) runs its kernels under the same route and records its fallbacks here.
+How the work ran (retries, the kernels the differences took, the eager loops' shortcuts) is logged at DEBUG.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import sys
 import threading
 import time
@@ -48,7 +50,9 @@ from fastcheck.engine.tables import (
     NOISE_TABLES,
     PROGRESS_SECONDS,
 )
-from fastcheck.report.events import ChunkReason, FellBack, JointKernelDropped, OutOfMemory, OwnKernel
+from fastcheck.report.events import FellBack
+
+_log = logging.getLogger(__name__)
 
 
 class ShapeChangeError(ValueError):
@@ -266,13 +270,12 @@ class Executor:
         # Kernels trace f as the route's probe did: with AutoGraph only when f needs it.
         plan = dataclasses.replace(plan, autograph=route.autograph) if route.autograph != plan.autograph else plan
         self.plan, self.config, self.route = plan, config, route
-        self.chosen = route  # as routing chose it, before any fallback
         # Items per call of each batch (``Batch.key``; an input's position: its differences), written here only:
         # set by a batch's first call, halved on out-of-memory; read through ``chunk``.
         self.chunks: dict = dict(route.chunks)
-        # What happened, in order: fallbacks and retries (``FellBack``, ``OutOfMemory``) and the events of the
-        # strategies and replicas (some still text); the report turns them into notes.
-        self.events: list = []
+        # The path's fallbacks, in order (``FellBack``, the replicas' ``PathsDiffer`` and ``EagerUnsplit``); the report
+        # turns them into notes.  f that cannot be traced runs eagerly, its route says why.
+        self.events: list = [FellBack("tracing", EAGER, "f", route.untraceable)] if route.untraceable else []
         # device= a strategy or device list: each chunk split over its replicas (``distribute``); None: one device.
         spread = spread_for(config)
         self.share = Share(spread, self.events) if spread is not None else None
@@ -296,12 +299,6 @@ class Executor:
     @property
     def path(self) -> str:
         return self.route.path
-
-    @property
-    def elementwise_sides(self) -> tuple:
-        """The sides ("reverse", "numerical") on which the eager loops made ``diagonal``'s few calls in this check
-        (routing learns nothing from such a check)."""
-        return tuple(self.memo.get("elementwise sides", ()))
 
     def note(self, event) -> None:
         self.events.append(event)
@@ -346,7 +343,7 @@ class Executor:
         """Every batched evaluation of f: ``call(chunk, part, count)`` over chunks of ``total`` items.
 
         The chunk starts at what ``batch.key`` holds (``batch.chunk`` for a new key).  A call that runs out of memory
-        halves it and is retried (an ``OutOfMemory`` event); a path that cannot run f falls back to the next
+        halves it and is retried (logged); a path that cannot run f falls back to the next
         (``FellBack``) and the batch starts again there; on the eager path ``eager()`` runs instead.  With
         a ``device=`` that spreads (and ``batch.spread``) each chunk is split over the replicas.  Returns the calls'
         results joined (``joined``), or ``eager()``'s.
@@ -388,7 +385,8 @@ class Executor:
                 if chunk == 1:
                     raise MemoryError(f"f ran out of memory evaluating a single {batch.item}; {batch.advice}") from None
                 self.chunks[batch.key] = chunk // 2  # the footprint estimate was too low
-                self.note(OutOfMemory(batch.subject, chunk, chunk // 2, batch.unit))
+                _log.debug("%s: out of memory at %d %s per call; retried with %d", batch.subject, chunk, batch.unit,
+                           chunk // 2)
                 continue
             except tf.errors.InvalidArgumentError as error:
                 if "ensure_shape" in str(error).lower() or "EnsureShape" in str(error):
@@ -411,8 +409,8 @@ class Executor:
             self._joint_chunks = {s.position: self.chunks[s.position] for s in self.plan.checked}
             for spec in self.plan.checked:
                 self.chunks[spec.position] = self.route.joint_chunk
-            self.route = dataclasses.replace(self.route, chunk_reason=ChunkReason(
-                "joint", inputs=len(self.plan.checked), padded=self.route.joint_chunk))
+            _log.debug("differences: one kernel for all %d checked inputs, %d perturbations per call (each input's "
+                       "calls padded to it)", len(self.plan.checked), self.route.joint_chunk)
         name = self.plan.inputs[position].name
         return Batch("numerical differences", position, self.chunks[position], subject=name, moves=name,
                      item=f"perturbation of {name}")
@@ -465,8 +463,8 @@ class Executor:
                 return self._rented_kernel(kernel, position), self._offsets[position]
             self.joint = False
             self.chunks.update(self._joint_chunks)  # each input's own chunk again
-            self.route = dataclasses.replace(self.route, chunk_reason=self.chosen.chunk_reason)
-            self.note(JointKernelDropped())
+            _log.debug("differences: vectorized_map converts some op of f with a while_loop when every checked input "
+                       "is batched at once; one kernel per input instead")
         return self.kernel((what, position, chunk), lambda: _differences_kernel(
             self.plan, position, chunk, self.path, self.route.flat_function, sides=sides)), 0
 
@@ -498,7 +496,8 @@ class Executor:
         if self._rented[position] >= self.route.trace_seconds and self._joint_chunks:
             self._own.add(position)
             self.chunks[position] = self._joint_chunks[position]
-            self.note(OwnKernel(self.plan.inputs[position].name))
+            _log.debug("%s: its later differences run on a kernel of its own, which evaluates only the ops that "
+                       "follow it", self.plan.inputs[position].name)
 
     def _vectorised(self, kernel, chunk: int):
         """A joint kernel, traced; None (cached as such) where pfor could not vectorise some op of f with every
@@ -517,6 +516,9 @@ class Executor:
     def coloured(self, side: str, colours: int) -> None:
         """Record that an eager loop (``side``: "reverse", "numerical") took one call per colour of f's pattern."""
         self.memo.setdefault("colours", {})[side] = max(colours, self.memo.get("colours", {}).get(side, 0))
+        _log.debug("eager %s loop by f's traced sparsity pattern: %d %s from %d colours", side,
+                   self.plan.m if side == "reverse" else self.plan.n, "rows" if side == "reverse" else "columns",
+                   colours)
 
     def row_blocks(self, blocks: list) -> None:
         """Keep the row loop's blocks [m, n_k] (or the element-wise rows'): the column loop may check f's pattern
@@ -542,11 +544,11 @@ class Executor:
 
     def elementwise_ran(self, ran: bool, forward: bool = True) -> None:
         """Record what ``diagonal``'s calls found: a forward that is not element-wise is not tried again in this
-        check; one that is (``elementwise_sides``) keeps f on the eager path when it is checked again (the check
-        learns it at its end, ``_check``; routing reads it, ``paths``)."""
-        side = "numerical" if forward else "reverse"
-        if ran and side not in self.memo.setdefault("elementwise sides", []):
-            self.memo["elementwise sides"].append(side)
+        check."""
+        if ran:
+            _log.debug("%s: f is element-wise in it (read from the ops its calls ran): its %s side took 2 %s "
+                       "instead of one per element", self.plan.checked[0].name, "numerical" if forward else "reverse",
+                       "calls of f a side" if forward else "VJPs")
         if forward:
             self.memo["elementwise"] = ran
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 
 import numpy as np
@@ -40,7 +41,8 @@ from fastcheck.engine.tables import (
     VJP_CALLS,
     XLA_MIN_WORK,
 )
-from fastcheck.report.events import ChunkReason, RouteReason
+
+_log = logging.getLogger(__name__)
 
 XLA, GRAPH, LOOP, EAGER = "xla", "graph", "loop", "eager"
 # Each path falls back to the next when it cannot run f: XLA cannot compile some ops, pfor cannot convert some, and
@@ -71,14 +73,12 @@ class Route:
     """The chosen execution path and chunk sizes for one plan (the executor replaces it on a fallback)."""
 
     path: str
-    reason: RouteReason  # why this path (the report's path note)
     chunks: dict  # input position -> perturbations per kernel call
     output_chunk: int  # output rows per reverse-mode kernel call
     elements_per_eval: int
     has_loops: bool = False
     flat_function: object = None  # the probe's traced tf.function of the flat function
     flops_per_eval: int = 0
-    chunk_reason: ChunkReason = ChunkReason()
     autograph: bool = False  # kernels are traced with AutoGraph (f needs it)
     predicted: tuple = (0.0, 0.0)  # (eager loop, traced) seconds predicted for the check; 0: not predicted
     # Perturbations per call of the one differences kernel shared by every checked input (``joint_chunk``); 0: one
@@ -89,6 +89,7 @@ class Route:
     own_shares: tuple = ()
     trace_seconds: float = 0.0
     loops: tuple = ()  # (calls of f, VJPs) of the eager loops by f's pattern, where routing priced them so
+    untraceable: str = ""  # f cannot be traced (its error): the eager path, a fallback the report notes
 
     @property
     def following(self) -> str | None:
@@ -107,12 +108,20 @@ def predict(plan: Plan, loops: tuple = ()) -> tuple[float, float]:
 
 def choose_route(plan: Plan, config: CheckConfig) -> Route:
     """The route for ``plan``: a pure function of the plan (sizes, dtypes, f's counted call cost and traced graph)
-    and the configuration, never of earlier checks or clocks."""
+    and the configuration, never of earlier checks or clocks.  Why, logged."""
+    route, why = _route(plan, config)
+    _log.debug("route: %s (%s)", route.path, why)
+    return route
+
+
+def _route(plan: Plan, config: CheckConfig) -> tuple[Route, str]:
     n, m = plan.n, plan.m
     predicted_eager, predicted_traced = predict(plan) if config.jit_compile == "auto" else (0.0, 0.0)
     if config.jit_compile == "auto" and predicted_eager < predicted_traced:
-        return Route(EAGER, RouteReason("small", predicted_eager, predicted_traced),
-                     {s.position: s.size for s in plan.checked}, m, 0, predicted=(predicted_eager, predicted_traced))
+        return (Route(EAGER, {s.position: s.size for s in plan.checked}, m, 0,
+                      predicted=(predicted_eager, predicted_traced)),
+                f"small check: eager loop predicted {predicted_eager * 1e3:.0f} ms, tracing "
+                f"{predicted_traced * 1e3:.0f} ms")
     try:
         probe = cached(plan_key(plan, config) + ("probe",), lambda: probe_graph(plan))
     except (Exception, Raised) as error:  # f cannot be traced (.numpy(), Python side effects): it still runs eagerly
@@ -121,8 +130,9 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         # f's own exception when traced (an f that refuses tracing) too: the eager calls show whether f raises
         # it there as well, and then it leaves the check as itself.
         cause: BaseException = error.error if isinstance(error, Raised) else error
-        reason = RouteReason("untraceable", error=f"{type(cause).__name__}: {_why(cause)}")
-        return Route(EAGER, reason, {s.position: s.size for s in plan.checked}, m, 0)
+        untraceable = f"{type(cause).__name__}: {_why(cause)}"
+        return (Route(EAGER, {s.position: s.size for s in plan.checked}, m, 0, untraceable=untraceable),
+                f"f cannot be traced ({untraceable})")
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     if config.jit_compile == "auto" and m > 1:
         # The eager loops by f's pattern (``eager_colours``, read from the probe's graph) may beat tracing after all.
@@ -130,14 +140,15 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         loops = eager_colours.loops(plan, config, found) if found is not None else ()
         eager = predict(plan, loops)[0] if loops else predicted_traced
         if eager < predicted_traced:
-            return Route(EAGER, RouteReason("small", eager, predicted_traced, coloured=True),
-                         {s.position: s.size for s in plan.checked}, m, 0, predicted=(eager, predicted_traced),
-                         loops=loops)
+            return (Route(EAGER, {s.position: s.size for s in plan.checked}, m, 0, predicted=(eager, predicted_traced),
+                          loops=loops),
+                    f"eager loops by colours of f's traced pattern predicted {eager * 1e3:.0f} ms, tracing "
+                    f"{predicted_traced * 1e3:.0f} ms")
     itemsize = 8 if plan.eval_upcast else plan.eval_dtype.size
     # One perturbation = two evaluations, plus the kernel's own one-hot, x+ and x- rows.
     per_perturbation = (2 * elements + 5 * plan.n + 2 * m) * itemsize * MEMORY_SAFETY
     chunk_rows = max(1, config.budget // per_perturbation)
-    chunk_reason = ChunkReason()
+    chunk_reason = "to fit memory_budget"
     # The working set of a call: f's shared data, and per perturbation its x+ and x- rows with their intermediates
     # (see MIN_CACHED_CHUNK).
     cache = int(config.table("MACHINE_CACHE")) or cache_bytes()
@@ -147,8 +158,11 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
         cache_rows = max(MIN_CACHED_CHUNK, cache_rows)
         if cache_rows < chunk_rows and 2 * cache_rows < max(s.size for s in plan.checked):
             chunk_rows = cache_rows
-            chunk_reason = ChunkReason("cache", cache_mib=cache >> 20,
-                                       flops_per_element=probe.flops / elements if memory_bound else None)
+            chunk_reason = f"to keep each call's working set within the CPU's {cache >> 20} MiB cache" + (
+                f" (f is memory-bound: {probe.flops / elements:.0f} FLOPs per intermediate element)"
+                if memory_bound else "")
+    if chunk_rows < max(s.size for s in plan.checked):
+        _log.debug("differences: %d perturbations per call, %s", chunk_rows, chunk_reason)
     per_eval = (elements + plan.n + m) * itemsize * MEMORY_SAFETY
     chunks = {s.position: int(min(s.size, chunk_rows)) for s in plan.checked}
     output_chunk = int(max(1, min(m, config.budget // (2 * per_eval + 8 * plan.n))))
@@ -157,28 +171,29 @@ def choose_route(plan: Plan, config: CheckConfig) -> Route:
     if random and config.jit_compile is not False and not has_loops:
         # XLA draws different numbers than TensorFlow's kernels from the same seed: the compiled evaluations would
         # see another dropout mask than the eager ones.
-        path, reason = GRAPH, RouteReason("random", op=random[0], overridden=config.jit_compile is True)
+        path, why = GRAPH, (f"f draws random numbers (op {random[0]}) and XLA draws different ones than TensorFlow's "
+                            "kernels from the same seed"
+                            + (": jit_compile=True overridden" if config.jit_compile is True else ""))
     elif config.jit_compile is True:
-        path, reason = XLA, RouteReason("requested")
+        path, why = XLA, "jit_compile=True"
     elif has_loops:
-        path, reason = LOOP, RouteReason("loops")
+        path, why = LOOP, "f contains while_loops: pfor conversion would cost more than it saves"
     elif config.jit_compile is False:
-        path, reason = GRAPH, RouteReason("disabled")
+        path, why = GRAPH, "jit_compile=False"
     elif op_types & XLA_SLOW_OPS:
-        path, reason = GRAPH, RouteReason("slow op", op=sorted(op_types & XLA_SLOW_OPS)[0])
+        path, why = GRAPH, f"{sorted(op_types & XLA_SLOW_OPS)[0]} is slow under XLA"
     elif op_types & XLA_SLOW_CPU_OPS and _runs_on_cpu(config):
-        path, reason = GRAPH, RouteReason("slow on CPU", op=sorted(op_types & XLA_SLOW_CPU_OPS)[0])
-    elif work >= XLA_MIN_WORK:
-        path, reason = XLA, RouteReason("pays", work=work)
+        path, why = GRAPH, f"{sorted(op_types & XLA_SLOW_CPU_OPS)[0]} is slower under XLA than TensorFlow's own on CPU"
     else:
-        path, reason = GRAPH, RouteReason("too small", work=work)
+        path, why = (XLA if work >= XLA_MIN_WORK else GRAPH), f"batched work of {work:.2g} element-evaluations " + (
+            "pays for XLA compilation" if work >= XLA_MIN_WORK else "is too small for XLA compilation")
     traced_seconds = predicted_traced or predict(plan)[1]
     # Ops pfor loops over with their filter and input batched, as in a joint kernel (``pfor``); the executor also
     # hands back to per-input kernels wherever a joint kernel's trace has a loop.
     joint = joint_chunk(plan, path, chunk_rows, traced_seconds, probe) if not (has_loops or op_types & LOOPED_WHEN_JOINT) else 0
     own_shares = tuple(d / max(1, probe.checked_flops) for d in probe.downstream) if joint else ()
-    return Route(path, reason, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, chunk_reason,
-                 probe.autograph, (predicted_eager, predicted_traced), joint, own_shares, traced_seconds)
+    return Route(path, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, probe.autograph,
+                 (predicted_eager, predicted_traced), joint, own_shares, traced_seconds), why
 
 
 def _why(error: BaseException) -> str:

@@ -23,6 +23,7 @@ the tolerance row (``config.DEFAULT_TOLERANCES``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import numpy as np
@@ -45,6 +46,8 @@ from fastcheck.engine.tables import (
     SEPARATE_INPUTS,
 )
 
+_log = logging.getLogger(__name__)
+
 _PRECISION_OF = {tf.float16: "float16", tf.bfloat16: "bfloat16", tf.float32: "float32", tf.float64: "float64"}
 _TF32_OPS = frozenset({"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D", "Conv2DBackpropInput",
                        "DepthwiseConv2dNative", "Einsum"})
@@ -56,8 +59,6 @@ class Noise:
 
     sigma: np.ndarray  # [m] standard deviation of each output's rounding noise
     relative: float  # ||sigma|| / ||f(x)||: the relative noise of f as a whole
-    tables: int = 0  # the tables evaluated (both sides of a line through x each)
-    batched: int = 0  # of them, those evaluated as one call of a traced loop (``line``), not point by point
 
     def floored(self, y0: np.ndarray) -> Noise:
         """The noise with every output's at least ``relative * |f_i|`` and the outputs' RMS noise: for an f known
@@ -106,7 +107,9 @@ def measure_noise(evaluate, values: list, positions: list[int], y0: np.ndarray, 
     finite = np.isfinite(y0)
     size = float(np.linalg.norm(y0[finite])) if finite.any() else 0.0
     relative = float(np.linalg.norm(sigma[finite]) / size) if size > 0 else 0.0
-    return Noise(sigma, relative, along.tables, along.batched)
+    _log.debug("f's noise measured from %d tables of f along lines through x, %d of them one call of a traced loop "
+               "each, the others point by point", along.tables, along.batched)
+    return Noise(sigma, relative)
 
 
 def _noise_along(evaluate, bases, signs, y0, epsilon) -> np.ndarray:
@@ -272,7 +275,7 @@ class _Line:
 
     def __init__(self, evaluate, values, line=None):
         self.evaluate, self.values, self.line = evaluate, values, line
-        self.tables = self.batched = 0  # what ``Noise`` reports of how it was measured
+        self.tables = self.batched = 0  # how it was measured (logged): tables, and those one batched call each
 
     def sides(self, bases, steps) -> list[np.ndarray]:
         ts = np.arange(1, NOISE_SIDE + 1)

@@ -33,6 +33,7 @@ Jacobian's size exists, except for the ``Dense`` storage of a small pair (``DENS
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import numpy as np
@@ -60,11 +61,13 @@ from fastcheck.modes.colours import (
     _kernel_path,
 )
 from fastcheck.report.diagnosis import kernel_failure
-from fastcheck.report.events import ColouredBlock, ColouredOnGraph, ColouredSummary
+from fastcheck.report.events import ColouredBlock, ColouredSummary
 from fastcheck.report.results import Outcome
 from fastcheck.sparsity import colouring
 from fastcheck.sparsity import pattern as _pattern
 from fastcheck.sparsity.trace import patterns_of
+
+_log = logging.getLogger(__name__)
 
 # -- the strategy ---------------------------------------------------------------------------------------
 
@@ -238,7 +241,8 @@ def _check(executor: Executor, plan: Plan, timings: dict, supplied, output_name,
     if supplied is None:
         ran.add(_kernel_path(executor, 4 * int(found.row_colours)))
     if executor.path == XLA and GRAPH in ran:
-        notes.append(ColouredOnGraph(XLA_MIN_EVALUATIONS))
+        _log.debug("coloured mode: the colours' evaluations ran on the graph path, not XLA: XLA's compilation pays "
+                   "only from %d evaluations", XLA_MIN_EVALUATIONS)
     return Outcome(reports, plan, atol, rtol, "supplied" if supplied is not None else "reverse", notes,
                    problems=problems, inconsistent=[text for _, text in inconsistent],
                    path=GRAPH if executor.path == XLA and ran == {GRAPH} else None)

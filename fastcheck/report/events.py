@@ -1,13 +1,12 @@
-"""What a check learnt on its way, as typed facts: the report composes every note from these.
+"""What a check learnt that bears on how its verdict reads, as typed facts: every note is composed from these.
 
-Each stage hands over an event (which input, which numbers, which reason) instead of a sentence; ``text.compose``
-is the one place they become text, and ``text.composed_notes`` merges the same event about many inputs on its
-fields (numbers that vary show as their range).  ``GradientReport.events`` holds them in the order the check learnt
-them; ``to_dict`` writes each as ``{"kind": ..., **fields}``.
+Each stage hands over an event (which input, which numbers, which reason) instead of a sentence; ``notes.compose``
+is the one place they become text.  ``GradientReport.events`` holds them in the order the check learnt them;
+``to_dict`` writes each as ``{"kind": ..., **fields}``.  A few fields still carry text a stage composed (an error's
+first line, a model's float64 copy's account, a sparsity pattern's source).
 
-An event about one input names it in its ``input`` field (``SUBJECT``; an out-of-memory retry, its ``subject``):
-such events merge over inputs.  A few fields still carry text a stage composed (an error's first line, routing's
-reason, a model's float64 copy's account, a sparsity pattern's source).
+How the work ran -- its route, chunks, kernels, retries, the work per replica -- changes no verdict: the stages log
+it at DEBUG on the ``fastcheck`` logger instead (and its seconds are ``GradientReport.timings``).
 """
 
 from __future__ import annotations
@@ -15,86 +14,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-# The field naming the input an event is about: events that differ only in it and their numbers merge.
-SUBJECT = "input"
-
-
-# --- the executor: retries and fallbacks
-
-
-@dataclasses.dataclass(frozen=True)
-class OutOfMemory:
-    """A call of ``chunk`` items ran out of memory; the batch went on at ``retried``."""
-
-    subject: str  # the input moved, or the mode ("fast mode", "coloured mode")
-    chunk: int
-    retried: int
-    unit: str
+# --- fallbacks of the path
 
 
 @dataclasses.dataclass(frozen=True)
 class FellBack:
-    """``path`` could not run f for ``what`` (``error``: its type and first line); ``following`` took over."""
+    """``path`` could not run f for ``what`` (``error``: its type and first line); ``following`` took over.  ``path``
+    "tracing": f cannot be traced at all (it calls ``.numpy()``), so it runs eagerly."""
 
     path: str
     following: str
     what: str
     error: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ChunkReason:
-    """Why full mode's differences are chunked as they are (``paths.Route.chunk_reason``): to fit memory_budget
-    ("budget"), to keep each call's working set within the CPU's ``cache_mib`` cache ("cache"; ``flops_per_element``
-    where f is memory-bound), or the one differences kernel of ``inputs`` checked inputs, each input's calls padded
-    to ``padded`` ("joint")."""
-
-    limit: Literal["budget", "cache", "joint"] = "budget"
-    cache_mib: int = 0
-    flops_per_element: float | None = None
-    inputs: int = 0
-    padded: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Chunked:
-    """Full mode's differences of ``input``: ``chunk`` perturbations per call, ``calls`` calls, because ``why``."""
-
-    input: str
-    chunk: int
-    calls: int
-    why: ChunkReason
-
-
-@dataclasses.dataclass(frozen=True)
-class JointKernelDropped:
-    """The one differences kernel of every checked input could not be vectorised (a while_loop): one per input."""
-
-
-@dataclasses.dataclass(frozen=True)
-class OwnKernel:
-    """``input``'s later differences left the one kernel for a kernel of its own (``Executor._rent``)."""
-
-    input: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ElementwiseCalls:
-    """f is element-wise in ``input``, read from the ops its calls ran (``diagonal``): on the ``sides``
-    ("reverse", "numerical") the eager loops made two VJPs, or two calls of f a side, instead of one per element."""
-
-    input: str
-    sides: tuple
-
-
-@dataclasses.dataclass(frozen=True)
-class EagerColours:
-    """The eager loops took one call per colour of f's traced sparsity pattern (``eager_colours``): ``sides`` maps
-    "reverse" (VJPs for the ``rows``) and "numerical" (pairs of calls of f for the ``columns``) to the colours."""
-
-    rows: int
-    columns: int
-    sides: tuple  # ((side, colours), ...)
 
 
 # --- the plan: determinism, precision, noise
@@ -160,14 +91,6 @@ class NoiseMeasured:
     dtype: str
     epsilon: float
 
-
-@dataclasses.dataclass(frozen=True)
-class NoiseTables:
-    """f's noise was measured from ``tables`` tables (f along a line through x, both sides), ``batched`` of them
-    each one call of a traced loop, the others point by point."""
-
-    tables: int
-    batched: int
 
 
 # --- mode and path
@@ -289,33 +212,6 @@ class Inconsistent:
     found: str
 
 
-@dataclasses.dataclass(frozen=True)
-class RouteReason:
-    """Why routing chose its path (``paths.Route.reason``): a small check's eager loop predicted to cost less
-    than tracing ("small": ``eager``/``traced`` seconds predicted from f's counted call cost), f cannot
-    be traced ("untraceable": ``error``), f draws random numbers ("random": ``op``; ``overridden``: despite
-    jit_compile=True), jit_compile=True or False ("requested", "disabled"), while_loops ("loops"), an op slow under
-    XLA ("slow op", "slow on CPU": ``op``), or the batched ``work`` in element-evaluations ("pays", "too small")."""
-
-    rule: Literal["small", "untraceable", "random", "requested", "loops", "disabled", "slow op", "slow on CPU",
-                  "pays", "too small"]
-    eager: float = 0.0
-    traced: float = 0.0
-    error: str = ""
-    op: str = ""
-    overridden: bool = False
-    work: float = 0.0
-    coloured: bool = False  # "small" only where the eager loops by f's traced pattern (``eager_colours``) are
-
-
-@dataclasses.dataclass(frozen=True)
-class PathChosen:
-    """The path f's batched evaluations ran on and why, routed before the mode was chosen (``routed_for_full``: as
-    for a full check)."""
-
-    path: str
-    reason: RouteReason
-    routed_for_full: bool
 
 
 # --- nothing to check
@@ -426,12 +322,6 @@ class ColouredSummary:
     noise_rows: tuple | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class ColouredOnGraph:
-    """The colours' evaluations ran on the graph path, not XLA: XLA's compilation pays from ``evaluations``."""
-
-    evaluations: int
-
 
 # --- problems: models, second order, distributions
 
@@ -512,17 +402,7 @@ class LogDetConvention:
     sizes: tuple = ()
 
 
-# --- distribution over replicas
-
-
-@dataclasses.dataclass(frozen=True)
-class Distributed:
-    """The work per replica: ``work`` holds (what, counts per replica, counted on each worker) in order; ``multi``:
-    several workers, each evaluating its replicas' shares."""
-
-    where: str
-    work: tuple
-    multi: bool
+# --- distribution over replicas: where f did not run over them
 
 
 @dataclasses.dataclass(frozen=True)

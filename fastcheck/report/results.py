@@ -1,5 +1,5 @@
 """The result of a check as values: the verdict per pair over the storage each mode fills, the report and
-its JSON.  Its text is composed in ``text``; what a check learnt on its way is ``events``."""
+its JSON.  Its text is composed in ``text``, each note in ``notes``; what a check learnt on its way is ``events``."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from fastcheck.judge.compare import (
 from fastcheck.judge.compare import diagnose as _diagnose
 from fastcheck.report import text as _text
 from fastcheck.report.events import Hint
+from fastcheck.report.notes import compose
 from fastcheck.report.storage import Comparison, Element, Nonzeros, Projections, Storage, json_number
 
 
@@ -449,14 +450,15 @@ class Outcome:
 class GradientReport:
     """What a check found.  ``bool(report)`` is ``report.ok``.
 
-    ``events`` is what the check learnt on its way, as typed facts (``fastcheck.report.events``, in order):
-    fallbacks and out-of-memory retries, chunking, the mode and path chosen and why, the precision
-    and noise found, a rerun in full mode, what a model or distribution check held fixed.  ``notes``
-    is their text, one note per event; ``to_dict`` writes both, each event as ``{"kind": ..., **fields}``.
+    ``events`` is what the check learnt on its way that bears on how its verdict reads, as typed facts
+    (``fastcheck.report.events``, in order): the mode chosen and why, a path's fallback, the precision and noise
+    found, a rerun in full mode, what a model or distribution check held fixed.  ``notes`` is their text, one note
+    per event; ``to_dict`` writes both, each event as ``{"kind": ..., **fields}``.  How the work ran (route, chunks,
+    kernels, retries, replicas) is logged at DEBUG on the ``fastcheck`` logger.
     """
 
     pairs: list[PairReport]  # over dense, sparse or projected storage, by mode
-    path: str  # the path the evaluations ran on (eager, loop, graph, xla); the route chosen is a PathChosen event
+    path: str  # the path the evaluations ran on (eager, loop, graph, xla), after any fallback
     mode: str
     seconds: float
     events: tuple = ()  # what the check learnt on its way (see above)
@@ -475,8 +477,8 @@ class GradientReport:
 
     @property
     def notes(self) -> list[str]:
-        """The events as text, one note each (``str(report)`` merges those about many inputs)."""
-        return [_text.compose(event) for event in self.events]
+        """The events as text, one note each (``str(report)`` shows a note said twice once)."""
+        return [compose(event) for event in self.events]
 
     def __bool__(self) -> bool:
         return self.ok
