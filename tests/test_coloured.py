@@ -705,7 +705,7 @@ def test_noise_tables_run_through_the_colour_kernel_bit_for_bit(debug_log):
     assert logged(debug_log, NOISE_TABLES) == [(tables, 0) for tables, _ in measured]
     assert pointwise.verdict == report.verdict and len(pointwise.pairs) == len(report.pairs)
     for p, q in zip(report.pairs, pointwise.pairs):
-        for a, b in ((p.band, q.band), (p.numerical, q.numerical), (p.status, q.status)):
+        for a, b in ((p.allowed, q.allowed), (p.numerical, q.numerical), (p.status, q.status)):
             np.testing.assert_array_equal(a, b)
 
 
@@ -905,7 +905,7 @@ def test_the_device_screen_gives_numpys_verdicts_on_every_element(name):
     # the last judgement's share is what the report states.
     assert unscreened.cleared == 0 and (0 < block.cleared <= x.size if numpy.ok else block.cleared == 0), str(screened)
     assert screened.verdict == numpy.verdict and screened.problems == numpy.problems
-    for attribute in ("status", "analytical", "numerical", "band"):
+    for attribute in ("status", "analytical", "numerical", "allowed"):
         np.testing.assert_array_equal(getattr(screened.pairs[0], attribute), getattr(numpy.pairs[0], attribute))
 
 

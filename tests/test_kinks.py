@@ -322,5 +322,5 @@ def test_a_localised_region_whose_elements_all_pass_is_not_called_a_defect():
     passing = [p for p in report.pairs if p.region is not None and p.worst_element is not None and p.worst_element.status == "ok"]
     assert passing, str(report)
     for pair in passing:
-        assert "none of its elements is shown wrong on its own" in pair.hint and pair.worst_element.abs_error <= pair.worst_element.band
+        assert "none of its elements is shown wrong on its own" in pair.hint and pair.worst_element.abs_error <= pair.worst_element.allowed
     assert "defect localised" not in str(report) and "disagreement localised" in str(report), str(report)

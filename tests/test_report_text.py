@@ -80,3 +80,32 @@ def test_a_bijector_reports_its_tolerances_and_chart_as_notes():
                                       "the square Jacobian of forward from ")
     assert f"  note: {report.notes[1]}" in str(report).splitlines()
     assert report.to_dict()["events"][1]["convention"] == "chart"
+
+
+def _scaled_first(x, factor):
+    """sin, whose custom gradient multiplies its first 3 elements by ``factor``."""
+
+    @tf.custom_gradient
+    def f(v):
+        scale = tf.where(tf.range(tf.size(v)) < 3, tf.constant(factor, v.dtype), tf.constant(1.0, v.dtype))
+        return tf.sin(v), lambda dy: dy * tf.cos(v) * scale
+
+    return f(x)
+
+
+@pytest.mark.parametrize(("f", "x", "options", "row"), [
+    (lambda v: _scaled_first(v, 1.1), np.linspace(-1, 1, 40), {"mode": "full"}, "FAIL .* 3 wrong of 40x40$"),
+    (tf.sin, np.linspace(-1, 1, 40), {"mode": "full"}, "ok .* all 40x40 ok$"),
+    (lambda v: _scaled_first(v, 1.1), np.linspace(-1, 1, 40), {"mode": "fast"}, r"FAIL .* \d+ wrong of 8 probe checks$"),
+    # a straight-through quantiser: f does not move at any element, its surrogate gradient is 1
+    (lambda v: v + tf.stop_gradient(tf.round(4 * v) / 4 - v), np.linspace(-0.9, 0.9, 6), {"mode": "full"},
+     "undec. .* 6 undecidable of 6x6$"),
+])
+def test_the_pair_table_counts_wrong_and_undecidable_elements_of_what_was_compared(f, x, options, row):
+    """The table says what a pair compared (the Jacobian's m x n entries, or fast mode's probe checks) and how many
+    of them are wrong or undecidable, never an undecidable element counted as failed."""
+    import re
+
+    report = fastcheck.check_gradients(f, tf.constant(x), **options)
+    header, line = str(report).splitlines()[1:3]
+    assert header.rstrip().endswith("elements") and re.search(row, line.rstrip()), str(report)

@@ -681,5 +681,5 @@ def test_noise_tables_are_one_traced_call_each_and_equal_the_point_by_point_nois
 def _assert_same_pairs(a, b):
     assert a.verdict == b.verdict and len(a.pairs) == len(b.pairs)
     for p, q in zip(a.pairs, b.pairs):
-        for x, y in ((p.band, q.band), (p.numerical, q.numerical), (p.status, q.status)):
+        for x, y in ((p.allowed, q.allowed), (p.numerical, q.numerical), (p.status, q.status)):
             np.testing.assert_array_equal(x, y)

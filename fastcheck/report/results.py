@@ -100,7 +100,7 @@ class PairReport:
     hint = property(lambda self: _text.hint_text(self.cause), doc="What explains the verdict, as a sentence (or None).")
     numerical = property(lambda self: self.storage.numerical)
     analytical = property(lambda self: self.storage.analytical)
-    band = property(lambda self: self.storage.band)
+    allowed = property(lambda self: self.storage.band)  # each element's allowance, as the text shows it
     status = property(lambda self: self.storage.status,
                       doc="The ``compare`` status of each value (fast mode: [k, 2], each probe's J d and u.J.d).")
 

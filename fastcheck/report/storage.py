@@ -30,7 +30,7 @@ class Element:
     analytical: float
     numerical: float
     abs_error: float
-    band: float
+    allowed: float  # the allowance |a - n| was judged against (atol + rtol |n| + noise)
     status: str
 
     def to_dict(self) -> dict:
