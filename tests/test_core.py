@@ -752,7 +752,9 @@ def test_seeded_random_ops_never_run_under_xla(jit_compile, debug_log):
     assert report.ok, str(report)
     ((path, why),) = logged(debug_log, "route: ")
     assert report.path == path == "graph" and "XLA draws different ones" in why, why
-    assert why.endswith("jit_compile=True overridden") == (jit_compile is True), why
+    # jit_compile=True asked for XLA: not getting it is a note, as any fallback of the path
+    overridden = [n for n in report.notes if n.startswith("xla failed for f (f draws random numbers")]
+    assert len(overridden) == (jit_compile is True) and all("jit_compile=True overridden" in n for n in overridden)
 
 
 def test_convolutions_run_without_xla_on_cpu(debug_log):

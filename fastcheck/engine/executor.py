@@ -275,7 +275,7 @@ class Executor:
         self.chunks: dict = dict(route.chunks)
         # The path's fallbacks, in order (``FellBack``, the replicas' ``PathsDiffer`` and ``EagerUnsplit``); the report
         # turns them into notes.  f that cannot be traced runs eagerly, its route says why.
-        self.events: list = [FellBack("tracing", EAGER, "f", route.untraceable)] if route.untraceable else []
+        self.events: list = [FellBack(route.declined[0], route.path, "f", route.declined[1])] if route.declined else []
         # device= a strategy or device list: each chunk split over its replicas (``distribute``); None: one device.
         spread = spread_for(config)
         self.share = Share(spread, self.events) if spread is not None else None

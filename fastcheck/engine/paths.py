@@ -89,7 +89,9 @@ class Route:
     own_shares: tuple = ()
     trace_seconds: float = 0.0
     loops: tuple = ()  # (calls of f, VJPs) of the eager loops by f's pattern, where routing priced them so
-    untraceable: str = ""  # f cannot be traced (its error): the eager path, a fallback the report notes
+    # (the path declined, why) where routing could not take the path f or the user asked for: f cannot be traced
+    # ("tracing"), or draws random numbers under jit_compile=True ("xla"); the report notes it as a fallback
+    declined: tuple = ()
 
     @property
     def following(self) -> str | None:
@@ -131,7 +133,7 @@ def _route(plan: Plan, config: CheckConfig) -> tuple[Route, str]:
         # it there as well, and then it leaves the check as itself.
         cause: BaseException = error.error if isinstance(error, Raised) else error
         untraceable = f"{type(cause).__name__}: {_why(cause)}"
-        return (Route(EAGER, {s.position: s.size for s in plan.checked}, m, 0, untraceable=untraceable),
+        return (Route(EAGER, {s.position: s.size for s in plan.checked}, m, 0, declined=("tracing", untraceable)),
                 f"f cannot be traced ({untraceable})")
     has_loops, elements, flat_function, op_types = probe.has_loops, probe.elements, probe.function, probe.op_types
     if config.jit_compile == "auto" and m > 1:
@@ -168,12 +170,13 @@ def _route(plan: Plan, config: CheckConfig) -> tuple[Route, str]:
     output_chunk = int(max(1, min(m, config.budget // (2 * per_eval + 8 * plan.n))))
     work = 2 * n * elements
     random = sorted(op for op in op_types if _is_random(op))
+    declined: tuple = ()
     if random and config.jit_compile is not False and not has_loops:
         # XLA draws different numbers than TensorFlow's kernels from the same seed: the compiled evaluations would
         # see another dropout mask than the eager ones.
         path, why = GRAPH, (f"f draws random numbers (op {random[0]}) and XLA draws different ones than TensorFlow's "
-                            "kernels from the same seed"
-                            + (": jit_compile=True overridden" if config.jit_compile is True else ""))
+                            "kernels from the same seed")
+        declined = ("xla", why + ": jit_compile=True overridden") if config.jit_compile is True else ()
     elif config.jit_compile is True:
         path, why = XLA, "jit_compile=True"
     elif has_loops:
@@ -193,7 +196,7 @@ def _route(plan: Plan, config: CheckConfig) -> tuple[Route, str]:
     joint = joint_chunk(plan, path, chunk_rows, traced_seconds, probe) if not (has_loops or op_types & LOOPED_WHEN_JOINT) else 0
     own_shares = tuple(d / max(1, probe.checked_flops) for d in probe.downstream) if joint else ()
     return Route(path, chunks, output_chunk, elements, has_loops, flat_function, probe.flops, probe.autograph,
-                 (predicted_eager, predicted_traced), joint, own_shares, traced_seconds), why
+                 (predicted_eager, predicted_traced), joint, own_shares, traced_seconds, declined=declined), why
 
 
 def _why(error: BaseException) -> str:
