@@ -216,44 +216,48 @@ def conv(side: int, channels: int = 4) -> Instance:
 MLP_IN, MLP_OUT, MLP_BATCH = 32, 8, 32
 
 
-def _mlp_hidden(params: int) -> int:
-    # params = in*h + h + h*out + out
-    return max(1, round((params - MLP_OUT) / (MLP_IN + 1 + MLP_OUT)))
+def _mlp_hidden(params: int, features: int = MLP_IN, outputs: int = MLP_OUT) -> int:
+    # params = features*h + h + h*outputs + outputs
+    return max(1, round((params - outputs) / (features + 1 + outputs)))
 
 
-def mlp(target_params: int) -> Instance:
-    """Scalar MSE loss of a 2-layer tanh MLP (32 -> h -> 8, batch 32) w.r.t. its flattened parameters."""
-    hidden = _mlp_hidden(target_params)
-    shapes = [(MLP_IN, hidden), (hidden,), (hidden, MLP_OUT), (MLP_OUT,)]
+def mlp(target_params: int, features: int = MLP_IN, outputs: int = MLP_OUT) -> Instance:
+    """Scalar MSE loss of a 2-layer tanh MLP (features -> h -> outputs, batch 32) w.r.t. its flattened parameters.
+
+    The default layout is 32 -> h -> 8; ``mlp(9610, features=64, outputs=10)`` is 64 -> 128 -> 10, 9,610
+    parameters exactly.
+    """
+    hidden = _mlp_hidden(target_params, features, outputs)
+    shapes = [(features, hidden), (hidden,), (hidden, outputs), (outputs,)]
     sizes = [int(np.prod(s)) for s in shapes]
     p = sum(sizes)
     rng = np.random.default_rng(target_params)
-    features = _constant(rng.normal(size=(MLP_BATCH, MLP_IN)))
-    targets = _constant(rng.normal(size=(MLP_BATCH, MLP_OUT)))
+    inputs = _constant(rng.normal(size=(MLP_BATCH, features)))
+    targets = _constant(rng.normal(size=(MLP_BATCH, outputs)))
     theta = _constant(np.concatenate([
-        rng.normal(size=sizes[0]) / np.sqrt(MLP_IN), np.zeros(sizes[1]) + 0.1,
+        rng.normal(size=sizes[0]) / np.sqrt(features), np.zeros(sizes[1]) + 0.1,
         rng.normal(size=sizes[2]) / np.sqrt(hidden), np.zeros(sizes[3]),
     ]))
 
     def f(theta):
         w1, b1, w2, b2 = (tf.reshape(t, s) for t, s in zip(tf.split(theta, sizes), shapes))
-        out = tf.matmul(tf.tanh(tf.matmul(features, w1) + b1), w2) + b2
+        out = tf.matmul(tf.tanh(tf.matmul(inputs, w1) + b1), w2) + b2
         return tf.reduce_mean(tf.square(out - targets))
 
     def batched(thetas):  # [k, p] -> [k, 1]: every parameter vector of the chunk in one einsum chain
         k = tf.shape(thetas)[0]
         w1, b1, w2, b2 = (tf.reshape(t, [k, *s]) for t, s in zip(tf.split(thetas, sizes, axis=1), shapes))
-        h = tf.tanh(tf.einsum("bi,kih->kbh", features, w1) + b1[:, None, :])
+        h = tf.tanh(tf.einsum("bi,kih->kbh", inputs, w1) + b1[:, None, :])
         out = tf.einsum("kbh,kho->kbo", h, w2) + b2[:, None, :]
         return tf.reduce_mean(tf.square(out - targets[None]), axis=[1, 2])[:, None]
 
-    per_row = p + 2 * MLP_BATCH * hidden + 2 * MLP_BATCH * MLP_OUT
+    per_row = p + 2 * MLP_BATCH * hidden + 2 * MLP_BATCH * outputs
     # The largest MLP is the "full check at 1e5 parameters" figure: ask for full
     # mode explicitly, so that it is measured even if auto's thresholds move.
     full = target_params >= 100_000
     return Instance(
         "mlp", p, f"mlp p={p}",
-        f"MSE of a 2-layer tanh MLP 32->{hidden}->8 on a batch of 32, w.r.t. {p} flattened parameters; Jacobian 1 x {p}",
+        f"MSE of a 2-layer tanh MLP {features}->{hidden}->{outputs} on a batch of 32, w.r.t. {p} flattened parameters; Jacobian 1 x {p}",
         f, [theta], p, 1, hand_batched=hand_batched_factory(batched, f, theta, 1, _chunk(p, per_row)),
         check_options={"mode": "full"} if full else {},
         notes=["fastcheck runs with mode='full' (the full-check-at-1e5-parameters figure)"] if full else [],

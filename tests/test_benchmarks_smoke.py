@@ -176,8 +176,8 @@ def test_cold_process_table_and_problem_names():
 
     record = {"cpu": "Some CPU", "cpus": 2, "repeats": 1,
               "problems": {"dense-4096": {"fastcheck": 0.5, "compute_gradient": 1.5, "ratio": 3.0, "path": "xla",
-                                          "ok": True}}}
+                                          "mode": "full", "ok": True}}}
     table = cold.to_markdown(record)
-    assert "Some CPU x 2" in table and "| dense-4096 | 0.5 s | xla | 1.5 s | x3.00 |" in table
+    assert "Some CPU x 2" in table and "| dense-4096 | 0.5 s | xla | full | 1.5 s | x3.00 |" in table
     with pytest.raises(SystemExit):
         cold.main(["--only", "no-such-problem"])
