@@ -4,7 +4,7 @@
     python -m benchmarks compare OLD.json NEW.json [--threshold 1.25]
     python -m benchmarks verdicts [--out DIR] [--cases NAME,NAME] [--dtypes float32,float64]
     python -m benchmarks op-audit [--quick] [--only NAME,NAME]
-    python -m benchmarks cold [--only dense-4096,mlp-20000] [--repeats 3]
+    python -m benchmarks cold [--only dense-256,mlp-9610-fast] [--repeats 3] [--warm] [--profile]
     python -m benchmarks models [--env main|legacy] [--quick] [--classes NAME,NAME]
     python -m benchmarks bijectors [--only Exp,CorrelationCholesky]
     python -m benchmarks tf_tests [--only mnist,unary_float32]

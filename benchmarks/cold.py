@@ -7,9 +7,10 @@ importing TensorFlow.  Each contender runs in its own fresh Python process per
 problem and repeat (TensorFlow and fastcheck imported -- fastcheck's modules load
 lazily, on first use of a public name, and are loaded before the clock too -- and the
 problem built before the clock starts), and the table gives the median seconds and the ratio
-``compute_gradient / fastcheck`` from the same run, with the CPU model.
+``compute_gradient / fastcheck`` from the same run, with the CPU model; the JSON adds every run's seconds and
+``report.timings`` (seconds per stage) of the last fastcheck run.
 
-    python -m benchmarks cold [--only dense-1024,mlp-20000] [--repeats 3] [--out DIR] [--warm]
+    python -m benchmarks cold [--only dense-1024,mlp-20000] [--repeats 3] [--out DIR] [--warm] [--profile]
 
 ``--warm`` measures the other case beside it: a new function checked in a process that
 has already checked (and traced, and XLA-compiled) another one.  On small checks that is
