@@ -99,7 +99,8 @@ def _screening_groups(sizes: list) -> list:
     return [*groups, sorted(current)] if current else groups
 
 
-@tf.function(reduce_retracing=True)  # one graph over any count of probes and outputs
+@tf.function(reduce_retracing=True, autograph=False)  # one graph over any count of probes and outputs; no
+# Python control flow on tensors: AutoGraph's conversion would cost more than the trace
 def _summaries(estimate, forward, realised, noise, u, gradient, atol, rtol, own_atol, own_rtol):
     """Per-probe summaries in one graph call (TF's multi-threaded kernels; XLA CPU was 3x slower here); the
     tolerance's own allowance (a pass's resolution is measured against it) by ``own_atol``, ``own_rtol``."""
