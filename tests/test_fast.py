@@ -8,6 +8,7 @@ import tensorflow as tf
 from conftest import events_of, logged
 
 import fastcheck
+import fastcheck.testing
 
 RNG = np.random.default_rng(3)
 
