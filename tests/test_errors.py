@@ -130,3 +130,17 @@ def test_a_gradient_op_that_fails_is_named_as_the_gradients():
     x = tf.constant(np.random.default_rng(1).normal(size=(1, 12, 12, 2)))
     with pytest.raises(ValueError, match=r"f's reverse-mode gradient raised InvalidArgumentError \(op Conv2DBackpropInput\)"):
         fastcheck.check_gradients(lambda x: tf.nn.conv2d(x, kernel, 1, "VALID", dilations=2), x)
+
+
+@pytest.mark.parametrize("jit_compile", [False, "auto"])
+def test_a_custom_gradient_that_fails_is_named_as_the_gradients(jit_compile):
+    # The custom gradient multiplies by a float32 constant: TensorFlow refuses it at the inputs themselves, so the
+    # error is the gradient's (a training step fails the same way), not f's at a point a step away.
+    @tf.custom_gradient
+    def f(x):
+        return tf.sin(x), lambda dy: dy * tf.cos(x) * tf.constant(1.0, tf.float32)
+
+    with pytest.raises(ValueError, match=r"f's reverse-mode gradient raised InvalidArgumentError: .*\n.*custom "
+                                         r"gradient's\) fails at these inputs") as raised:
+        fastcheck.check_gradients(f, tf.constant(np.linspace(-1, 1, 6)), jit_compile=jit_compile)
+    assert isinstance(raised.value.__cause__, tf.errors.InvalidArgumentError)

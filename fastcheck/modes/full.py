@@ -50,7 +50,10 @@ def _compute(jac: _Jacobians, supplied=None, twin: bool = True):
             raise ValueError(f"autodiff='forward' checks forward-mode (JVP) Jacobians, but TensorFlow cannot compute "
                              f"them for f ({why}); pass autodiff='reverse' (what training uses).")
     with timed(jac.timings, "analytical"):
-        analytical = supplied(plan) if supplied is not None else jac.analytical()
+        try:
+            analytical = supplied(plan) if supplied is not None else jac.analytical()
+        except tf.errors.OpError as error:  # the gradient at the inputs, not f at a point a step away
+            raise kernel_failure(error, jac.executor.path, jac.config.jit_compile, analytical=True) from error
 
     with timed(jac.timings, "numerical"):
         blocks = [_block(jac, spec, a, *jac.numerical(spec.position)) for spec, a in zip(plan.checked, analytical)]

@@ -124,17 +124,19 @@ def _logged_input(text: str, plan: Plan) -> InputSpec | None:
 _GRADIENT_OP = re.compile(r"\[Op:(\w*(?:Backprop|Grad)\w*)\]|node (?:gradients?|gradient_tape)/")
 
 
-def kernel_failure(error: Exception, path: str, jit_compile) -> ValueError:
+def kernel_failure(error: Exception, path: str, jit_compile, analytical: bool = False) -> ValueError:
     """The error a strategy raises when f (or its gradient) fails where the check evaluated it (``path``: the one
-    that failed, after any fallbacks): which side, and the cause; no advice to pass an option already passed."""
+    that failed, after any fallbacks; ``analytical``: while computing the gradient at the inputs): which side, and
+    the cause; no advice to pass an option already passed."""
     gist = first_line(error)
     gradient = _GRADIENT_OP.search(str(error))
-    if gradient:
-        op = f" (op {gradient.group(1)})" if gradient.group(1) else ""
+    if gradient or analytical:
+        op = f" (op {gradient.group(1)})" if gradient and gradient.group(1) else ""
         return ValueError(
-            f"f's reverse-mode gradient raised {type(error).__name__}{op}: {gist}\nTensorFlow's gradient of an op in "
-            "f fails at these inputs, on this device: a training step would fail the same way. Check f's ops for "
-            "the device (some gradients exist only on GPU) or give the op a tf.custom_gradient.")
+            f"f's reverse-mode gradient raised {type(error).__name__}{op}: {gist}\nThe gradient of f (an op's, or a "
+            "custom gradient's) fails at these inputs, on this device: a training step would fail the same way. "
+            "Check f's custom gradients, and f's ops for the device (some gradients exist only on GPU), or give the "
+            "op a tf.custom_gradient.")
     if path == "eager":
         return ValueError(
             f"f raised {type(error).__name__} in one of the eager calls fastcheck made of it near the inputs: {gist}\n"
