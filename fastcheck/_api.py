@@ -44,11 +44,11 @@ def check_gradients(f: Callable, inputs, *, eps=None, atol=None, rtol=None, jit_
         shares the batched evaluations (full mode's sweep and refinement,
         coloured mode) and the reverse-mode rows among its replicas: each chunk
         of perturbations is split over the replicas in order, so the verdicts
-        are those of one device; the report notes the work per replica.
+        are those of one device; the work per replica is logged at DEBUG.
         ``MirroredStrategy`` over local devices, or ``MultiWorkerMirroredStrategy``
         across hosts: every worker runs the same check, evaluates its replicas'
-        shares and all-gathers the rest, so all print the same report (pin
-        timing-dependent choices with ``mode=`` and ``jit_compile=``).  Each
+        shares and all-gathers the rest, so all print the same report (pin the
+        choices a worker's free memory decides with ``mode=`` and ``jit_compile=``).  Each
         replica gets ``1/replicas`` of a chunk: raise ``memory_budget`` to give
         devices with their own memory more.  A device this machine lacks is a
         ``ValueError``.

@@ -197,7 +197,7 @@ _overrides: dict = {}
 
 @contextlib.contextmanager
 def tunables(**overrides):
-    """Within the block, every check reads these tunables of ``fastcheck/_tables.py`` (those in ``CONFIGURABLE``)
+    """Within the block, every check reads these tunables of ``fastcheck/engine/tables.py`` (those in ``CONFIGURABLE``)
     instead of the table's values; the values before the block are back after it."""
     for name, value in overrides.items():
         if name not in _tables.CONFIGURABLE:
@@ -226,7 +226,7 @@ REMOVED_OPTIONS = {
                    "there is nothing to calibrate; drop calibration=",
     "time_budget": "mode='auto' decides from the check's sizes and predicted cost; pass mode='full', 'coloured' or "
                    "'fast' to choose the mode yourself",
-    "tables": "fastcheck's tunables are constants (fastcheck/_tables.py); tests may override some within "
+    "tables": "fastcheck's tunables are constants (fastcheck/engine/tables.py); tests may override some within "
               "fastcheck.testing.tunables(...)",
     "strategy": "device= takes the strategy: pass device=strategy (a tf.distribute.Strategy)",
     "devices": "device= takes the list: pass device=['/GPU:0', '/GPU:1'] for a MirroredStrategy over those devices",

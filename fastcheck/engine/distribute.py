@@ -255,7 +255,8 @@ class Share:
         if np.any(header[:, 0] != header[0, 0]) or np.any(header[:, 2] != header[0, 2]):
             raise RuntimeError(
                 f"the workers of the {spread.kind} are at different steps of the check ({what}): each worker must "
-                "run the same check on the same inputs; pin choices that depend on timing with mode= and jit_compile=.")
+                "run the same check on the same inputs; pin the choices a worker's free memory decides with mode= and "
+                "jit_compile=.")
         gathered = spread.all_gather(vectors)
         results = []
         for g, (b, n) in enumerate(shares):
@@ -280,7 +281,7 @@ class Share:
             if np.any(header[:, 0] != header[0, 0]):
                 raise RuntimeError(
                     f"the workers of the {self.spread.kind} are at different steps of the check ({what}): each worker "
-                    "must run the same check on the same inputs; pin choices that depend on timing with mode= and "
+                    "must run the same check on the same inputs; pin the choices a worker's free memory decides with mode= and "
                     "jit_compile=.")
             if np.any(header[:, 1] != header[0, 1]):
                 agreed = EAGER

@@ -19,6 +19,7 @@ from fastcheck.judge.compare import (
     UNRESOLVED_KINK,
 )
 from fastcheck.report import events
+from fastcheck.report.storage import Nonzeros
 
 RULE = "|analytical - numerical| <= atol + rtol * |numerical| + noise (element-wise; both finite)"
 FAST_RULE = ("|(J d)_i - numerical_i| <= atol * ||d||_2 + rtol * |numerical_i| + noise_i per output element i of each probe d, "
@@ -402,17 +403,20 @@ TWIN_PROBES_LINE = ("probes judged through the float64 twin of the gradient (the
                     "|(gradient - twin) . d|, as float32's atol could not resolve a 1% error here")
 def _elements(pair) -> str:
     """What a pair compared and how much of it is wrong or undecidable: ``3 wrong of 40x40`` (the Jacobian's
-    entries), ``2 undecidable of 120 nonzeros`` (coloured mode), ``1 wrong of 8 probe checks`` (fast mode: each probe element-wise and projected)."""
+    entries), ``2 undecidable of 120 nonzeros`` (coloured mode's sparse report), ``1 wrong of 8 probe checks`` (fast
+    mode: each probe element-wise and projected)."""
     if pair.projected:
         checked = f"{pair.status.size} probe checks"
-    elif pair.status.size == int(np.prod(pair.output_shape)) * int(np.prod(pair.input_shape)):
-        checked = f"{int(np.prod(pair.output_shape))}x{int(np.prod(pair.input_shape))}"
-    else:
+    elif isinstance(pair.storage, Nonzeros):
         checked = f"{pair.status.size} nonzeros"
+    else:
+        checked = f"{int(np.prod(pair.output_shape))}x{int(np.prod(pair.input_shape))}"
     wrong = pair.count(MISMATCH) + pair.count(ANALYTICAL_NONFINITE)
     undecided = sum(pair.count(status) for status in UNDECIDED)
     counts = [f"{n} {what}" for n, what in ((wrong, "wrong"), (undecided, "undecidable")) if n]
-    return f"{', '.join(counts)} of {checked}" if counts else f"all {checked} ok" if pair.ok else f"none wrong of {checked}"
+    if counts:
+        return f"{', '.join(counts)} of {checked}"
+    return f"all {checked} ok" if pair.ok else f"none wrong of {checked}"
 
 
 UNDECIDED_PROBES_HINT = (
